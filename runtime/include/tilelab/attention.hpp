@@ -1,0 +1,53 @@
+// Flash attention forward on the CPU: generated Halide kernels behind a checked API, and the
+// reference implementation they are tested against.
+#pragma once
+
+#include <optional>
+
+#include "tilelab/tensor.hpp"
+
+namespace tilelab {
+
+// Where the causal diagonal sits when M != N (they agree when M == N).
+//   top_left:     query i sees keys j <= i              (PyTorch SDPA is_causal, FA Triton)
+//   bottom_right: query i sees keys j <= i + (N - M)    (FlashAttention-2 >= 2.1, vLLM)
+enum class CausalAlignment { top_left, bottom_right };
+
+// Which implementation computes the result.
+//   automatic: the generated kernel when it covers the call, else the reference.
+//   generated: the generated kernel; Error when the call is outside what it covers.
+//   reference: the reference implementation (OpenMP + SLEEF, fp32 accumulation).
+enum class Implementation { automatic, generated, reference };
+
+struct FlashAttentionOptions {
+  bool causal = false;
+  CausalAlignment causal_alignment = CausalAlignment::top_left;
+  // Multiplies q·k before the softmax; default 1/sqrt(D). Must be finite.
+  std::optional<float> scale;
+  // Additive fp32 bias broadcastable to [B, Hq, M, N]: shape [B|1, Hq|1, M|1, N].
+  std::optional<TensorView> bias;
+  // When set: fp32 [B, Hq, M], receives the natural-log sum-exp of each row's scaled, biased,
+  // masked scores (-inf for a fully masked row).
+  std::optional<TensorView> lse;
+  Implementation implementation = Implementation::automatic;
+};
+
+// out = softmax(scale · q kᵀ + bias, masked) v, per batch and query head, with online softmax
+// (no M×N buffer).
+//   q   [B, Hq, M, D], k and v [B, Hkv, N, D], out [B, Hq, M, D]; Hq a multiple of Hkv (GQA/MQA:
+//   query head h reads kv head h / (Hq / Hkv)). M, N >= 1, 1 <= D <= 256.
+//   dtypes: q, k, v and out share one dtype of f32, f16, bf16; accumulation is fp32.
+//   Strides: any non-negative strides; out must not overlap itself or any input.
+//   A fully masked query row gives out 0 (and lse -inf), never NaN.
+// Threads: runs on the library's OpenMP pool (set_num_threads). Throws tilelab::Error naming the
+// argument on any invalid input; on error nothing is written.
+void flash_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const FlashAttentionOptions& options = {});
+
+// Which implementation flash_attention would use for these arguments under
+// Implementation::automatic ("generated" or "reference"), after the same validation.
+const char* flash_attention_implementation(const TensorView& q, const TensorView& k,
+                                           const TensorView& v, const TensorView& out,
+                                           const FlashAttentionOptions& options = {});
+
+}  // namespace tilelab
