@@ -1,0 +1,10 @@
+// Built when TILELAB_BUILD_KERNELS is OFF: no generated kernels exist, so every call takes the
+// reference implementation.
+#include "attention_problem.hpp"
+
+namespace tilelab::detail {
+
+bool generated_flash_attention_covers(const AttentionProblem&) { return false; }
+bool generated_flash_attention(const AttentionProblem&) { return false; }
+
+}  // namespace tilelab::detail
