@@ -1,0 +1,107 @@
+// x86 schedule of flash attention forward (generators/flash_attention_generator.cpp).
+//
+// Target assumptions: AVX-512 (16 fp32 lanes, 32 zmm registers) first, then AVX2+FMA (8 lanes, 16
+// ymm), then SSE baseline (4 lanes). Zen 4 runs 512-bit FMAs at one per cycle (two 256-bit pipes).
+//
+// Loop nest per (query tile io, kv head hk, batch b), parallel over the three fused:
+//   query_t            QT×D, transposed once per tile so rows are contiguous
+//   for each key block rk (causal: skipped when wholly right of the tile's last query)
+//     masked / score   QT×KB, register tiles of (2·VL rows) × 8 keys = 16 accumulators
+//                       (AVX-512: 2 row vectors + 8 key broadcasts per d → 16 FMAs, 10 loads)
+//     block_max, running_max, rescale, prob, block_sum: vertical ops over rows (no horizontal
+//                       reductions); exps are per score and per (row, block), never per output
+//     block_pv         (4·VL head dims) × 4 rows = 16 accumulators per register tile
+//                       (AVX-512: 4 V vectors + 4 prob broadcasts per key → 16 FMAs, 8 loads)
+//     state merge      (m, l, o): o · rescale + block_pv, two FMAs per element
+// Register budget (AVX-512): 16 accumulators + 2–4 operands, 20/32 zmm.
+//
+// Tried: merging per block with max/exp inside the Tuple update (the textbook block-wise merge).
+// The rescale then depends on the state, so it is computed per output element: one or two exps
+// per (d, row, block), about a third of the FMA work at D = 128, KB = 64. Keeping the running
+// max as its own Func (recomputed from stored block maxima) moves the exps to per-row work.
+#include "schedules/x86/flash_attention.hpp"
+
+namespace tilelab::schedules {
+
+using namespace Halide;
+
+void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
+                                  const Expr& head_dim) {
+  const int VL = target.has_feature(Target::AVX512) ? 16 : target.has_feature(Target::AVX) ? 8 : 4;
+  const int QT = s.query_tile;
+  const int score_rows = std::min(QT, 2 * VL);  // rows per score register tile
+  const int pv_rows = std::min(QT, 4);          // rows per block_pv register tile
+  Var tile("tile"), dout("dout"), din("din"), iio("iio"), iii("iii"), jjo("jjo"), jji("jji");
+  Var dvo("dvo"), dvi("dvi"), hb("hb");
+
+  // Outputs: stream the normalized rows out, parallel over heads.
+  s.out.fuse(s.h, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  s.lse.fuse(s.h, s.b, hb).parallel(hb);
+
+  // The running state lives in memory for the whole call; each (io, hk, b) owns a slice.
+  s.state.compute_root().fuse(s.io, s.hk, tile).fuse(tile, s.b, tile).parallel(tile);
+  s.state.vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  Stage merge = s.state.update();
+  merge.reorder(s.d, s.ii, s.rk, s.io, s.hk, s.b)
+      .fuse(s.io, s.hk, tile)
+      .fuse(tile, s.b, tile)
+      .parallel(tile);
+  // Head dims are rounded up to the register tile (extra columns read a clamped V and are never
+  // stored to out); fast paths for 64 and 128 have no rounding.
+  for (int dims : {128, 64}) {
+    merge.specialize(head_dim == dims)
+        .split(s.d, dout, din, std::min(dims, 4 * VL), TailStrategy::RoundUp)
+        .split(s.ii, iio, iii, pv_rows)
+        .reorder(din, iii, dout, iio)
+        .vectorize(din, VL)
+        .unroll(iii);
+  }
+  merge.split(s.d, dout, din, VL, TailStrategy::RoundUp)
+      .split(s.ii, iio, iii, pv_rows)
+      .reorder(din, iii, dout, iio)
+      .vectorize(din)
+      .unroll(iii);
+
+  s.query_t.compute_at(s.state, tile).vectorize(s.ii, VL, TailStrategy::GuardWithIf);
+  if (!s.value_is_f32) {
+    // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
+    s.key_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    s.value_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  }
+
+  s.masked.compute_at(s.state, s.rk)
+      .tile(s.ii, s.jj, iii, jji, score_rows, 8)
+      .vectorize(iii, VL)
+      .unroll(iii)
+      .unroll(jji);
+  s.score.compute_at(s.masked, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+  s.score.update().reorder(s.ii, s.jj, s.rd).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+
+  for (Func f : {s.row_query, s.row_key_limit}) f.compute_at(s.state, tile).vectorize(s.ii, VL);
+  s.row_head.compute_at(s.state, tile).vectorize(s.ii, VL);
+
+  // Block maxima are kept for the whole tile (store_at) and computed per block: the sliding
+  // window computes each block once while running_max reads blocks 0..rk.
+  s.block_max.store_at(s.state, tile).compute_at(s.state, s.rk).vectorize(s.ii, VL);
+  s.block_max.update().reorder(s.ii, s.rj).vectorize(s.ii, VL);
+  s.running_max.compute_at(s.state, s.rk).vectorize(s.ii, VL);
+  s.running_max.update().reorder(s.ii, s.rb).vectorize(s.ii, VL);
+  s.rescale.compute_at(s.state, s.rk).vectorize(s.ii, VL);
+  s.block_sum.compute_at(s.state, s.rk).vectorize(s.ii, VL);
+  s.block_sum.update().reorder(s.ii, s.rj).vectorize(s.ii, VL);
+  s.prob.compute_at(s.state, s.rk).vectorize(s.ii, VL).unroll(s.jj, 4);
+
+  s.block_pv.compute_at(s.state, dout)
+      .split(s.d, dvo, dvi, VL)
+      .vectorize(dvi)
+      .unroll(dvo)
+      .unroll(s.ii);
+  s.block_pv.update()
+      .split(s.d, dvo, dvi, VL)
+      .reorder(dvi, dvo, s.ii, s.rj)
+      .vectorize(dvi)
+      .unroll(dvo)
+      .unroll(s.ii);
+}
+
+}  // namespace tilelab::schedules
