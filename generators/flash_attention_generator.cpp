@@ -22,6 +22,9 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
   GeneratorParam<bool> has_bias{"has_bias", false};
   GeneratorParam<int> key_block{"key_block", 64};    // keys per online-softmax block
   GeneratorParam<int> query_tile{"query_tile", 32};  // rows sharing one pass over a K/V block
+  // Decode: few rows per kv head (M·group small). Scores are then accumulated with the head dim
+  // in the vector lanes (per-lane partial sums, one horizontal sum per score) instead of the rows.
+  GeneratorParam<bool> decode{"decode", false};
 
   // Indexed by d, i, h, b (head dim innermost).
   Input<Buffer<void, 4>> q{"q"};
@@ -77,10 +80,32 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     s.value_f32(d, jj, jb, hk, b) = cast<float>(v(min(d, head_dim - 1), key_c, hk, b));
 
     // Scores of one (query tile, key block), rows innermost so row statistics are vertical ops.
-    RDom rd(0, head_dim, "rd");
-    s.rd = rd.x;
-    s.score(ii, jj, jb, io, hk, b) = 0.0f;
-    s.score(ii, jj, jb, io, hk, b) += s.query_t(ii, rd, io, hk, b) * s.key_f32(rd, jj, jb, hk, b);
+    if (!decode) {
+      RDom rd(0, head_dim, "rd");
+      s.rd = rd.x;
+      s.score(ii, jj, jb, io, hk, b) = 0.0f;
+      s.score(ii, jj, jb, io, hk, b) += s.query_t(ii, rd, io, hk, b) * s.key_f32(rd, jj, jb, hk, b);
+    } else {
+      // Lane dl of the partial sum accumulates head dims dl, dl + L, dl + 2L, ...; dims past D add
+      // 0.
+      const int L = s.decode_lanes;
+      Var dl("dl");
+      RDom rd(0, (head_dim + L - 1) / L, "rd");
+      s.rd = rd.x;
+      Expr dim = rd * L + dl;
+      s.score_partial(dl, ii, jj, jb, io, hk, b) = 0.0f;
+      s.score_partial(dl, ii, jj, jb, io, hk, b) +=
+          select(dim < head_dim,
+                 s.query_t(ii, min(dim, head_dim - 1), io, hk, b) *
+                     s.key_f32(min(dim, head_dim - 1), jj, jb, hk, b),
+                 0.0f);
+      s.dl = dl;
+      RDom rl(0, L, "rl");
+      s.rl = rl.x;
+      s.score(ii, jj, jb, io, hk, b) = 0.0f;
+      s.score(ii, jj, jb, io, hk, b) += s.score_partial(rl, ii, jj, jb, io, hk, b);
+    }
+    s.decode = decode;
     Expr biased = s.score(ii, jj, jb, io, hk, b);
     if (has_bias) biased += bias(key_c, s.row_query(ii, io), s.row_head(ii, io, hk), b);
     // Scores at or below kMasked (e.g. a bias of -inf) count as masked too.
@@ -106,11 +131,13 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
         select(jb == 0, 1.0f, exp(s.running_max(ii, max(jb - 1, 0), io, hk, b) - m_now));
     // exp's argument is <= 0; the clamp keeps the polynomial away from denormals.
     Expr masked = s.masked(ii, jj, jb, io, hk, b);
-    s.prob(ii, jj, jb, io, hk, b) = select(masked > kMasked, exp(max(masked - m_now, -80.0f)), 0.0f);
+    s.prob(ii, jj, jb, io, hk, b) =
+        select(masked > kMasked, exp(max(masked - m_now, -80.0f)), 0.0f);
     s.block_sum(ii, jb, io, hk, b) = 0.0f;
     s.block_sum(ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b);
     s.block_pv(d, ii, jb, io, hk, b) = 0.0f;
-    s.block_pv(d, ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b) * s.value_f32(d, rj, jb, hk, b);
+    s.block_pv(d, ii, jb, io, hk, b) +=
+        s.prob(ii, rj, jb, io, hk, b) * s.value_f32(d, rj, jb, hk, b);
 
     // Merge block rk into (m, l, o): two FMAs per element, the exps were per row.
     RDom rk(0, (kv_len + KB - 1) / KB, "rk");

@@ -13,10 +13,13 @@
 #include "attention_problem.hpp"
 #include "flash_fwd_bf16.h"
 #include "flash_fwd_bf16_bias.h"
+#include "flash_fwd_bf16_decode.h"
 #include "flash_fwd_f16.h"
 #include "flash_fwd_f16_bias.h"
+#include "flash_fwd_f16_decode.h"
 #include "flash_fwd_f32.h"
 #include "flash_fwd_f32_bias.h"
+#include "flash_fwd_f32_decode.h"
 #include "tilelab/error.hpp"
 
 namespace tilelab::detail {
@@ -24,8 +27,7 @@ namespace {
 
 // Halide's parallel loops on OpenMP: one thread pool for the whole library. Dynamic scheduling
 // because causal tiles differ in cost.
-int openmp_do_par_for(void* user_context, halide_task_t task, int min, int size,
-                      uint8_t* closure) {
+int openmp_do_par_for(void* user_context, halide_task_t task, int min, int size, uint8_t* closure) {
   int result = 0;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int x = min; x < min + size; ++x) {
@@ -44,7 +46,9 @@ int openmp_do_par_for(void* user_context, halide_task_t task, int min, int size,
 // Halide reports runtime errors through this handler; the message is kept per thread and raised
 // as a tilelab::Error by the caller.
 thread_local std::string halide_error_message;
-void record_halide_error(void*, const char* message) { halide_error_message = message; }
+void record_halide_error(void*, const char* message) {
+  halide_error_message = message;
+}
 
 void install_halide_hooks() {
   static const bool installed = [] {
@@ -95,7 +99,9 @@ struct HalideView {
   }
 };
 
-bool fits_int32(std::int64_t value) { return value <= std::numeric_limits<int32_t>::max(); }
+bool fits_int32(std::int64_t value) {
+  return value <= std::numeric_limits<int32_t>::max();
+}
 
 // Halide addresses elements with int32 offsets; every reachable offset must fit.
 bool offsets_fit_int32(const TensorView& view) {
@@ -110,14 +116,20 @@ bool offsets_fit_int32(const TensorView& view) {
 using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
                          float, int32_t, halide_buffer_t*, halide_buffer_t*);
 
-KernelFn pick_kernel(DType dtype, bool has_bias) {
-  switch (dtype) {
+// Rows per kv head (query rows × GQA group) up to which the decode variant (4-row tiles, head dim
+// in the vector lanes) beats the 32-row prefill tile; past 4 rows it re-reads K/V per 4 rows.
+constexpr std::int64_t kDecodeMaxRows = 8;
+
+KernelFn pick_kernel(const AttentionProblem& p) {
+  const bool has_bias = p.bias.has_value();
+  const bool decode = !has_bias && p.q_len * (p.q_heads / p.kv_heads) <= kDecodeMaxRows;
+  switch (p.dtype) {
     case DType::f32:
-      return has_bias ? flash_fwd_f32_bias : flash_fwd_f32;
+      return has_bias ? flash_fwd_f32_bias : decode ? flash_fwd_f32_decode : flash_fwd_f32;
     case DType::f16:
-      return has_bias ? flash_fwd_f16_bias : flash_fwd_f16;
+      return has_bias ? flash_fwd_f16_bias : decode ? flash_fwd_f16_decode : flash_fwd_f16;
     case DType::bf16:
-      return has_bias ? flash_fwd_bf16_bias : flash_fwd_bf16;
+      return has_bias ? flash_fwd_bf16_bias : decode ? flash_fwd_bf16_decode : flash_fwd_bf16;
     case DType::i32:
       break;
   }
@@ -132,7 +144,7 @@ bool generated_flash_attention_covers(const AttentionProblem& p) {
     if (view->stride(3) != 1 || !offsets_fit_int32(*view)) return false;
   }
   if (p.bias && (p.bias->stride(3) != 1 || !offsets_fit_int32(*p.bias))) return false;
-  return p.head_dim <= 256 && fits_int32(p.causal_offset) && pick_kernel(p.dtype, bool(p.bias));
+  return p.head_dim <= 256 && fits_int32(p.causal_offset) && pick_kernel(p);
 }
 
 bool generated_flash_attention(const AttentionProblem& p) {
@@ -157,9 +169,8 @@ bool generated_flash_attention(const AttentionProblem& p) {
   HalideView lse(lse_view);
 
   halide_error_message.clear();
-  const int status = pick_kernel(p.dtype, bool(p.bias))(
-      q.get(), k.get(), v.get(), bias.get(), p.scale, static_cast<int32_t>(p.causal_offset),
-      out.get(), lse.get());
+  const int status = pick_kernel(p)(q.get(), k.get(), v.get(), bias.get(), p.scale,
+                                    static_cast<int32_t>(p.causal_offset), out.get(), lse.get());
   TILELAB_CHECK(status == 0) << "generated flash attention kernel failed (status " << status
                              << "): " << halide_error_message;
   return true;

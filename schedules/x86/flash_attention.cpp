@@ -31,6 +31,7 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
   const int QT = s.query_tile;
   const int score_rows = std::min(QT, 2 * VL);  // rows per score register tile
   const int pv_rows = std::min(QT, 4);          // rows per block_pv register tile
+  const int RV = std::min(VL, QT);              // lanes for per-row vectors (never pad rows)
   Var tile("tile"), dout("dout"), din("din"), iio("iio"), iii("iii"), jjo("jjo"), jji("jji");
   Var dvo("dvo"), dvi("dvi"), hb("hb");
 
@@ -62,34 +63,52 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
       .vectorize(din)
       .unroll(iii);
 
-  s.query_t.compute_at(s.state, tile).vectorize(s.ii, VL, TailStrategy::GuardWithIf);
+  s.query_t.compute_at(s.state, tile);
+  if (!s.decode) s.query_t.vectorize(s.ii, VL, TailStrategy::GuardWithIf);
   if (!s.value_is_f32) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
     s.key_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);
     s.value_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   }
 
-  s.masked.compute_at(s.state, s.rk)
-      .tile(s.ii, s.jj, iii, jji, score_rows, 8)
-      .vectorize(iii, VL)
-      .unroll(iii)
-      .unroll(jji);
-  s.score.compute_at(s.masked, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
-  s.score.update().reorder(s.ii, s.jj, s.rd).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+  if (!s.decode) {
+    s.masked.compute_at(s.state, s.rk)
+        .tile(s.ii, s.jj, iii, jji, score_rows, 8)
+        .vectorize(iii, VL)
+        .unroll(iii)
+        .unroll(jji);
+    s.score.compute_at(s.masked, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+    s.score.update().reorder(s.ii, s.jj, s.rd).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+  } else {
+    // Decode: partial sums of (QT rows) × (4 keys) in head-dim lanes, QT·4 registers; per lane
+    // vector of d, QT query loads and 4 key loads feed QT·4 FMAs. Then one horizontal sum per
+    // score.
+    const int lanes = s.decode_lanes, keys = 4;
+    s.query_t.reorder_storage(s.d, s.ii);  // head dim contiguous, for the lane-wise loads
+    s.masked.compute_at(s.state, s.rk).split(s.jj, jjo, jji, keys).vectorize(s.ii, RV);
+    s.score.compute_at(s.masked, jjo).unroll(s.ii).unroll(s.jj);
+    s.score.update().reorder(s.ii, s.jj, s.rl).atomic().vectorize(s.rl).unroll(s.ii).unroll(s.jj);
+    s.score_partial.compute_at(s.masked, jjo).vectorize(s.dl, lanes).unroll(s.ii).unroll(s.jj);
+    s.score_partial.update()
+        .reorder(s.dl, s.ii, s.jj, s.rd)
+        .vectorize(s.dl, lanes)
+        .unroll(s.ii)
+        .unroll(s.jj);
+  }
 
-  for (Func f : {s.row_query, s.row_key_limit}) f.compute_at(s.state, tile).vectorize(s.ii, VL);
-  s.row_head.compute_at(s.state, tile).vectorize(s.ii, VL);
+  for (Func f : {s.row_query, s.row_key_limit}) f.compute_at(s.state, tile).vectorize(s.ii, RV);
+  s.row_head.compute_at(s.state, tile).vectorize(s.ii, RV);
 
   // Block maxima are kept for the whole tile (store_at) and computed per block: the sliding
   // window computes each block once while running_max reads blocks 0..rk.
-  s.block_max.store_at(s.state, tile).compute_at(s.state, s.rk).vectorize(s.ii, VL);
-  s.block_max.update().reorder(s.ii, s.rj).vectorize(s.ii, VL);
-  s.running_max.compute_at(s.state, s.rk).vectorize(s.ii, VL);
-  s.running_max.update().reorder(s.ii, s.rb).vectorize(s.ii, VL);
-  s.rescale.compute_at(s.state, s.rk).vectorize(s.ii, VL);
-  s.block_sum.compute_at(s.state, s.rk).vectorize(s.ii, VL);
-  s.block_sum.update().reorder(s.ii, s.rj).vectorize(s.ii, VL);
-  s.prob.compute_at(s.state, s.rk).vectorize(s.ii, VL).unroll(s.jj, 4);
+  s.block_max.store_at(s.state, tile).compute_at(s.state, s.rk).vectorize(s.ii, RV);
+  s.block_max.update().reorder(s.ii, s.rj).vectorize(s.ii, RV);
+  s.running_max.compute_at(s.state, s.rk).vectorize(s.ii, RV);
+  s.running_max.update().reorder(s.ii, s.rb).vectorize(s.ii, RV);
+  s.rescale.compute_at(s.state, s.rk).vectorize(s.ii, RV);
+  s.block_sum.compute_at(s.state, s.rk).vectorize(s.ii, RV);
+  s.block_sum.update().reorder(s.ii, s.rj).vectorize(s.ii, RV);
+  s.prob.compute_at(s.state, s.rk).vectorize(s.ii, RV).unroll(s.jj, 4);
 
   s.block_pv.compute_at(s.state, dout)
       .split(s.d, dvo, dvi, VL)
