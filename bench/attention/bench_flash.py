@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""bench_flash: tilelab.flash_attention against PyTorch SDPA, and against this machine's FMA peak
+and triad bandwidth measured in the same run (by tilelab_machine_peak).
+
+    python bench/attention/bench_flash.py [--build-dir build] [--threads 2] [--quick] [--json f]
+
+Times are medians over --repeats calls after --warmup calls. Machines are noisy: the ratio
+torch/ours and the fraction of peak are the figures to compare across runs, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    dtype: str  # "float32" or "bfloat16"
+    causal: bool
+    # Decode is bound by reading K and V: it is reported in GB/s against the triad bandwidth;
+    # everything else in GFLOP/s against the FMA peak.
+    decode: bool = False
+
+    @property
+    def name(self) -> str:
+        heads = (
+            f"H{self.q_heads}"
+            if self.q_heads == self.kv_heads
+            else f"Hq{self.q_heads} Hkv{self.kv_heads}"
+        )
+        lengths = (
+            f"S{self.q_len}" if self.q_len == self.kv_len else f"M{self.q_len} N{self.kv_len}"
+        )
+        prefix = "decode " if self.decode else ""
+        return f"{prefix}B{self.batch} {heads} {lengths} D{self.head_dim}"
+
+    @property
+    def flops(self) -> float:
+        """4·B·Hq·M·N·D (two matmuls, multiply + add), half for square causal."""
+        full = 4.0 * self.batch * self.q_heads * self.q_len * self.kv_len * self.head_dim
+        return full / 2 if self.causal and self.q_len == self.kv_len else full
+
+    def kv_bytes(self, itemsize: int) -> float:
+        """Bytes of K and V, each read once."""
+        return 2.0 * self.batch * self.kv_heads * self.kv_len * self.head_dim * itemsize
+
+
+WORKLOADS = [
+    Workload(1, 16, 16, 512, 512, 128, "float32", causal=False),
+    Workload(1, 16, 16, 512, 512, 128, "float32", causal=True),
+    Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=False),
+    Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=True),
+    Workload(1, 25, 25, 1024, 1024, 64, "float32", causal=False),
+    Workload(1, 32, 8, 2048, 2048, 128, "bfloat16", causal=True),
+    # One new query per sequence sees every cached key: not causal.
+    Workload(8, 32, 8, 1, 4096, 128, "float32", causal=False, decode=True),
+    Workload(8, 32, 8, 1, 4096, 128, "bfloat16", causal=False, decode=True),
+]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--build-dir", type=pathlib.Path, default=REPO_ROOT / "build",
+                        help="build directory with python/tilelab and tilelab_machine_peak "
+                        "(default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads for tilelab, torch and the peak probe (default: 2)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls (default: 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (default: 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 repeats and 1 warmup (for a demo)")
+    parser.add_argument("--filter", default="",
+                        help="only workloads whose name contains this text")
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even if importable")
+    parser.add_argument("--json", type=pathlib.Path, help="also write the results here")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.warmup = 3, 1
+    if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
+        parser.error("--threads and --repeats must be >= 1, --warmup >= 0")
+    return args
+
+
+def import_tilelab(build_dir: pathlib.Path):
+    package_parent = build_dir.resolve() / "python"
+    if not (package_parent / "tilelab" / "__init__.py").exists():
+        sys.exit(f"bench_flash: no tilelab package in {package_parent}; build the "
+                 "tilelab_core_module target first (or pass --build-dir)")
+    sys.path.insert(0, str(package_parent))
+    import tilelab
+
+    return tilelab
+
+
+def measure_machine_peak(build_dir: pathlib.Path, threads: int) -> dict:
+    probe = build_dir.resolve() / "bench" / "attention" / "tilelab_machine_peak"
+    if not probe.exists():
+        sys.exit(f"bench_flash: {probe} is missing; build the tilelab_machine_peak target first")
+    command = [str(probe), "--threads", str(threads)]
+    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+
+
+def import_torch(threads: int):
+    """torch, or None when it is not importable: it is optional, for comparison only."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    return torch
+
+
+def median_seconds(call, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def make_inputs(workload: Workload, rng: np.random.Generator):
+    import ml_dtypes
+
+    dtype = np.float32 if workload.dtype == "float32" else ml_dtypes.bfloat16
+    w = workload
+    q = rng.standard_normal((w.batch, w.q_heads, w.q_len, w.head_dim), dtype=np.float32)
+    k = rng.standard_normal((w.batch, w.kv_heads, w.kv_len, w.head_dim), dtype=np.float32)
+    v = rng.standard_normal((w.batch, w.kv_heads, w.kv_len, w.head_dim), dtype=np.float32)
+    return tuple(a.astype(dtype) for a in (q, k, v))
+
+
+def to_torch(torch, array: np.ndarray):
+    if array.dtype == np.float32:
+        return torch.from_numpy(array)
+    # bfloat16: reinterpret the bits, no conversion.
+    return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+
+
+def cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
+    q, k, v = make_inputs(workload, rng)
+    options = dict(causal=workload.causal)
+    implementation = tilelab.flash_attention_implementation(q, k, v, **options)
+    ours = tilelab.flash_attention(q, k, v, **options)
+    ours_s = median_seconds(lambda: tilelab.flash_attention(q, k, v, **options),
+                            args.warmup, args.repeats)
+    result = {
+        "workload": workload.name,
+        "shape": dataclasses.asdict(workload),
+        "implementation": implementation,
+        "ours_median_s": ours_s,
+        "flop": workload.flops,
+        "ours_gflop_per_s": workload.flops / ours_s * 1e-9,
+        "ours_fraction_of_fma_peak": workload.flops / ours_s * 1e-9
+        / peak["fma_peak_fp32_gflop_per_s"],
+    }
+    if workload.decode:
+        kv_bytes = workload.kv_bytes(q.dtype.itemsize)
+        result["kv_bytes"] = kv_bytes
+        result["ours_kv_gb_per_s"] = kv_bytes / ours_s * 1e-9
+        result["ours_fraction_of_triad"] = result["ours_kv_gb_per_s"] / peak[
+            "triad_bandwidth_gb_per_s"]
+    if torch is not None:
+        tq, tk, tv = (to_torch(torch, a) for a in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        gqa = workload.q_heads != workload.kv_heads
+
+        def torch_call():
+            with torch.inference_mode():
+                return sdpa(tq, tk, tv, is_causal=workload.causal, enable_gqa=gqa)
+
+        theirs = torch_call().float().numpy()
+        result["torch_median_s"] = median_seconds(torch_call, args.warmup, args.repeats)
+        result["torch_over_ours"] = result["torch_median_s"] / ours_s
+        result["max_abs_difference_from_torch"] = float(
+            np.max(np.abs(ours.astype(np.float32) - theirs)))
+        if workload.decode:
+            result["torch_kv_gb_per_s"] = result["kv_bytes"] / result["torch_median_s"] * 1e-9
+        else:
+            result["torch_gflop_per_s"] = workload.flops / result["torch_median_s"] * 1e-9
+    return result
+
+
+def format_row(result: dict) -> list[str]:
+    workload = result["shape"]
+    if workload["decode"]:
+        ours_rate = f"{result['ours_kv_gb_per_s']:.1f} GB/s"
+        fraction = f"{100 * result['ours_fraction_of_triad']:.0f}% triad"
+        torch_rate = f"{result['torch_kv_gb_per_s']:.1f} GB/s" if "torch_kv_gb_per_s" in result \
+            else "-"
+    else:
+        ours_rate = f"{result['ours_gflop_per_s']:.1f} GFLOP/s"
+        fraction = f"{100 * result['ours_fraction_of_fma_peak']:.1f}% FMA"
+        torch_rate = f"{result['torch_gflop_per_s']:.1f} GFLOP/s" \
+            if "torch_gflop_per_s" in result else "-"
+    torch_ms = f"{1e3 * result['torch_median_s']:.2f}" if "torch_median_s" in result else "-"
+    ratio = f"{result['torch_over_ours']:.2f}x" if "torch_over_ours" in result else "-"
+    return [
+        result["workload"],
+        workload["dtype"],
+        "causal" if workload["causal"] else "full",
+        result["implementation"],
+        f"{1e3 * result['ours_median_s']:.2f}",
+        torch_ms,
+        ratio,
+        ours_rate,
+        fraction,
+        torch_rate,
+    ]
+
+
+def print_table(rows: list[list[str]]) -> None:
+    header = ["workload", "dtype", "mask", "tilelab impl", "ours ms", "torch ms",
+              "torch/ours", "ours rate", "of peak", "torch rate"]
+    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
+    left_aligned = 4  # text columns, then numbers
+    for row in [header] + rows:
+        cells = [cell.ljust(w) if i < left_aligned else cell.rjust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths))]
+        print("  ".join(cells).rstrip(), flush=True)
+
+
+def main() -> None:
+    args = parse_args()
+    tilelab = import_tilelab(args.build_dir)
+    tilelab.set_num_threads(args.threads)
+    peak = measure_machine_peak(args.build_dir, args.threads)
+    torch = None if args.no_torch else import_torch(args.threads)
+
+    print(f"machine: {cpu_model()}, {args.threads} threads; fp32 FMA peak "
+          f"{peak['fma_peak_fp32_gflop_per_s']:.0f} GFLOP/s ({peak['fma_isa']}), triad "
+          f"{peak['triad_bandwidth_gb_per_s']:.1f} GB/s (tilelab_machine_peak, "
+          f"{peak['statistic']})")
+    torch_text = (f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
+                  if torch is not None else "torch not importable: no comparison")
+    print(f"tilelab {tilelab.__version__}; {torch_text}; medians of {args.repeats} calls after "
+          f"{args.warmup} warmup; torch/ours > 1 means tilelab is faster")
+    print("rates: GFLOP/s = 4·B·Hq·M·N·D (half for square causal) / time, against the fp32 FMA "
+          "peak; decode: GB/s of K and V read, against the triad\n")
+
+    rng = np.random.default_rng(0)
+    results, rows = [], []
+    for workload in WORKLOADS:
+        if args.filter not in workload.name:
+            continue
+        result = run_workload(workload, tilelab, torch, peak, args, rng)
+        results.append(result)
+        rows.append(format_row(result))
+    print_table(rows)
+
+    if args.json:
+        report = {
+            "schema": "tilelab.bench_flash",
+            "schema_version": 1,
+            "tilelab_version": tilelab.__version__,
+            "torch_version": torch.__version__ if torch is not None else None,
+            "cpu": cpu_model(),
+            "threads": args.threads,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "statistic": "median",
+            "machine_peak": peak,
+            "results": results,
+        }
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

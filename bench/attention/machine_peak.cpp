@@ -1,0 +1,208 @@
+// tilelab_machine_peak: this machine's fp32 FMA peak (GFLOP/s) and STREAM triad bandwidth (GB/s)
+// with N OpenMP threads, as JSON; bench_flash.py divides its figures by these.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TILELAB_X86 1
+#endif
+
+namespace {
+
+// Independent accumulator chains per thread. An FMA has 4 cycles of latency and two pipes issue
+// one each per cycle, so 8 chains keep them busy; 12 leaves margin (Zen 4 splits a zmm FMA into
+// two 256-bit halves) and fits the 16 (AVX2) or 32 (AVX-512) vector registers with the constants.
+constexpr int kChains = 12;
+
+// Each FMA computes acc = acc * a + b with a < 1: the chains converge to b / (1 - a) and never
+// reach infinities or denormals, which would change the timing.
+constexpr float kMultiplier = 0.999999f;
+constexpr float kAddend = 1e-6f;
+
+#if TILELAB_X86
+__attribute__((target("avx512f"))) float fma_chains_avx512(std::int64_t iterations) {
+  const __m512 a = _mm512_set1_ps(kMultiplier);
+  const __m512 b = _mm512_set1_ps(kAddend);
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  for (std::int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  // A store instead of _mm512_reduce_add_ps, whose GCC 12 header trips -Wuninitialized.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
+__attribute__((target("avx2,fma"))) float fma_chains_avx2(std::int64_t iterations) {
+  const __m256 a = _mm256_set1_ps(kMultiplier);
+  const __m256 b = _mm256_set1_ps(kAddend);
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c));
+  for (std::int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  }
+  __m256 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+#endif
+
+// Portable fallback: whatever the compiler makes of scalar multiply-adds.
+float fma_chains_scalar(std::int64_t iterations) {
+  float acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = static_cast<float>(c);
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * kMultiplier + kAddend;
+  }
+  float total = 0.0f;
+  for (float value : acc) total += value;
+  return total;
+}
+
+struct FmaKernel {
+  const char* isa;
+  int lanes;  // fp32 lanes per vector
+  float (*run)(std::int64_t iterations);
+};
+
+FmaKernel best_fma_kernel() {
+#if TILELAB_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return {"avx512f", 16, fma_chains_avx512};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return {"avx2+fma", 8, fma_chains_avx2};
+  }
+#endif
+  return {"scalar", 1, fma_chains_scalar};
+}
+
+// Keeps the accumulator results observable so the loops are not removed.
+volatile float g_sink = 0.0f;
+
+// GFLOP/s of all threads running `kernel` at once, best of `trials` (a peak is a maximum).
+double measure_fma_gflops(const FmaKernel& kernel, int threads, std::int64_t iterations,
+                          int trials) {
+  double best = 0.0;
+  for (int trial = 0; trial < trials; ++trial) {
+    double seconds = 0.0;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp barrier
+      const double start = omp_get_wtime();
+      const float result = kernel.run(iterations);
+      const double elapsed = omp_get_wtime() - start;
+#pragma omp critical
+      {
+        g_sink = g_sink + result;
+        seconds = std::max(seconds, elapsed);  // the slowest thread bounds the aggregate rate
+      }
+    }
+    const double flops = 2.0 * kChains * kernel.lanes * static_cast<double>(iterations) * threads;
+    best = std::max(best, flops / seconds * 1e-9);
+  }
+  return best;
+}
+
+// STREAM triad a = b + s * c over arrays of `elements` doubles, GB/s counting 3 arrays x 8 bytes
+// per element (STREAM's convention: write-allocate traffic not counted), best of `trials`.
+double measure_triad_gb_per_s(int threads, std::int64_t elements, int trials) {
+  std::unique_ptr<double[]> a(new double[elements]);
+  std::unique_ptr<double[]> b(new double[elements]);
+  std::unique_ptr<double[]> c(new double[elements]);
+  // First touch with the same static schedule as the triad, so pages sit near the thread using
+  // them.
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t i = 0; i < elements; ++i) {
+    a[i] = 0.0;
+    b[i] = 1.0;
+    c[i] = 2.0;
+  }
+  const double s = 3.0;
+  double best = 0.0;
+  for (int trial = 0; trial < trials; ++trial) {
+    const double start = omp_get_wtime();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (std::int64_t i = 0; i < elements; ++i) a[i] = b[i] + s * c[i];
+    const double seconds = omp_get_wtime() - start;
+    best = std::max(best, 3.0 * 8.0 * static_cast<double>(elements) / seconds * 1e-9);
+  }
+  g_sink = g_sink + static_cast<float>(a[elements / 2]);
+  return best;
+}
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: tilelab_machine_peak [--threads N] [--fma-iterations K] "
+               "[--triad-mib MIB] [--trials T]\n"
+               "  prints JSON: fp32 FMA peak (GFLOP/s) and STREAM triad bandwidth (GB/s)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = omp_get_max_threads();
+  std::int64_t fma_iterations = 20'000'000;  // ~0.1 s per trial at 4 GHz
+  std::int64_t triad_mib = 256;              // per array: far beyond any L3 on this class of CPU
+  int trials = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--threads" && has_value) {
+      threads = std::atoi(argv[++i]);
+    } else if (arg == "--fma-iterations" && has_value) {
+      fma_iterations = std::atoll(argv[++i]);
+    } else if (arg == "--triad-mib" && has_value) {
+      triad_mib = std::atoll(argv[++i]);
+    } else if (arg == "--trials" && has_value) {
+      trials = std::atoi(argv[++i]);
+    } else {
+      usage();
+      return arg == "--help" || arg == "-h" ? 0 : 2;
+    }
+  }
+  if (threads < 1 || fma_iterations < 1 || triad_mib < 1 || trials < 1) {
+    usage();
+    return 2;
+  }
+
+  const FmaKernel kernel = best_fma_kernel();
+  const double fma_gflops = measure_fma_gflops(kernel, threads, fma_iterations, trials);
+  const std::int64_t triad_elements = triad_mib * 1024 * 1024 / 8;
+  const double triad_gb_per_s = measure_triad_gb_per_s(threads, triad_elements, trials);
+
+  std::printf(
+      "{\n"
+      "  \"schema\": \"tilelab.machine_peak\",\n"
+      "  \"schema_version\": 1,\n"
+      "  \"threads\": %d,\n"
+      "  \"fma_isa\": \"%s\",\n"
+      "  \"fma_chains_per_thread\": %d,\n"
+      "  \"fma_peak_fp32_gflop_per_s\": %.2f,\n"
+      "  \"triad_array_bytes\": %lld,\n"
+      "  \"triad_bandwidth_gb_per_s\": %.2f,\n"
+      "  \"statistic\": \"best of %d trials\"\n"
+      "}\n",
+      threads, kernel.isa, kChains, fma_gflops, static_cast<long long>(triad_elements * 8),
+      triad_gb_per_s, trials);
+  return 0;
+}

@@ -1,0 +1,48 @@
+// Numpy arrays as tilelab::TensorView: dtype mapping, byte strides to element strides, and the
+// contiguous copy made when a buffer cannot be viewed in place.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <optional>
+
+#include "tilelab/tensor.hpp"
+
+namespace tilelab::python {
+
+namespace py = pybind11;
+
+// The dtypes flash_attention accepts, as error messages spell them.
+inline constexpr const char* kAttentionDtypes = "float32, float16 or bfloat16 (ml_dtypes.bfloat16)";
+
+// The tilelab dtype of a numpy dtype among float32, float16 and bfloat16; nullopt otherwise.
+std::optional<DType> attention_dtype(const py::dtype& dtype);
+
+// `object` as a numpy array of an attention dtype; tilelab::Error(invalid_type) naming `name` when
+// it is not a numpy.ndarray or has another dtype.
+py::array require_attention_array(const py::handle& object, const char* name);
+
+// A TensorView over numpy memory, and the array that owns that memory (the caller's array when it
+// was viewed in place, else a copy that must outlive every use of `view`).
+struct ArrayView {
+  py::array owner;
+  TensorView view;
+  bool copied = false;
+};
+
+// Views `array` in place when its strides are non-negative multiples of the item size, its data is
+// aligned to the item size and in native byte order; otherwise views a C-contiguous native copy.
+// tilelab::Error naming `name` when the rank exceeds TensorView::kMaxRank.
+ArrayView view_array(const py::array& array, const char* name);
+
+// A C-contiguous array of `shape` with `like`'s dtype (bf16 outputs keep ml_dtypes' dtype object).
+py::array new_array(const py::dtype& like, const std::vector<py::ssize_t>& shape);
+
+// A writable TensorView of an array from new_array (always C-contiguous and aligned).
+TensorView view_output(py::array& array);
+
+// "(2, 8, 128, 64)", for error messages.
+std::string shape_string(const py::array& array);
+
+}  // namespace tilelab::python

@@ -1,0 +1,177 @@
+// tilelab._core: the pybind11 binding of the C++ API (flash attention, threads, version). The
+// documented public surface is the `tilelab` package that wraps it.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "array_view.hpp"
+#include "tilelab/tilelab.hpp"
+
+namespace py = pybind11;
+
+namespace tilelab::python {
+namespace {
+
+CausalAlignment parse_causal_alignment(const std::string& name) {
+  if (name == "top_left") return CausalAlignment::top_left;
+  if (name == "bottom_right") return CausalAlignment::bottom_right;
+  throw Error("causal_alignment: expected 'top_left' or 'bottom_right', got '" + name + "'");
+}
+
+Implementation parse_implementation(const std::string& name) {
+  if (name == "automatic") return Implementation::automatic;
+  if (name == "generated") return Implementation::generated;
+  if (name == "reference") return Implementation::reference;
+  throw Error("implementation: expected 'automatic', 'generated' or 'reference', got '" + name +
+              "'");
+}
+
+// None -> default 1/sqrt(D); anything float() accepts (Python and numpy numbers) -> that value.
+std::optional<float> parse_scale(const py::handle& scale) {
+  if (scale.is_none()) return std::nullopt;
+  if (!PyNumber_Check(scale.ptr()) || PyBool_Check(scale.ptr())) {
+    throw Error("scale: expected a float or None, got " +
+                    py::str(py::type::handle_of(scale).attr("__name__")).cast<std::string>(),
+                ErrorKind::invalid_type);
+  }
+  const double value = py::float_(py::reinterpret_borrow<py::object>(scale)).cast<double>();
+  // Finiteness is checked by the C++ validation; a double that overflows float stays infinite.
+  return static_cast<float>(value);
+}
+
+// One flash_attention call: the numpy arrays that own every buffer the views point into.
+struct AttentionCall {
+  ArrayView q, k, v;
+  std::optional<ArrayView> bias;
+  py::array out;
+  std::optional<py::array> lse;
+  TensorView out_view;
+  FlashAttentionOptions options;
+};
+
+AttentionCall prepare_call(const py::handle& q, const py::handle& k, const py::handle& v,
+                           bool causal, const std::string& causal_alignment,
+                           const py::handle& scale, const py::handle& bias, bool return_lse,
+                           const std::string& implementation) {
+  py::array q_array = require_attention_array(q, "q");
+  py::array k_array = require_attention_array(k, "k");
+  py::array v_array = require_attention_array(v, "v");
+  // out and lse take their shapes from q, so q's rank is checked here; everything else (shapes,
+  // GQA, mixed dtypes, bias broadcasting, scale) by the C++ validation, which names the argument.
+  if (q_array.ndim() != 4) {
+    throw Error("q: expected rank 4 [B, Hq, M, D], got rank " + std::to_string(q_array.ndim()) +
+                " with shape " + shape_string(q_array));
+  }
+
+  AttentionCall call{view_array(q_array, "q"),
+                     view_array(k_array, "k"),
+                     view_array(v_array, "v"),
+                     std::nullopt,
+                     py::array(),
+                     std::nullopt,
+                     TensorView(),
+                     FlashAttentionOptions()};
+  call.options.causal = causal;
+  call.options.causal_alignment = parse_causal_alignment(causal_alignment);
+  call.options.scale = parse_scale(scale);
+  call.options.implementation = parse_implementation(implementation);
+  if (!bias.is_none()) {
+    if (!py::isinstance<py::array>(bias)) {
+      throw Error("bias: expected a numpy.ndarray of float32 or None, got " +
+                      py::str(py::type::handle_of(bias).attr("__name__")).cast<std::string>(),
+                  ErrorKind::invalid_type);
+    }
+    py::array bias_array = py::reinterpret_borrow<py::array>(bias);
+    if (attention_dtype(bias_array.dtype()) != DType::f32) {
+      throw Error(
+          "bias: expected dtype float32, got " + py::str(bias_array.dtype()).cast<std::string>(),
+          ErrorKind::invalid_type);
+    }
+    call.bias = view_array(bias_array, "bias");
+    call.options.bias = call.bias->view;
+  }
+
+  const std::vector<py::ssize_t> out_shape{q_array.shape(0), q_array.shape(1), q_array.shape(2),
+                                           q_array.shape(3)};
+  // q's viewed array, not q itself: its dtype is in native byte order even when q's is not.
+  call.out = new_array(call.q.owner.dtype(), out_shape);
+  call.out_view = view_output(call.out);
+  if (return_lse) {
+    call.lse = new_array(py::dtype::of<float>(), {out_shape[0], out_shape[1], out_shape[2]});
+    call.options.lse = view_output(*call.lse);
+  }
+  return call;
+}
+
+py::object flash_attention(const py::handle& q, const py::handle& k, const py::handle& v,
+                           bool causal, const std::string& causal_alignment,
+                           const py::handle& scale, const py::handle& bias, bool return_lse,
+                           const std::string& implementation) {
+  AttentionCall call =
+      prepare_call(q, k, v, causal, causal_alignment, scale, bias, return_lse, implementation);
+  {
+    // The views point into arrays `call` keeps alive; no Python object is touched in here.
+    py::gil_scoped_release release;
+    tilelab::flash_attention(call.q.view, call.k.view, call.v.view, call.out_view, call.options);
+  }
+  if (return_lse) return py::make_tuple(call.out, *call.lse);
+  return call.out;
+}
+
+std::string flash_attention_implementation(const py::handle& q, const py::handle& k,
+                                           const py::handle& v, bool causal,
+                                           const std::string& causal_alignment,
+                                           const py::handle& scale, const py::handle& bias,
+                                           bool return_lse) {
+  const AttentionCall call =
+      prepare_call(q, k, v, causal, causal_alignment, scale, bias, return_lse, "automatic");
+  return tilelab::flash_attention_implementation(call.q.view, call.k.view, call.v.view,
+                                                 call.out_view, call.options);
+}
+
+}  // namespace
+}  // namespace tilelab::python
+
+PYBIND11_MODULE(_core, module) {
+  using namespace tilelab::python;
+  module.doc() = "tilelab's compiled core; use the documented `tilelab` package instead.";
+
+  // Errors a caller can fix: wrong types become TypeError, everything else ValueError.
+  py::register_exception_translator([](std::exception_ptr pointer) {
+    try {
+      if (pointer) std::rethrow_exception(pointer);
+    } catch (const tilelab::Error& error) {
+      PyErr_SetString(
+          error.kind() == tilelab::ErrorKind::invalid_type ? PyExc_TypeError : PyExc_ValueError,
+          error.what());
+    }
+  });
+
+  module.def("flash_attention", &flash_attention, py::arg("q"), py::arg("k"), py::arg("v"),
+             py::kw_only(), py::arg("causal") = false, py::arg("causal_alignment") = "top_left",
+             py::arg("scale") = py::none(), py::arg("bias") = py::none(),
+             py::arg("return_lse") = false, py::arg("implementation") = "automatic",
+             "Flash attention forward; returns out or (out, lse). See tilelab.flash_attention.");
+  module.def("flash_attention_implementation", &flash_attention_implementation, py::arg("q"),
+             py::arg("k"), py::arg("v"), py::kw_only(), py::arg("causal") = false,
+             py::arg("causal_alignment") = "top_left", py::arg("scale") = py::none(),
+             py::arg("bias") = py::none(), py::arg("return_lse") = false,
+             "'generated' or 'reference': what flash_attention would run for these arguments.");
+  module.def("set_num_threads", &tilelab::set_num_threads, py::arg("n"),
+             "Sets the number of threads tilelab uses (>= 1).");
+  module.def("num_threads", &tilelab::num_threads, "The number of threads tilelab uses.");
+  module.def(
+      "version", [] { return std::string(TILELAB_VERSION); },
+      "The C++ library's version (TILELAB_VERSION).");
+  module.def(
+      "_views_in_place",
+      [](const py::handle& array) {
+        return !view_array(require_attention_array(array, "array"), "array").copied;
+      },
+      py::arg("array"),
+      "Testing hook: whether flash_attention reads `array` in place (True) or copies it first.");
+}

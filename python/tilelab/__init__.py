@@ -1,0 +1,151 @@
+"""tilelab: CPU attention kernels generated with Halide, behind a checked API.
+
+Arrays are numpy arrays of float32, float16 or bfloat16 (``ml_dtypes.bfloat16``). Work runs on
+tilelab's OpenMP pool (see :func:`set_num_threads`) with the GIL released, so Python threads may
+call into tilelab concurrently.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, overload
+
+import numpy as np
+
+from . import _core
+from ._version import __version__
+
+__all__ = [
+    "flash_attention",
+    "flash_attention_implementation",
+    "num_threads",
+    "set_num_threads",
+    "__version__",
+]
+
+CausalAlignment = Literal["top_left", "bottom_right"]
+Implementation = Literal["automatic", "generated", "reference"]
+
+
+@overload
+def flash_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = ...,
+    causal_alignment: CausalAlignment = ...,
+    scale: float | None = ...,
+    bias: np.ndarray | None = ...,
+    return_lse: Literal[False] = ...,
+    implementation: Implementation = ...,
+) -> np.ndarray: ...
+@overload
+def flash_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = ...,
+    causal_alignment: CausalAlignment = ...,
+    scale: float | None = ...,
+    bias: np.ndarray | None = ...,
+    return_lse: Literal[True],
+    implementation: Implementation = ...,
+) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def flash_attention(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    causal_alignment="top_left",
+    scale=None,
+    bias=None,
+    return_lse=False,
+    implementation="automatic",
+):
+    """Attention forward, ``softmax(scale * q @ k^T + bias, masked) @ v``, without an M x N buffer.
+
+    Shapes and dtypes:
+        q: ``[B, Hq, M, D]``; k, v: ``[B, Hkv, N, D]``. Hq must be a multiple of Hkv (GQA/MQA:
+        query head h reads kv head ``h // (Hq // Hkv)``). M, N >= 1 and 1 <= D <= 256.
+        q, k and v share one dtype: float32, float16 or ``ml_dtypes.bfloat16``. Accumulation is
+        float32. Any strides are accepted; arrays whose strides are non-negative whole elements are
+        read in place, others (negative or odd byte strides, misaligned or byte-swapped data) are
+        copied first.
+
+    Args:
+        causal: mask keys after each query's diagonal.
+        causal_alignment: where the diagonal sits when M != N (the two agree when M == N).
+            ``"top_left"``: query i sees keys ``j <= i`` (PyTorch SDPA ``is_causal``, FA Triton).
+            ``"bottom_right"``: query i sees keys ``j <= i + (N - M)`` (FlashAttention-2 >= 2.1,
+            vLLM, llama.cpp), i.e. the last query sees every key.
+        scale: multiplies ``q @ k^T`` before the softmax; default ``1 / sqrt(D)``; must be finite.
+        bias: float32 additive bias broadcastable to ``[B, Hq, M, N]``, of shape
+            ``[B|1, Hq|1, M|1, N]`` (rank 4).
+        return_lse: also return the float32 ``[B, Hq, M]`` natural-log sum-exp of each row's
+            scaled, biased, masked scores.
+        implementation: ``"automatic"`` (the generated kernel when it covers the call, else the
+            reference), ``"generated"`` (ValueError when it does not cover the call) or
+            ``"reference"``.
+
+    Returns:
+        ``out`` — a new C-contiguous ``[B, Hq, M, D]`` array of q's dtype — or ``(out, lse)`` when
+        ``return_lse``. A fully masked query row (possible with bottom-right alignment when M > N)
+        gives out 0 and lse -inf, never NaN.
+
+    Raises:
+        TypeError: an argument is not a numpy array or has a wrong dtype (the message names it).
+        ValueError: a wrong rank or shape, Hq not a multiple of Hkv, a non-finite scale, an unknown
+            ``causal_alignment`` or ``implementation`` (the message names the argument).
+    """
+    return _core.flash_attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        bias=bias,
+        return_lse=return_lse,
+        implementation=implementation,
+    )
+
+
+def flash_attention_implementation(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    causal_alignment: CausalAlignment = "top_left",
+    scale: float | None = None,
+    bias: np.ndarray | None = None,
+    return_lse: bool = False,
+) -> str:
+    """Which implementation :func:`flash_attention` would run for these arguments with
+    ``implementation="automatic"``: ``"generated"`` or ``"reference"``. Validates like
+    :func:`flash_attention` and raises the same errors; computes nothing."""
+    return _core.flash_attention_implementation(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        bias=bias,
+        return_lse=return_lse,
+    )
+
+
+def set_num_threads(n: int) -> None:
+    """Sets the number of threads every tilelab kernel uses (n >= 1, else ValueError). The count
+    is process-wide: tilelab's generated kernels and reference share one OpenMP pool."""
+    _core.set_num_threads(n)
+
+
+def num_threads() -> int:
+    """The number of threads tilelab uses (OpenMP's default until :func:`set_num_threads`)."""
+    return _core.num_threads()

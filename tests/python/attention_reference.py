@@ -1,0 +1,97 @@
+"""fp64 numpy reference for flash attention, and helpers shared by the attention tests."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+DTYPES = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
+
+# Unit roundoff (half an ulp at 1) of each dtype's significand.
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def random_qkv(rng, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype):
+    """q [B, Hq, M, D], k and v [B, Hkv, N, D] of `dtype`, standard normal."""
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    q = rng.standard_normal((batch, q_heads, q_len, head_dim), dtype=np.float32).astype(dtype)
+    k = rng.standard_normal((batch, kv_heads, kv_len, head_dim), dtype=np.float32).astype(dtype)
+    v = rng.standard_normal((batch, kv_heads, kv_len, head_dim), dtype=np.float32).astype(dtype)
+    return q, k, v
+
+
+def reference_attention(q, k, v, *, causal=False, causal_alignment="top_left", scale=None,
+                        bias=None):
+    """(out, lse) in float64: softmax(scale * q k^T + bias, masked) v, per the tilelab contract.
+
+    A fully masked row gives out 0 and lse -inf.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    _, q_heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    group = q_heads // kv_heads
+    k = np.repeat(k, group, axis=1)  # query head h reads kv head h // group
+    v = np.repeat(v, group, axis=1)
+    scale = 1.0 / np.sqrt(head_dim) if scale is None else float(scale)
+    scores = scale * np.einsum("bhmd,bhnd->bhmn", q, k)
+    if bias is not None:
+        scores = scores + np.asarray(bias, dtype=np.float64)
+    if causal:
+        offset = 0 if causal_alignment == "top_left" else kv_len - q_len
+        visible = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + offset
+        scores = np.where(visible, scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)
+    masked_row = ~np.isfinite(row_max)
+    safe_max = np.where(masked_row, 0.0, row_max)
+    weights = np.exp(scores - safe_max)
+    row_sum = weights.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhmn,bhnd->bhmd", weights, v) / np.where(masked_row, 1.0, row_sum)
+    out = np.where(masked_row, 0.0, out)
+    with np.errstate(divide="ignore"):
+        lse = np.where(masked_row, -np.inf, safe_max + np.log(row_sum))[..., 0]
+    return out, lse
+
+
+def output_tolerance(dtype_name, v, kv_len):
+    """Absolute tolerance on out.
+
+    Rounding the result to the output dtype costs one unit roundoff of |out| <= max|v|; the
+    generated kernels may also round P to the input dtype before P·V (one more). fp32
+    accumulation over N keys adds about sqrt(N) fp32 roundoffs; 16 covers exp and the
+    online-softmax rescaling. (Measured with the reference implementation: float32 errors reach 4%
+    of this, float16 and bfloat16 about 25%.)
+    """
+    magnitude = float(np.max(np.abs(np.asarray(v, dtype=np.float64)), initial=1.0))
+    accumulation = 16 * UNIT_ROUNDOFF["float32"] * np.sqrt(kv_len)
+    return magnitude * (2 * UNIT_ROUNDOFF[dtype_name] + accumulation)
+
+
+def lse_tolerance(head_dim, kv_len):
+    """Absolute tolerance on lse (fp32 everywhere): scores accumulate D fp32 products, the log-sum
+    N terms; 16 roundoffs per sqrt(term) as for out (measured: under 5% of this)."""
+    return 16 * UNIT_ROUNDOFF["float32"] * (np.sqrt(head_dim) + np.sqrt(kv_len))
+
+
+def assert_attention_close(out, reference_out, dtype_name, v, kv_len):
+    out64 = np.asarray(out, dtype=np.float64)
+    assert out64.shape == reference_out.shape
+    assert np.all(np.isfinite(out64)), "out has NaN or inf"
+    error = np.max(np.abs(out64 - reference_out), initial=0.0)
+    tolerance = output_tolerance(dtype_name, v, kv_len)
+    assert error <= tolerance, f"max |out - reference| = {error:.3g} > {tolerance:.3g}"
+
+
+def assert_lse_close(lse, reference_lse, head_dim, kv_len):
+    assert lse.dtype == np.float32
+    assert lse.shape == reference_lse.shape
+    masked = np.isneginf(reference_lse)
+    assert np.array_equal(np.isneginf(lse), masked), "lse is -inf exactly on fully masked rows"
+    error = np.max(np.abs(lse[~masked].astype(np.float64) - reference_lse[~masked]), initial=0.0)
+    tolerance = lse_tolerance(head_dim, kv_len)
+    assert error <= tolerance, f"max |lse - reference| = {error:.3g} > {tolerance:.3g}"
