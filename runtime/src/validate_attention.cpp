@@ -1,0 +1,203 @@
+// validate_flash_attention: every check on flash_attention's arguments, in one place, before any
+// implementation touches memory.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention_problem.hpp"
+#include "tilelab/error.hpp"
+
+namespace tilelab::detail {
+
+namespace {
+
+std::string shape_of(const TensorView& view) {
+  std::ostringstream text;
+  text << '[';
+  for (int i = 0; i < view.rank(); ++i) text << (i ? ", " : "") << view.dim(i);
+  text << ']';
+  return text.str();
+}
+
+bool is_attention_dtype(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
+}
+
+void require_rank(const TensorView& view, const char* name, int rank, const char* layout) {
+  TILELAB_REQUIRE(view.rank() == rank) << name << ": expected rank " << rank << " " << layout
+                                       << ", got rank " << view.rank() << " " << shape_of(view);
+}
+
+// Pointer and strides: what every tensor argument needs before its addresses can be reasoned about.
+void require_addressable(const TensorView& view, const char* name) {
+  TILELAB_REQUIRE(view.data() != nullptr) << name << ": expected a non-null data pointer, got null";
+  for (int i = 0; i < view.rank(); ++i) {
+    TILELAB_REQUIRE(view.stride(i) >= 0)
+        << name << ": expected non-negative strides, got " << view.describe();
+  }
+}
+
+// True when two different indices of `view` can map to the same element. Sufficient test: with
+// dims of extent > 1 sorted by stride, each stride must step past everything the inner dims span.
+// Layouts that interleave dims without colliding are rare and are reported as overlapping.
+bool overlaps_itself(const TensorView& view) {
+  std::vector<std::array<std::int64_t, 2>> dims;  // {stride, extent}
+  for (int i = 0; i < view.rank(); ++i) {
+    if (view.dim(i) > 1) dims.push_back({view.stride(i), view.dim(i)});
+  }
+  std::sort(dims.begin(), dims.end());
+  std::int64_t inner_span = 1;  // elements covered by the dims already visited
+  for (const auto& [stride, extent] : dims) {
+    if (stride < inner_span) return true;  // includes stride 0 with extent > 1
+    inner_span = stride * (extent - 1) + inner_span;
+  }
+  return false;
+}
+
+bool ranges_intersect(const TensorView& a, const TensorView& b) {
+  const auto [a_begin, a_end] = a.byte_range();
+  const auto [b_begin, b_end] = b.byte_range();
+  return a_begin < b_end && b_begin < a_end;
+}
+
+void require_disjoint(const TensorView& written, const char* written_name, const TensorView& other,
+                      const char* other_name) {
+  TILELAB_REQUIRE(!ranges_intersect(written, other))
+      << written_name << ": expected memory disjoint from " << other_name << ", got "
+      << written_name << " " << written.describe() << " overlapping " << other_name << " "
+      << other.describe();
+}
+
+void require_no_self_overlap(const TensorView& written, const char* name) {
+  TILELAB_REQUIRE(!overlaps_itself(written))
+      << name << ": expected a view whose elements have distinct addresses, got "
+      << written.describe() << " (some elements alias)";
+}
+
+}  // namespace
+
+AttentionProblem validate_flash_attention(const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const TensorView& out,
+                                          const FlashAttentionOptions& options) {
+  require_rank(q, "q", 4, "[B, Hq, M, D]");
+  require_rank(k, "k", 4, "[B, Hkv, N, D]");
+  require_rank(v, "v", 4, "[B, Hkv, N, D]");
+  require_rank(out, "out", 4, "[B, Hq, M, D]");
+
+  TILELAB_REQUIRE_TYPE(is_attention_dtype(q.dtype()))
+      << "q: expected dtype float32, float16 or bfloat16, got " << dtype_name(q.dtype());
+  const std::pair<const TensorView*, const char*> same_dtype[] = {
+      {&k, "k"}, {&v, "v"}, {&out, "out"}};
+  for (const auto& [view, name] : same_dtype) {
+    TILELAB_REQUIRE_TYPE(view->dtype() == q.dtype())
+        << name << ": expected dtype " << dtype_name(q.dtype()) << " (the dtype of q), got "
+        << dtype_name(view->dtype());
+  }
+
+  require_addressable(q, "q");
+  require_addressable(k, "k");
+  require_addressable(v, "v");
+  require_addressable(out, "out");
+
+  AttentionProblem problem;
+  problem.q = q;
+  problem.k = k;
+  problem.v = v;
+  problem.out = out;
+  problem.dtype = q.dtype();
+  problem.batch = q.dim(0);
+  problem.q_heads = q.dim(1);
+  problem.q_len = q.dim(2);
+  problem.head_dim = q.dim(3);
+  problem.kv_heads = k.dim(1);
+  problem.kv_len = k.dim(2);
+
+  TILELAB_REQUIRE(problem.batch >= 1) << "q: expected batch B >= 1, got " << shape_of(q);
+  TILELAB_REQUIRE(problem.q_heads >= 1) << "q: expected Hq >= 1 heads, got " << shape_of(q);
+  TILELAB_REQUIRE(problem.q_len >= 1) << "q: expected M >= 1 query rows, got " << shape_of(q);
+  TILELAB_REQUIRE(problem.head_dim >= 1 && problem.head_dim <= 256)
+      << "q: expected head dim D in [1, 256], got " << shape_of(q);
+  TILELAB_REQUIRE(k.dim(0) == problem.batch)
+      << "k: expected batch " << problem.batch << " (from q), got " << shape_of(k);
+  TILELAB_REQUIRE(k.dim(3) == problem.head_dim)
+      << "k: expected head dim " << problem.head_dim << " (from q), got " << shape_of(k);
+  TILELAB_REQUIRE(problem.kv_heads >= 1) << "k: expected Hkv >= 1 heads, got " << shape_of(k);
+  TILELAB_REQUIRE(problem.kv_len >= 1) << "k: expected N >= 1 keys, got " << shape_of(k);
+  TILELAB_REQUIRE(problem.q_heads % problem.kv_heads == 0)
+      << "k: expected a head count that divides q's (q heads must be a multiple of k heads), got "
+      << "q heads " << problem.q_heads << " and k heads " << problem.kv_heads;
+  for (int i = 0; i < 4; ++i) {
+    TILELAB_REQUIRE(v.dim(i) == k.dim(i))
+        << "v: expected shape " << shape_of(k) << " (the shape of k), got " << shape_of(v);
+  }
+  for (int i = 0; i < 4; ++i) {
+    TILELAB_REQUIRE(out.dim(i) == q.dim(i))
+        << "out: expected shape " << shape_of(q) << " (the shape of q), got " << shape_of(out);
+  }
+
+  if (options.bias) {
+    const TensorView& bias = *options.bias;
+    TILELAB_REQUIRE_TYPE(bias.dtype() == DType::f32)
+        << "bias: expected dtype float32, got " << dtype_name(bias.dtype());
+    require_rank(bias, "bias", 4, "[B|1, Hq|1, M|1, N]");
+    const std::int64_t full[4] = {problem.batch, problem.q_heads, problem.q_len, problem.kv_len};
+    const bool broadcastable = (bias.dim(0) == 1 || bias.dim(0) == full[0]) &&
+                               (bias.dim(1) == 1 || bias.dim(1) == full[1]) &&
+                               (bias.dim(2) == 1 || bias.dim(2) == full[2]) &&
+                               bias.dim(3) == full[3];
+    TILELAB_REQUIRE(broadcastable)
+        << "bias: expected shape [" << full[0] << "|1, " << full[1] << "|1, " << full[2] << "|1, "
+        << full[3] << "], got " << shape_of(bias);
+    require_addressable(bias, "bias");
+    problem.bias = bias;
+  }
+
+  if (options.lse) {
+    const TensorView& lse = *options.lse;
+    TILELAB_REQUIRE_TYPE(lse.dtype() == DType::f32)
+        << "lse: expected dtype float32, got " << dtype_name(lse.dtype());
+    require_rank(lse, "lse", 3, "[B, Hq, M]");
+    TILELAB_REQUIRE(lse.dim(0) == problem.batch && lse.dim(1) == problem.q_heads &&
+                    lse.dim(2) == problem.q_len)
+        << "lse: expected shape [" << problem.batch << ", " << problem.q_heads << ", "
+        << problem.q_len << "], got " << shape_of(lse);
+    require_addressable(lse, "lse");
+    problem.lse = lse;
+  }
+
+  problem.scale = options.scale.value_or(1.0f / std::sqrt(static_cast<float>(problem.head_dim)));
+  TILELAB_REQUIRE(std::isfinite(problem.scale))
+      << "scale: expected a finite value, got " << problem.scale;
+
+  // Outputs are written while inputs are still being read, and rows are written concurrently: any
+  // aliasing would make the result depend on the schedule.
+  require_no_self_overlap(out, "out");
+  require_disjoint(out, "out", q, "q");
+  require_disjoint(out, "out", k, "k");
+  require_disjoint(out, "out", v, "v");
+  if (problem.bias) require_disjoint(out, "out", *problem.bias, "bias");
+  if (problem.lse) {
+    const TensorView& lse = *problem.lse;
+    require_disjoint(out, "out", lse, "lse");
+    require_no_self_overlap(lse, "lse");
+    require_disjoint(lse, "lse", q, "q");
+    require_disjoint(lse, "lse", k, "k");
+    require_disjoint(lse, "lse", v, "v");
+    if (problem.bias) require_disjoint(lse, "lse", *problem.bias, "bias");
+  }
+
+  problem.causal = options.causal;
+  if (!options.causal) {
+    problem.causal_offset = problem.kv_len;
+  } else if (options.causal_alignment == CausalAlignment::top_left) {
+    problem.causal_offset = 0;
+  } else {
+    problem.causal_offset = problem.kv_len - problem.q_len;
+  }
+  return problem;
+}
+
+}  // namespace tilelab::detail
