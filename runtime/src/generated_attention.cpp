@@ -23,6 +23,7 @@
 #include "flash_fwd_f32_bias.h"
 #include "flash_fwd_f32_decode.h"
 #include "tilelab/error.hpp"
+#include "tilelab/threading.hpp"
 
 namespace tilelab::detail {
 namespace {
@@ -31,7 +32,7 @@ namespace {
 // because causal tiles differ in cost.
 int openmp_do_par_for(void* user_context, halide_task_t task, int min, int size, uint8_t* closure) {
   int result = 0;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads())
   for (int x = min; x < min + size; ++x) {
     int status;
 #pragma omp atomic read

@@ -12,6 +12,7 @@
 #include "attention_problem.hpp"
 #include "dtype_convert.hpp"
 #include "tilelab/error.hpp"
+#include "tilelab/threading.hpp"
 
 namespace tilelab::detail {
 
@@ -79,7 +80,7 @@ void run_reference(const AttentionProblem& problem) {
   const std::int64_t q_blocks = (q_len + kQueryBlock - 1) / kQueryBlock;
   const std::int64_t tasks = batch * q_heads * q_blocks;
 
-#pragma omp parallel
+#pragma omp parallel num_threads(num_threads())
   {
     // Per-thread scratch, fp32: keys transposed ([d][j]) so the score loop runs over contiguous j
     // and vectorizes without reassociating a dot product.

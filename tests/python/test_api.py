@@ -99,11 +99,6 @@ def test_facade_signatures_match_the_compiled_module(name):
     assert (positional, keyword_only) == stub_signatures()[name]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime/src/threading.cpp uses omp_set_num_threads, which sets the calling thread's "
-    "OpenMP ICV only; the count must be process-wide",
-)
 def test_thread_count_is_process_wide(restore_num_threads):
     tilelab.set_num_threads(1)
     seen = []

@@ -17,8 +17,8 @@ std::size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 
 // A view of memory the caller owns; tilelab never frees or keeps it past the call that receives it.
-// Strides are in elements (not bytes) and may be any non-negative values; the kernels validate what
-// they accept. Up to kMaxRank dimensions, outermost first (row-major order of the shape).
+// Strides are in elements (not bytes) and may be any values, negative ones included; each
+// operation validates what it accepts (flash_attention: non-negative). Up to kMaxRank dimensions, outermost first (row-major order of the shape).
 class TensorView {
  public:
   static constexpr int kMaxRank = 6;
