@@ -1,0 +1,99 @@
+// DMA model: a transfer is split by partition across the DMA engines (each serves a fixed group of
+// partitions); each engine runs its pieces in FIFO order; HBM bandwidth is capped for all engines.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "machine.hpp"
+#include "program.hpp"
+
+namespace tilelab::sim {
+
+// One engine's share of a transfer.
+struct DmaPiece {
+  int engine = 0;
+  uint64_t bytes = 0;
+  double duration_ns = 0;
+};
+
+// Splits `dma` into per-engine pieces (engine e serves partitions [e*k, (e+1)*k) with
+// k = dma_partitions_per_engine). Writes at most machine.dma_engines pieces into `out`.
+int split_dma(const Machine& machine, const DmaRecord& dma, DmaPiece* out);
+
+// Result of scheduling one transfer.
+struct DmaSchedule {
+  double first_start_ns = 0;
+  double end_ns = 0;
+  // The instruction that held the engine which delayed the last-finishing piece (kNone if the
+  // transfer started as soon as its data could move).
+  uint32_t blocked_by = kNone;
+  bool hbm_bound = false;
+};
+
+// Per-engine FIFO state of the DMA engines and the shared HBM cursor.
+class DmaScheduler {
+ public:
+  explicit DmaScheduler(const Machine& machine);
+
+  // Schedules transfer `instruction` whose data may start moving at `ready_ns`. `on_piece` (if
+  // not null) receives each piece with its times.
+  template <typename OnPiece>
+  DmaSchedule schedule(uint32_t instruction, const DmaRecord& dma, double ready_ns,
+                       OnPiece&& on_piece);
+
+  const std::vector<double>& engine_busy_ns() const { return busy_ns_; }
+  const std::vector<uint64_t>& engine_bytes() const { return bytes_; }
+  const std::vector<uint64_t>& engine_pieces() const { return pieces_; }
+
+ private:
+  const Machine& machine_;
+  std::vector<double> free_at_;
+  std::vector<uint32_t> owner_;
+  std::vector<double> busy_ns_;
+  std::vector<uint64_t> bytes_;
+  std::vector<uint64_t> pieces_;
+  double hbm_cursor_ = 0;
+  std::vector<DmaPiece> scratch_;
+};
+
+template <typename OnPiece>
+DmaSchedule DmaScheduler::schedule(uint32_t instruction, const DmaRecord& dma, double ready_ns,
+                                   OnPiece&& on_piece) {
+  const int count = split_dma(machine_, dma, scratch_.data());
+  const bool touches_hbm = dma.hbm.tensor != kNone;
+  DmaSchedule result;
+  result.first_start_ns = 1e300;
+  for (int i = 0; i < count; ++i) {
+    const DmaPiece& piece = scratch_[i];
+    const int e = piece.engine;
+    const double start = free_at_[e] > ready_ns ? free_at_[e] : ready_ns;
+    double end = start + piece.duration_ns;
+    bool hbm_bound = false;
+    if (touches_hbm) {
+      // Fluid HBM model: HBM serves bytes at its peak rate in arrival order.
+      hbm_cursor_ = (hbm_cursor_ > start ? hbm_cursor_ : start) +
+                    static_cast<double>(piece.bytes) / machine_.hbm_bytes_per_ns;
+      if (hbm_cursor_ > end) {
+        end = hbm_cursor_;
+        hbm_bound = true;
+      }
+    }
+    if (end > result.end_ns) {
+      result.end_ns = end;
+      result.blocked_by = free_at_[e] > ready_ns ? owner_[e] : kNone;
+      result.hbm_bound = hbm_bound;
+    }
+    if (start < result.first_start_ns) result.first_start_ns = start;
+    busy_ns_[e] += end - start;
+    bytes_[e] += piece.bytes;
+    ++pieces_[e];
+    free_at_[e] = end;
+    owner_[e] = instruction;
+    on_piece(e, piece.bytes, start, end);
+  }
+  if (count == 0) result.first_start_ns = result.end_ns = ready_ns;
+  return result;
+}
+
+}  // namespace tilelab::sim

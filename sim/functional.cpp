@@ -1,0 +1,389 @@
+// Functional executor.
+#include "functional.hpp"
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include <sleef.h>
+#include <tilelab/error.hpp>
+
+namespace tilelab::sim {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+float round_bf16(float value) {
+  if (std::isnan(value)) return value;
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest even on the dropped 16 bits
+  return std::bit_cast<float>(bits & 0xFFFF0000u);
+}
+
+// Rounds to a binary format with `mantissa_bits` fraction bits, smallest normal exponent
+// `min_exponent` and largest finite `max_finite` (subnormals included).
+float round_binary(float value, int mantissa_bits, int min_exponent, float max_finite,
+                   float overflow) {
+  if (std::isnan(value) || std::isinf(value) || value == 0.0f) return value;
+  const double magnitude = std::fabs(static_cast<double>(value));
+  int exponent = 0;
+  std::frexp(magnitude, &exponent);  // magnitude = m * 2^exponent, m in [0.5, 1)
+  const int leading = std::max(exponent - 1, min_exponent);
+  const double quantum = std::ldexp(1.0, leading - mantissa_bits);
+  const double rounded = std::nearbyint(magnitude / quantum) * quantum;  // ties to even
+  const double result = rounded > max_finite ? overflow : rounded;
+  return static_cast<float>(value < 0 ? -result : result);
+}
+
+float alu(AluOp op, float a, float b) {
+  switch (op) {
+    case AluOp::bypass:
+      return a;
+    case AluOp::add:
+      return a + b;
+    case AluOp::subtract:
+      return a - b;
+    case AluOp::multiply:
+      return a * b;
+    case AluOp::divide:
+      return a / b;
+    // NaN propagates so that reads of uninitialised memory stay visible.
+    case AluOp::max:
+      return std::isnan(a) || std::isnan(b) ? kNaN : (a > b ? a : b);
+    case AluOp::min:
+      return std::isnan(a) || std::isnan(b) ? kNaN : (a < b ? a : b);
+  }
+  return a;
+}
+
+float activate(ActFunc func, float x) {
+  switch (func) {
+    case ActFunc::copy:
+      return x;
+    case ActFunc::exp:
+      return Sleef_expf_u10(x);
+    case ActFunc::log:
+      return Sleef_logf_u10(x);
+    case ActFunc::square:
+      return x * x;
+    case ActFunc::relu:
+      return x > 0 ? x : 0.0f;
+    case ActFunc::sigmoid:
+      return 1.0f / (1.0f + Sleef_expf_u10(-x));
+    case ActFunc::tanh:
+      return Sleef_tanhf_u10(x);
+    case ActFunc::reciprocal:
+      return 1.0f / x;
+    case ActFunc::sqrt:
+      return std::sqrt(x);
+    case ActFunc::rsqrt:
+      return 1.0f / std::sqrt(x);
+    case ActFunc::abs:
+      return std::fabs(x);
+  }
+  return x;
+}
+
+}  // namespace
+
+float round_to_dtype(float value, DType dtype) {
+  switch (dtype) {
+    case DType::fp32:
+      return value;
+    case DType::bf16:
+      return round_bf16(value);
+    case DType::fp16:
+      return round_binary(value, 10, -14, 65504.0f, std::numeric_limits<float>::infinity());
+    case DType::fp8_e4m3:
+      return round_binary(value, 3, -6, 448.0f, kNaN);
+    case DType::int32:
+      return std::nearbyint(value);
+  }
+  return value;
+}
+
+FunctionalExecutor::FunctionalExecutor(const Program& program)
+    : program_(program), floats_(program.buffers.size()), ints_(program.buffers.size()) {}
+
+void FunctionalExecutor::ensure(uint32_t buffer) {
+  const Buffer& b = program_.buffers[buffer];
+  const size_t n = size_t(b.partitions) * b.free_elements;
+  if (b.dtype == DType::int32) {
+    // NaN's bit pattern: an uninitialised index shows up as an out-of-range row.
+    if (ints_[buffer].size() != n) ints_[buffer].assign(n, 0x7FC00000);
+  } else if (floats_[buffer].size() != n) {
+    floats_[buffer].assign(n, kNaN);
+  }
+}
+
+Tensor FunctionalExecutor::find(const std::string& name) const {
+  for (uint32_t i = 0; i < program_.buffers.size(); ++i)
+    if (program_.buffers[i].memory == Memory::hbm && program_.buffers[i].name == name)
+      return Tensor{i};
+  throw Error("tensor '" + name + "': no HBM tensor of that name in program '" + program_.name +
+              "'");
+}
+
+void FunctionalExecutor::set_tensor(Tensor tensor, std::span<const float> values) {
+  TILELAB_REQUIRE(tensor.id < program_.buffers.size() &&
+                  program_.buffers[tensor.id].memory == Memory::hbm)
+      << "set_tensor: not an HBM tensor (id " << tensor.id << ")";
+  const Buffer& b = program_.buffers[tensor.id];
+  TILELAB_REQUIRE(values.size() == b.free_elements)
+      << "set_tensor '" << b.name << "': expected " << b.free_elements << " values, got "
+      << values.size();
+  ensure(tensor.id);
+  for (size_t i = 0; i < values.size(); ++i) store(tensor.id, i, values[i]);
+}
+
+void FunctionalExecutor::set_tensor(const std::string& name, std::span<const float> values) {
+  set_tensor(find(name), values);
+}
+
+std::vector<float> FunctionalExecutor::tensor(Tensor tensor) const {
+  TILELAB_REQUIRE(tensor.id < program_.buffers.size() &&
+                  program_.buffers[tensor.id].memory == Memory::hbm)
+      << "tensor: not an HBM tensor (id " << tensor.id << ")";
+  const Buffer& b = program_.buffers[tensor.id];
+  std::vector<float> out(b.free_elements, kNaN);
+  if (b.dtype == DType::int32) {
+    for (size_t i = 0; i < ints_[tensor.id].size(); ++i) out[i] = float(ints_[tensor.id][i]);
+  } else if (!floats_[tensor.id].empty()) {
+    out = floats_[tensor.id];
+  }
+  return out;
+}
+
+std::vector<float> FunctionalExecutor::tensor(const std::string& name) const {
+  return tensor(find(name));
+}
+
+std::vector<float> FunctionalExecutor::tile(Tile tile) const {
+  TILELAB_REQUIRE(tile.id < program_.buffers.size()) << "tile: no tile with id " << tile.id;
+  const Buffer& b = program_.buffers[tile.id];
+  std::vector<float> out(size_t(b.partitions) * b.free_elements, kNaN);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (b.dtype == DType::int32 && !ints_[tile.id].empty()) out[i] = float(ints_[tile.id][i]);
+    if (b.dtype != DType::int32 && !floats_[tile.id].empty()) out[i] = floats_[tile.id][i];
+  }
+  return out;
+}
+
+float FunctionalExecutor::load(uint32_t buffer, uint64_t index) const {
+  if (program_.buffers[buffer].dtype == DType::int32)
+    return static_cast<float>(ints_[buffer][index]);
+  return floats_[buffer][index];
+}
+
+void FunctionalExecutor::store(uint32_t buffer, uint64_t index, float value) {
+  const DType dtype = program_.buffers[buffer].dtype;
+  if (dtype == DType::int32) {
+    // Out-of-range and NaN values saturate like a float->int conversion with clamping.
+    const float r = std::isnan(value) ? 0.0f : std::nearbyint(value);
+    ints_[buffer][index] = r >= 2147483647.0f    ? INT32_MAX
+                           : r <= -2147483648.0f ? INT32_MIN
+                                                 : static_cast<int32_t>(r);
+  } else {
+    floats_[buffer][index] = round_to_dtype(value, dtype);
+  }
+}
+
+float FunctionalExecutor::load(const TileRef& ref, uint32_t p, uint32_t j) const {
+  const Buffer& b = program_.buffers[ref.tile];
+  return load(ref.tile, uint64_t(ref.partition_start + p) * b.free_elements + ref.free_offset +
+                            uint64_t(j) * uint64_t(ref.free_stride));
+}
+
+void FunctionalExecutor::store(const TileRef& ref, uint32_t p, uint32_t j, float value) {
+  const Buffer& b = program_.buffers[ref.tile];
+  store(ref.tile,
+        uint64_t(ref.partition_start + p) * b.free_elements + ref.free_offset +
+            uint64_t(j) * uint64_t(ref.free_stride),
+        value);
+}
+
+void FunctionalExecutor::run() {
+  for (const Instruction& instr : program_.instructions) {
+    for (const TileRef& ref : instr.operands)
+      if (ref.valid()) ensure(ref.tile);
+    if (instr.dma != kNone && program_.dmas[instr.dma].hbm.tensor != kNone)
+      ensure(program_.dmas[instr.dma].hbm.tensor);
+    if (instr.dma != kNone)
+      execute_dma(instr);
+    else
+      execute(instr);
+  }
+}
+
+void FunctionalExecutor::execute_dma(const Instruction& instr) {
+  const DmaRecord& d = program_.dmas[instr.dma];
+  const TileRef& dst = instr.operands[kDst];
+  const TileRef& src = instr.operands[kSrc0];
+  const HbmPattern& h = d.hbm;
+  // Element offset of free index j in the HBM pattern for partition p.
+  auto hbm_offset = [&h](uint64_t p, uint64_t j) {
+    int64_t offset = h.offset + int64_t(p) * h.partition_stride;
+    for (int dim = h.rank - 1; dim >= 0; --dim) {
+      offset += int64_t(j % uint64_t(h.counts[dim])) * h.strides[dim];
+      j /= uint64_t(h.counts[dim]);
+    }
+    return uint64_t(offset);
+  };
+  switch (instr.opcode) {
+    case Opcode::dma_copy:
+      if (d.hbm_is_source) {
+        for (uint32_t p = 0; p < dst.partition_count; ++p)
+          for (uint32_t j = 0; j < dst.free_count; ++j)
+            store(dst, p, j, load(h.tensor, hbm_offset(p, j)));
+      } else if (d.hbm_is_destination) {
+        for (uint32_t p = 0; p < src.partition_count; ++p)
+          for (uint32_t j = 0; j < src.free_count; ++j)
+            store(h.tensor, hbm_offset(p, j), load(src, p, j));
+      } else {
+        for (uint32_t p = 0; p < dst.partition_count; ++p)
+          for (uint32_t j = 0; j < dst.free_count; ++j) store(dst, p, j, load(src, p, j));
+      }
+      return;
+    case Opcode::dma_gather: {
+      const TileRef& index = instr.operands[kAux0];
+      const Buffer& t = program_.buffers[h.tensor];
+      const int64_t rows = t.shape.front();
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        const int32_t row = ints_[index.tile][uint64_t(index.partition_start + p) *
+                                                  program_.buffers[index.tile].free_elements +
+                                              index.free_offset];
+        TILELAB_REQUIRE(row >= 0 && row < rows)
+            << "dma_gather: index tile '" << program_.buffers[index.tile].name << "' partition "
+            << p << " holds row " << row << "; tensor '" << t.name << "' has rows [0, " << rows
+            << ")";
+        for (uint32_t j = 0; j < dst.free_count; ++j)
+          store(dst, p, j, load(h.tensor, uint64_t(row) * h.partition_stride + h.offset + j));
+      }
+      return;
+    }
+    case Opcode::dma_transpose:
+      // dst[f, p] = src[p, f]
+      for (uint32_t f = 0; f < dst.partition_count; ++f)
+        for (uint32_t p = 0; p < dst.free_count; ++p)
+          store(dst, f, p, h.tensor != kNone ? load(h.tensor, hbm_offset(p, f)) : load(src, p, f));
+      return;
+    default:
+      TILELAB_CHECK(false) << "not a DMA opcode";
+  }
+}
+
+void FunctionalExecutor::execute(const Instruction& instr) {
+  const TileRef& dst = instr.operands[kDst];
+  const TileRef& src0 = instr.operands[kSrc0];
+  const TileRef& src1 = instr.operands[kSrc1];
+  const TileRef& aux0 = instr.operands[kAux0];
+  const TileRef& aux1 = instr.operands[kAux1];
+  switch (instr.opcode) {
+    case Opcode::matmul: {
+      // PSUM[m, n] (+)= sum_k stationary[k, m] * moving[k, n], accumulated in fp32 in k order.
+      const bool accumulate = instr.flags & kFlagAccumulate;
+      const uint32_t k_size = src0.partition_count, m_size = dst.partition_count,
+                     n_size = dst.free_count;
+      std::vector<float> stationary(size_t(k_size) * m_size), moving(size_t(k_size) * n_size),
+          acc(n_size);
+      for (uint32_t k = 0; k < k_size; ++k) {
+        for (uint32_t m = 0; m < m_size; ++m) stationary[size_t(k) * m_size + m] = load(src0, k, m);
+        for (uint32_t n = 0; n < n_size; ++n) moving[size_t(k) * n_size + n] = load(src1, k, n);
+      }
+      for (uint32_t m = 0; m < m_size; ++m) {
+        for (uint32_t n = 0; n < n_size; ++n) acc[n] = accumulate ? load(dst, m, n) : 0.0f;
+        for (uint32_t k = 0; k < k_size; ++k) {
+          const float a = stationary[size_t(k) * m_size + m];
+          const float* row = &moving[size_t(k) * n_size];
+          for (uint32_t n = 0; n < n_size; ++n) acc[n] += a * row[n];
+        }
+        for (uint32_t n = 0; n < n_size; ++n) store(dst, m, n, acc[n]);
+      }
+      return;
+    }
+    case Opcode::pe_transpose:
+      for (uint32_t f = 0; f < dst.partition_count; ++f)
+        for (uint32_t p = 0; p < dst.free_count; ++p) store(dst, f, p, load(src0, p, f));
+      return;
+    case Opcode::activation: {
+      const auto func = static_cast<ActFunc>(instr.op0);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        const float scale = (instr.flags & kFlagScalar0Tile) ? load(aux0, p, 0) : instr.imm0;
+        const float bias = src1.valid() ? load(src1, p, 0) : 0.0f;
+        float sum = 0.0f;
+        for (uint32_t j = 0; j < dst.free_count; ++j) {
+          const float value = activate(func, load(src0, p, j) * scale + bias);
+          sum += value;
+          store(dst, p, j, value);
+        }
+        if (instr.flags & kFlagReduce) store(aux1, p, 0, sum);
+      }
+      return;
+    }
+    case Opcode::tensor_tensor: {
+      const auto op = static_cast<AluOp>(instr.op0);
+      for (uint32_t p = 0; p < dst.partition_count; ++p)
+        for (uint32_t j = 0; j < dst.free_count; ++j)
+          store(dst, p, j, alu(op, load(src0, p, j), load(src1, p, j)));
+      return;
+    }
+    case Opcode::tensor_scalar: {
+      const auto op0 = static_cast<AluOp>(instr.op0);
+      const auto op1 = static_cast<AluOp>(instr.op1);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        const float s0 = (instr.flags & kFlagScalar0Tile) ? load(src1, p, 0) : instr.imm0;
+        const float s1 = (instr.flags & kFlagScalar1Tile) ? load(aux0, p, 0) : instr.imm1;
+        for (uint32_t j = 0; j < dst.free_count; ++j) {
+          float value = alu(op0, load(src0, p, j), s0);
+          if (op1 != AluOp::bypass) value = alu(op1, value, s1);
+          store(dst, p, j, value);
+        }
+      }
+      return;
+    }
+    case Opcode::tensor_reduce: {
+      const auto op = static_cast<AluOp>(instr.op0);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        float acc = load(src0, p, 0);
+        for (uint32_t j = 1; j < src0.free_count; ++j) acc = alu(op, acc, load(src0, p, j));
+        store(dst, p, 0, (instr.flags & kFlagNegate) ? -acc : acc);
+      }
+      return;
+    }
+    case Opcode::tensor_copy:
+      for (uint32_t p = 0; p < dst.partition_count; ++p)
+        for (uint32_t j = 0; j < dst.free_count; ++j) store(dst, p, j, load(src0, p, j));
+      return;
+    case Opcode::select:
+      for (uint32_t p = 0; p < dst.partition_count; ++p)
+        for (uint32_t j = 0; j < dst.free_count; ++j) {
+          const float y = (instr.flags & kFlagSelectYTile) ? load(aux0, p, j) : instr.imm0;
+          store(dst, p, j, load(src0, p, j) != 0.0f ? load(src1, p, j) : y);
+        }
+      return;
+    case Opcode::memset:
+      for (uint32_t p = 0; p < dst.partition_count; ++p)
+        for (uint32_t j = 0; j < dst.free_count; ++j) store(dst, p, j, instr.imm0);
+      return;
+    case Opcode::iota: {
+      const int64_t base = static_cast<int64_t>(instr.imm0);
+      const int64_t free_step = static_cast<int64_t>(instr.imm1);
+      for (uint32_t p = 0; p < dst.partition_count; ++p)
+        for (uint32_t j = 0; j < dst.free_count; ++j) {
+          // Computed in int32, then cast to the destination dtype (I).
+          const auto value = static_cast<int32_t>(base + int64_t(p) * instr.extra + j * free_step);
+          const Buffer& b = program_.buffers[dst.tile];
+          if (b.dtype == DType::int32)
+            ints_[dst.tile][uint64_t(dst.partition_start + p) * b.free_elements + dst.free_offset +
+                            uint64_t(j) * uint64_t(dst.free_stride)] = value;
+          else
+            store(dst, p, j, static_cast<float>(value));
+        }
+      return;
+    }
+    default:
+      TILELAB_CHECK(false) << "unexpected opcode " << opcode_name(instr.opcode);
+  }
+}
+
+}  // namespace tilelab::sim

@@ -1,0 +1,138 @@
+// Tile ISA of the simulated machine: dtypes, memories, engines, opcodes and the compact
+// instruction record that both the timing and the functional engines read.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <string_view>
+
+namespace tilelab::sim {
+
+inline constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+
+enum class DType : uint8_t { fp32, bf16, fp16, fp8_e4m3, int32 };
+enum class Memory : uint8_t { hbm, sbuf, psum };
+
+// Instruction queues of one NeuronCore. DMA transfers run on the DMA engines but are triggered
+// from one of these queues (normally sync, or gpsimd for software descriptor generation).
+enum class Engine : uint8_t { tensor, vector, scalar, gpsimd, sync };
+inline constexpr int kEngineCount = 5;
+
+enum class Opcode : uint8_t {
+  dma_copy,       // HBM<->SBUF or SBUF->SBUF copy with access patterns (may cast)
+  dma_gather,     // HBM rows chosen by an int32 index tile on the partition dim (SWDGE)
+  dma_transpose,  // 2-D transpose on the DMA engines (NC-v3)
+  matmul,         // TensorE: PSUM[M, N] (+)= stationary[K, M]^T @ moving[K, N]
+  pe_transpose,   // TensorE: PSUM[F, P] = in[P, F] (identity matmul)
+  activation,     // ScalarE: f(x * scale + bias), optional fused free-axis add-reduce
+  tensor_tensor,  // VectorE: a op b
+  tensor_scalar,  // VectorE/ScalarE: (x op0 s0) op1 s1 with per-partition or constant scalars
+  tensor_reduce,  // VectorE: free-axis reduction to [P, 1]
+  tensor_copy,    // VectorE/ScalarE/GpSimd: copy with cast
+  select,         // VectorE: cond != 0 ? x : y
+  memset,         // VectorE/GpSimd: fill with a constant
+  iota,           // GpSimd: base + p * partition_step + f * free_step, computed in int32
+};
+inline constexpr int kOpcodeCount = 13;
+
+enum class AluOp : uint8_t { bypass, add, subtract, multiply, divide, max, min };
+enum class ActFunc : uint8_t {
+  copy,
+  exp,
+  log,
+  square,
+  relu,
+  sigmoid,
+  tanh,
+  reciprocal,
+  sqrt,
+  rsqrt,
+  abs
+};
+
+// A view of an SBUF/PSUM tile: a contiguous partition range and a 1-D free access pattern in
+// elements of the tile's dtype. A free stride of 0 broadcasts one element along the free axis.
+struct TileRef {
+  uint32_t tile = kNone;
+  uint16_t partition_start = 0;
+  uint16_t partition_count = 0;
+  uint32_t free_offset = 0;
+  uint32_t free_count = 0;
+  int32_t free_stride = 1;
+
+  bool valid() const { return tile != kNone; }
+};
+
+// Operand slots of an Instruction.
+enum Slot : int { kDst = 0, kSrc0 = 1, kSrc1 = 2, kAux0 = 3, kAux1 = 4 };
+inline constexpr int kSlotCount = 5;
+
+// Instruction flags.
+enum : uint8_t {
+  kFlagAccumulate = 1,    // matmul accumulates into PSUM instead of overwriting
+  kFlagNegate = 2,        // tensor_reduce negates the result
+  kFlagScalar0Tile = 4,   // tensor_scalar / activation scale comes from a tile (slot kSrc1 / kAux0)
+  kFlagScalar1Tile = 8,   // second scalar comes from a tile (slot kAux0)
+  kFlagReduce = 16,       // activation writes a free-axis sum into kAux1
+  kFlagSelectYTile = 32,  // select's "else" operand is a tile (kAux0), not imm0
+};
+
+// One instruction: plain data, no heap storage, so that programs of millions of instructions are
+// cheap to build and to time. Slot meaning per opcode:
+//   dma_*:         dst, src0 tile sides (invalid on the HBM side); aux0 = gather index tile;
+//                  `dma` indexes Program::dmas
+//   matmul:        dst = PSUM, src0 = stationary, src1 = moving
+//   pe_transpose:  dst = PSUM, src0 = input
+//   activation:    dst, src0 = data, src1 = bias [P,1] (optional), aux0 = scale [P,1] (flag),
+//                  aux1 = reduce result [P,1] (flag); imm0 = constant scale
+//   tensor_tensor: dst, src0, src1; op0
+//   tensor_scalar: dst, src0; op0 with imm0 or src1 [P,1]; op1 with imm1 or aux0 [P,1]
+//   tensor_reduce: dst [P,1], src0; op0
+//   tensor_copy:   dst, src0
+//   select:        dst, src0 = condition, src1 = x, aux0 = y tile or imm0
+//   memset:        dst; imm0
+//   iota:          dst; imm0 = base, imm1 = free step, `extra` = partition step
+struct Instruction {
+  Opcode opcode = Opcode::tensor_copy;
+  Engine engine = Engine::vector;
+  uint8_t op0 = 0;  // AluOp or ActFunc
+  uint8_t op1 = 0;  // AluOp
+  uint8_t flags = 0;
+  uint32_t dma = kNone;
+  int32_t extra = 0;
+  float imm0 = 0;
+  float imm1 = 0;
+  std::array<TileRef, kSlotCount> operands{};
+};
+
+constexpr int dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::fp32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::fp16:
+      return 2;
+    case DType::fp8_e4m3:
+      return 1;
+    case DType::int32:
+      return 4;
+  }
+  return 4;
+}
+constexpr bool is_float(DType dtype) {
+  return dtype != DType::int32;
+}
+constexpr bool is_16bit_float(DType dtype) {
+  return dtype == DType::bf16 || dtype == DType::fp16;
+}
+
+std::string_view dtype_name(DType dtype);
+std::string_view memory_name(Memory memory);
+std::string_view engine_name(Engine engine);
+std::string_view opcode_name(Opcode opcode);
+std::string_view alu_op_name(AluOp op);
+std::string_view act_func_name(ActFunc func);
+
+}  // namespace tilelab::sim

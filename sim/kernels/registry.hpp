@@ -1,0 +1,59 @@
+// Kernel registry: tile programs the CLI and tests can build by name, each with documented
+// parameters. A kernel is one file in sim/kernels/ defining tilelab_sim_register_<file stem>().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sim/machine.hpp"
+#include "sim/program.hpp"
+
+namespace tilelab::sim {
+
+struct KernelParameter {
+  std::string name;
+  std::string default_value;
+  std::string help;
+};
+
+// Parameter name -> value, as given on the command line (key=value).
+using KernelParameters = std::map<std::string, std::string>;
+
+struct KernelInfo {
+  std::string name;
+  std::string description;
+  std::string default_machine;
+  std::vector<KernelParameter> parameters;
+  // Builds the program for `machine`; `parameters` holds every declared parameter (defaults
+  // filled in). Throws tilelab::Error on invalid values.
+  std::function<Program(const Machine& machine, const KernelParameters& parameters)> build;
+};
+
+class KernelRegistry {
+ public:
+  void add(KernelInfo kernel);
+  // Throws tilelab::Error listing the known kernels when `name` is not registered.
+  const KernelInfo& find(const std::string& name) const;
+  const std::vector<KernelInfo>& kernels() const { return kernels_; }
+
+ private:
+  std::vector<KernelInfo> kernels_;
+};
+
+// All kernels of sim/kernels/ (built on first use).
+const KernelRegistry& kernel_registry();
+
+// Fills defaults and rejects parameters the kernel does not declare.
+KernelParameters resolve_parameters(const KernelInfo& kernel, const KernelParameters& given);
+
+// Typed access for kernel builders; errors name the parameter and the value.
+int64_t parameter_int(const KernelParameters& parameters, const std::string& name,
+                      int64_t min_value = INT64_MIN, int64_t max_value = INT64_MAX);
+std::string parameter_choice(const KernelParameters& parameters, const std::string& name,
+                             const std::vector<std::string>& allowed);
+DType parameter_dtype(const KernelParameters& parameters, const std::string& name);
+
+}  // namespace tilelab::sim

@@ -1,0 +1,884 @@
+// ProgramBuilder: operand checks, allocation and instruction records.
+#include "program.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include <tilelab/error.hpp>
+
+namespace tilelab::sim {
+namespace {
+
+// SBUF start-address alignment is not published (sbuf_min_align); 64 B keeps tiles apart on
+// cache-line-like boundaries without wasting noticeable space.
+constexpr int64_t kSbufAlignment = 64;
+constexpr int64_t kPsumAlignment = 4;
+
+int default_queue(Engine trigger) {
+  switch (trigger) {
+    case Engine::sync:
+      return 0;
+    case Engine::scalar:
+      return 1;
+    case Engine::gpsimd:
+      return 2;
+    case Engine::vector:
+      return 3;
+    case Engine::tensor:
+      return 4;
+  }
+  return 0;
+}
+
+// Contiguous run, in elements, of the innermost dimensions of an HBM pattern.
+int64_t contiguous_run_elements(const HbmPattern& p) {
+  const int r = p.rank;
+  if (p.strides[r - 1] != 1) return 1;
+  int64_t run = p.counts[r - 1];
+  for (int d = r - 2; d >= 0; --d) {
+    if (p.strides[d] != run) break;
+    run *= p.counts[d];
+  }
+  return run;
+}
+
+int64_t contiguous_run_elements(const TileRef& ref) {
+  return ref.free_stride == 1 ? ref.free_count : 1;
+}
+
+}  // namespace
+
+int64_t HbmPattern::free_elements() const {
+  int64_t n = 1;
+  for (int d = 0; d < rank; ++d) n *= counts[d];
+  return n;
+}
+
+std::string Program::describe(const TileRef& ref) const {
+  if (!ref.valid()) return "-";
+  const Buffer& b = buffers[ref.tile];
+  std::ostringstream out;
+  out << b.name << "[" << ref.partition_start << ":" << ref.partition_start + ref.partition_count
+      << ", " << ref.free_offset << ":"
+      << ref.free_offset + (ref.free_count == 0 ? 0 : (ref.free_count - 1) * ref.free_stride + 1);
+  if (ref.free_stride != 1) out << ":" << ref.free_stride;
+  out << "] " << dtype_name(b.dtype) << " " << memory_name(b.memory);
+  return out.str();
+}
+
+std::string Program::describe(const Instruction& instr) const {
+  std::ostringstream out;
+  out << opcode_name(instr.opcode);
+  if (instr.opcode == Opcode::tensor_tensor || instr.opcode == Opcode::tensor_reduce ||
+      instr.opcode == Opcode::tensor_scalar)
+    out << "." << alu_op_name(static_cast<AluOp>(instr.op0));
+  if (instr.opcode == Opcode::activation)
+    out << "." << act_func_name(static_cast<ActFunc>(instr.op0));
+  static const char* slot_names[kSlotCount] = {"dst", "src0", "src1", "aux0", "aux1"};
+  for (int s = 0; s < kSlotCount; ++s)
+    if (instr.operands[s].valid())
+      out << " " << slot_names[s] << "=" << describe(instr.operands[s]);
+  if (instr.dma != kNone) {
+    const DmaRecord& d = dmas[instr.dma];
+    if (d.hbm.tensor != kNone)
+      out << (d.hbm_is_source ? " src=" : " dst=") << buffers[d.hbm.tensor].name << "@"
+          << d.hbm.offset << " hbm";
+    out << " bytes=" << d.bytes() << " bytes_per_partition=" << d.bytes_per_partition
+        << " queue=" << int(d.queue);
+  }
+  return out.str();
+}
+
+ProgramBuilder::ProgramBuilder(Machine machine, std::string name)
+    : sbuf_(machine.sbuf_bytes_per_partition, 0, kSbufAlignment),
+      psum_(machine.psum_bytes_per_partition, machine.psum_bank_bytes_per_partition,
+            kPsumAlignment) {
+  program_.machine = std::move(machine);
+  program_.name = std::move(name);
+  program_.instructions.reserve(1024);
+}
+
+Tensor ProgramBuilder::hbm_tensor(const std::string& name, std::vector<int64_t> shape,
+                                  DType dtype) {
+  TILELAB_REQUIRE(!shape.empty()) << "hbm_tensor '" << name << "': shape must not be empty";
+  int64_t elements = 1;
+  for (int64_t d : shape) {
+    TILELAB_REQUIRE(d > 0) << "hbm_tensor '" << name << "': dimensions must be positive, got " << d;
+    elements *= d;
+  }
+  Buffer b;
+  b.name = name;
+  b.memory = Memory::hbm;
+  b.dtype = dtype;
+  b.partitions = 1;
+  b.free_elements = static_cast<uint64_t>(elements);
+  b.shape = std::move(shape);
+  program_.buffers.push_back(std::move(b));
+  return Tensor{static_cast<uint32_t>(program_.buffers.size() - 1)};
+}
+
+Tile ProgramBuilder::allocate_tile(const std::string& name, Memory memory, int partitions,
+                                   int64_t free_elements, DType dtype) {
+  const Machine& m = program_.machine;
+  const char* kind = memory == Memory::sbuf ? "sbuf_tile" : "psum_tile";
+  TILELAB_REQUIRE(partitions >= 1 && partitions <= m.partitions)
+      << kind << " '" << name << "': partition dim " << partitions << " must be in [1, "
+      << m.partitions << "] (pmax)";
+  TILELAB_REQUIRE(free_elements >= 1)
+      << kind << " '" << name << "': free size must be positive, got " << free_elements;
+  const int64_t bytes = free_elements * dtype_size(dtype);
+  if (memory == Memory::psum) {
+    TILELAB_REQUIRE(bytes <= m.psum_bank_bytes_per_partition)
+        << "psum_tile '" << name << "': " << bytes
+        << " B per partition exceeds one PSUM bank (psum_bank_bytes_per_partition = "
+        << m.psum_bank_bytes_per_partition << ", i.e. " << m.psum_bank_bytes_per_partition / 4
+        << " fp32)";
+  }
+  PartitionAllocator& allocator = memory == Memory::sbuf ? sbuf_ : psum_;
+  const auto address = allocator.allocate(bytes);
+  if (!address) {
+    // Name the live tiles, largest first, like the compiler's allocation failure.
+    std::vector<const Buffer*> live;
+    for (const Buffer& b : program_.buffers)
+      if (b.memory == memory && !b.released) live.push_back(&b);
+    std::sort(live.begin(), live.end(), [](const Buffer* a, const Buffer* b) {
+      return a->bytes_per_partition() > b->bytes_per_partition();
+    });
+    std::ostringstream out;
+    out << (memory == Memory::sbuf ? "SBUF" : "PSUM") << " allocation failed for tile '" << name
+        << "' (" << bytes << " B per partition): " << allocator.used() << " of "
+        << allocator.capacity() << " B per partition in use, largest free block "
+        << allocator.largest_free_block() << " B; live tiles:";
+    for (size_t i = 0; i < live.size() && i < 16; ++i)
+      out << (i ? ", " : " ") << live[i]->name << " (" << live[i]->bytes_per_partition() << " B)";
+    if (live.size() > 16) out << ", ... (" << live.size() - 16 << " more)";
+    throw Error(out.str());
+  }
+  Buffer b;
+  b.name = name;
+  b.memory = memory;
+  b.dtype = dtype;
+  b.partitions = static_cast<uint32_t>(partitions);
+  b.free_elements = static_cast<uint64_t>(free_elements);
+  b.shape = {partitions, free_elements};
+  b.address = *address;
+  // Released tiles whose bytes overlap this one: the new tile's first access must wait for them.
+  for (uint32_t i = 0; i < program_.buffers.size(); ++i) {
+    const Buffer& old = program_.buffers[i];
+    if (old.memory != memory || !old.released) continue;
+    const int64_t old_end = old.address + static_cast<int64_t>(old.bytes_per_partition());
+    if (old.address < *address + bytes && *address < old_end) b.predecessors.push_back(i);
+  }
+  program_.buffers.push_back(std::move(b));
+  if (memory == Memory::sbuf)
+    program_.peak_sbuf_bytes_per_partition = sbuf_.peak();
+  else
+    program_.peak_psum_bytes_per_partition = psum_.peak();
+  return Tile{static_cast<uint32_t>(program_.buffers.size() - 1)};
+}
+
+Tile ProgramBuilder::sbuf_tile(const std::string& name, int partitions, int64_t free_elements,
+                               DType dtype) {
+  return allocate_tile(name, Memory::sbuf, partitions, free_elements, dtype);
+}
+
+Tile ProgramBuilder::psum_tile(const std::string& name, int partitions, int64_t free_elements,
+                               DType dtype) {
+  return allocate_tile(name, Memory::psum, partitions, free_elements, dtype);
+}
+
+void ProgramBuilder::release(Tile tile) {
+  TILELAB_REQUIRE(tile.id < program_.buffers.size() &&
+                  program_.buffers[tile.id].memory != Memory::hbm)
+      << "release: not a tile (id " << tile.id << ")";
+  Buffer& b = program_.buffers[tile.id];
+  TILELAB_REQUIRE(!b.released) << "release: tile '" << b.name << "' was already released";
+  b.released = true;
+  (b.memory == Memory::sbuf ? sbuf_ : psum_)
+      .release(b.address, static_cast<int64_t>(b.bytes_per_partition()));
+}
+
+TilePool ProgramBuilder::pool(const std::string& name, Memory memory, int partitions,
+                              int64_t free_elements, DType dtype, int buffers) {
+  TILELAB_REQUIRE(buffers >= 1) << "pool '" << name << "': buffers must be >= 1, got " << buffers;
+  TILELAB_REQUIRE(memory != Memory::hbm) << "pool '" << name << "': pools live in SBUF or PSUM";
+  TilePool p;
+  for (int i = 0; i < buffers; ++i) {
+    const Tile t = allocate_tile(buffers == 1 ? name : name + "[" + std::to_string(i) + "]", memory,
+                                 partitions, free_elements, dtype);
+    if (i == 0) p.first = t.id;
+  }
+  p.count = static_cast<uint32_t>(buffers);
+  return p;
+}
+
+Tile ProgramBuilder::next(TilePool& pool) {
+  TILELAB_REQUIRE(pool.count > 0) << "next: empty or released pool";
+  const Tile t{pool.first + pool.next};
+  pool.next = (pool.next + 1) % pool.count;
+  return t;
+}
+
+void ProgramBuilder::release(TilePool& pool) {
+  for (uint32_t i = 0; i < pool.count; ++i) release(Tile{pool.first + i});
+  pool.count = 0;
+}
+
+TileRef ProgramBuilder::view(Tile tile) const {
+  TILELAB_REQUIRE(tile.id < program_.buffers.size() &&
+                  program_.buffers[tile.id].memory != Memory::hbm)
+      << "view: not a tile (id " << tile.id << ")";
+  const Buffer& b = program_.buffers[tile.id];
+  return view(tile, 0, static_cast<int>(b.partitions), 0, static_cast<int64_t>(b.free_elements));
+}
+
+TileRef ProgramBuilder::view(Tile tile, int p0, int partitions, int64_t offset, int64_t count,
+                             int64_t stride) const {
+  TILELAB_REQUIRE(tile.id < program_.buffers.size() &&
+                  program_.buffers[tile.id].memory != Memory::hbm)
+      << "view: not a tile (id " << tile.id << ")";
+  const Buffer& b = program_.buffers[tile.id];
+  TILELAB_REQUIRE(p0 >= 0 && partitions >= 1 && p0 + partitions <= static_cast<int>(b.partitions))
+      << "view of '" << b.name << "': partitions [" << p0 << ", " << p0 + partitions
+      << ") outside the tile's [0, " << b.partitions << ")";
+  TILELAB_REQUIRE(count >= 1) << "view of '" << b.name << "': free count must be >= 1, got "
+                              << count;
+  TILELAB_REQUIRE(stride >= 0 && stride <= INT32_MAX)
+      << "view of '" << b.name << "': free stride must be in [0, 2^31), got " << stride;
+  const int64_t last = offset + (count - 1) * stride;
+  TILELAB_REQUIRE(offset >= 0 && last < static_cast<int64_t>(b.free_elements))
+      << "view of '" << b.name << "': free elements [" << offset << ", " << last + 1
+      << ") outside the tile's [0, " << b.free_elements << ")";
+  TileRef r;
+  r.tile = tile.id;
+  r.partition_start = static_cast<uint16_t>(p0);
+  r.partition_count = static_cast<uint16_t>(partitions);
+  r.free_offset = static_cast<uint32_t>(offset);
+  r.free_count = static_cast<uint32_t>(count);
+  r.free_stride = static_cast<int32_t>(stride);
+  return r;
+}
+
+HbmPattern ProgramBuilder::hbm_rows(Tensor tensor, int64_t row0, int64_t rows, int64_t col0,
+                                    int64_t cols, int64_t batch) const {
+  TILELAB_REQUIRE(tensor.id < program_.buffers.size() &&
+                  program_.buffers[tensor.id].memory == Memory::hbm)
+      << "hbm_rows: not an HBM tensor (id " << tensor.id << ")";
+  const Buffer& b = program_.buffers[tensor.id];
+  TILELAB_REQUIRE(b.shape.size() >= 2)
+      << "hbm_rows of '" << b.name << "': needs a tensor of rank >= 2, got rank " << b.shape.size();
+  const int64_t total_rows = b.shape[b.shape.size() - 2];
+  const int64_t total_cols = b.shape.back();
+  const int64_t batches = static_cast<int64_t>(b.free_elements) / (total_rows * total_cols);
+  TILELAB_REQUIRE(batch >= 0 && batch < batches)
+      << "hbm_rows of '" << b.name << "': batch " << batch << " outside [0, " << batches << ")";
+  TILELAB_REQUIRE(row0 >= 0 && rows >= 1 && row0 + rows <= total_rows)
+      << "hbm_rows of '" << b.name << "': rows [" << row0 << ", " << row0 + rows << ") outside [0, "
+      << total_rows << ")";
+  TILELAB_REQUIRE(col0 >= 0 && cols >= 1 && col0 + cols <= total_cols)
+      << "hbm_rows of '" << b.name << "': columns [" << col0 << ", " << col0 + cols
+      << ") outside [0, " << total_cols << ")";
+  TILELAB_REQUIRE(rows <= program_.machine.partitions)
+      << "hbm_rows of '" << b.name << "': " << rows << " rows exceed the partition limit "
+      << program_.machine.partitions << " (pmax)";
+  HbmPattern p;
+  p.tensor = tensor.id;
+  p.offset = batch * total_rows * total_cols + row0 * total_cols + col0;
+  p.partition_stride = total_cols;
+  p.partitions = static_cast<uint32_t>(rows);
+  p.rank = 1;
+  p.counts = {cols, 1, 1};
+  p.strides = {1, 1, 1};
+  return p;
+}
+
+HbmPattern ProgramBuilder::hbm_pattern(Tensor tensor, int64_t offset, int64_t partition_stride,
+                                       int partitions,
+                                       std::vector<std::pair<int64_t, int64_t>> free_dims) const {
+  TILELAB_REQUIRE(tensor.id < program_.buffers.size() &&
+                  program_.buffers[tensor.id].memory == Memory::hbm)
+      << "hbm_pattern: not an HBM tensor (id " << tensor.id << ")";
+  const Buffer& b = program_.buffers[tensor.id];
+  TILELAB_REQUIRE(!free_dims.empty() && free_dims.size() <= 3)
+      << "hbm_pattern of '" << b.name << "': 1 to 3 free dimensions allowed, got "
+      << free_dims.size();
+  TILELAB_REQUIRE(partitions >= 1 && partitions <= program_.machine.partitions)
+      << "hbm_pattern of '" << b.name << "': partitions " << partitions << " must be in [1, "
+      << program_.machine.partitions << "]";
+  TILELAB_REQUIRE(offset >= 0 && partition_stride >= 0)
+      << "hbm_pattern of '" << b.name << "': offset and partition stride must be >= 0";
+  HbmPattern p;
+  p.tensor = tensor.id;
+  p.offset = offset;
+  p.partition_stride = partition_stride;
+  p.partitions = static_cast<uint32_t>(partitions);
+  p.rank = static_cast<uint8_t>(free_dims.size());
+  int64_t last = offset + (partitions - 1) * partition_stride;
+  for (size_t d = 0; d < free_dims.size(); ++d) {
+    const auto [count, stride] = free_dims[d];
+    TILELAB_REQUIRE(count >= 1 && stride >= 0)
+        << "hbm_pattern of '" << b.name << "': free dim " << d << " needs count >= 1 and stride "
+        << ">= 0, got [" << count << ", " << stride << "]";
+    p.counts[d] = count;
+    p.strides[d] = stride;
+    last += (count - 1) * stride;
+  }
+  TILELAB_REQUIRE(last < static_cast<int64_t>(b.free_elements))
+      << "hbm_pattern of '" << b.name << "': reaches element " << last << ", tensor has "
+      << b.free_elements << " elements";
+  return p;
+}
+
+const Buffer& ProgramBuilder::buffer_of(const TileRef& ref, const char* instruction,
+                                        const char* operand) const {
+  TILELAB_REQUIRE(ref.valid() && ref.tile < program_.buffers.size() &&
+                  program_.buffers[ref.tile].memory != Memory::hbm)
+      << instruction << ": operand '" << operand << "' is not a tile view";
+  const Buffer& b = program_.buffers[ref.tile];
+  TILELAB_REQUIRE(!b.released) << instruction << ": operand '" << operand << "' uses tile '"
+                               << b.name << "' after it was released";
+  return b;
+}
+
+void ProgramBuilder::check_compute_operand(const TileRef& ref, const char* instruction,
+                                           const char* operand, Engine engine) const {
+  const Buffer& b = buffer_of(ref, instruction, operand);
+  const Machine& m = program_.machine;
+  if (engine == Engine::gpsimd) {
+    TILELAB_REQUIRE(b.memory == Memory::sbuf)
+        << instruction << ": operand '" << operand << "' (" << program_.describe(ref)
+        << ") is in PSUM; GpSimd cannot access PSUM";
+  }
+  // Partition start rule of the engines' access (the compiler's allocator enforces it).
+  const int n = ref.partition_count;
+  const int p0 = ref.partition_start;
+  const bool ok = n > 64 ? p0 == 0 : n > 32 ? (p0 == 0 || p0 == 64) : p0 % 32 == 0;
+  TILELAB_REQUIRE(ok) << instruction << ": operand '" << operand << "' starts at partition " << p0
+                      << " with " << n
+                      << " partitions; allowed starts: 0 (65-128 partitions), 0 or 64 (33-64), "
+                      << "0/32/64/96 (1-32)";
+  const int64_t limit =
+      b.memory == Memory::psum ? m.engine_max_free_elements_psum : m.engine_max_free_elements_sbuf;
+  TILELAB_REQUIRE(ref.free_count <= limit)
+      << instruction << ": operand '" << operand << "' has " << ref.free_count
+      << " free elements; the limit in " << memory_name(b.memory) << " is " << limit
+      << (b.memory == Memory::psum ? " (engine_max_free_elements_psum)"
+                                   : " (engine_max_free_elements_sbuf)");
+}
+
+void ProgramBuilder::check_same_partitions(const TileRef& a, const TileRef& b,
+                                           const char* instruction, const char* a_name,
+                                           const char* b_name) const {
+  TILELAB_REQUIRE(a.partition_count == b.partition_count)
+      << instruction << ": '" << a_name << "' has " << a.partition_count << " partitions but '"
+      << b_name << "' has " << b.partition_count << "; they must match";
+}
+
+void ProgramBuilder::check_elements(const TileRef& dst, const TileRef& src,
+                                    const char* instruction) const {
+  check_same_partitions(dst, src, instruction, "dst", "src");
+  TILELAB_REQUIRE(dst.free_count == src.free_count)
+      << instruction << ": dst has " << dst.free_count << " free elements but src has "
+      << src.free_count;
+}
+
+void ProgramBuilder::check_scalar(const Scalar& s, const TileRef& data, const char* instruction,
+                                  const char* operand) const {
+  if (!s.tile.valid()) return;
+  buffer_of(s.tile, instruction, operand);
+  TILELAB_REQUIRE(s.tile.free_count == 1)
+      << instruction << ": per-partition scalar '" << operand << "' must be [P, 1], got "
+      << s.tile.free_count << " free elements";
+  check_same_partitions(data, s.tile, instruction, "data", operand);
+}
+
+uint32_t ProgramBuilder::add_dma(DmaRecord record, const DmaOptions& options) {
+  const Machine& m = program_.machine;
+  const int queue = options.queue >= 0 ? options.queue : default_queue(options.trigger);
+  TILELAB_REQUIRE(queue < m.dma_queues_per_engine)
+      << "dma: queue " << queue << " outside [0, " << m.dma_queues_per_engine
+      << ") (dma_queues_per_engine)";
+  record.queue = static_cast<uint8_t>(queue);
+  program_.dmas.push_back(record);
+  return static_cast<uint32_t>(program_.dmas.size() - 1);
+}
+
+namespace {
+// Applies a partition mask (`partition < active`) to both sides of a transfer.
+int masked_partitions(const DmaOptions& options, int partitions, const char* instruction) {
+  if (options.active_partitions < 0) return partitions;
+  TILELAB_REQUIRE(options.active_partitions >= 1 && options.active_partitions <= partitions)
+      << instruction << ": partition mask keeps " << options.active_partitions
+      << " partitions; allowed [1, " << partitions << "]";
+  return options.active_partitions;
+}
+}  // namespace
+
+void ProgramBuilder::dma_copy(const TileRef& dst_in, const HbmPattern& src_in, DmaOptions options) {
+  const Buffer& dst_buffer = buffer_of(dst_in, "dma_copy", "dst");
+  TILELAB_REQUIRE(dst_buffer.memory == Memory::sbuf)
+      << "dma_copy: dst '" << dst_buffer.name << "' is in PSUM; DMA writes SBUF tiles";
+  TILELAB_REQUIRE(src_in.tensor < program_.buffers.size())
+      << "dma_copy: src is not an HBM access pattern";
+  TILELAB_REQUIRE(src_in.partitions == dst_in.partition_count)
+      << "dma_copy: src covers " << src_in.partitions << " partitions but dst '" << dst_buffer.name
+      << "' has " << dst_in.partition_count;
+  TILELAB_REQUIRE(src_in.free_elements() == dst_in.free_count)
+      << "dma_copy: src has " << src_in.free_elements() << " elements per partition but dst '"
+      << dst_buffer.name << "' has " << dst_in.free_count;
+  const int partitions = masked_partitions(options, dst_in.partition_count, "dma_copy");
+  TileRef dst = dst_in;
+  dst.partition_count = static_cast<uint16_t>(partitions);
+  HbmPattern src = src_in;
+  src.partitions = static_cast<uint32_t>(partitions);
+  const Buffer& tensor = program_.buffers[src.tensor];
+  DmaRecord r;
+  r.hbm = src;
+  r.hbm_is_source = true;
+  r.partition_start = dst.partition_start;
+  r.partitions = static_cast<uint32_t>(partitions);
+  r.bytes_per_partition = static_cast<uint64_t>(dst.free_count) * dtype_size(tensor.dtype);
+  r.run_bytes =
+      static_cast<uint64_t>(std::min(contiguous_run_elements(src), contiguous_run_elements(dst))) *
+      dtype_size(tensor.dtype);
+  Instruction instr;
+  instr.opcode = Opcode::dma_copy;
+  instr.engine = options.trigger;
+  instr.dma = add_dma(r, options);
+  instr.operands[kDst] = dst;
+  push(instr);
+}
+
+void ProgramBuilder::dma_copy(const HbmPattern& dst_in, const TileRef& src_in, DmaOptions options) {
+  const Buffer& src_buffer = buffer_of(src_in, "dma_copy", "src");
+  TILELAB_REQUIRE(src_buffer.memory == Memory::sbuf)
+      << "dma_copy: src '" << src_buffer.name << "' is in PSUM; copy it to SBUF before storing";
+  TILELAB_REQUIRE(dst_in.tensor < program_.buffers.size())
+      << "dma_copy: dst is not an HBM access pattern";
+  TILELAB_REQUIRE(dst_in.partitions == src_in.partition_count)
+      << "dma_copy: dst covers " << dst_in.partitions << " partitions but src '" << src_buffer.name
+      << "' has " << src_in.partition_count;
+  TILELAB_REQUIRE(dst_in.free_elements() == src_in.free_count)
+      << "dma_copy: dst has " << dst_in.free_elements() << " elements per partition but src '"
+      << src_buffer.name << "' has " << src_in.free_count;
+  const int partitions = masked_partitions(options, src_in.partition_count, "dma_copy");
+  TileRef src = src_in;
+  src.partition_count = static_cast<uint16_t>(partitions);
+  HbmPattern dst = dst_in;
+  dst.partitions = static_cast<uint32_t>(partitions);
+  const Buffer& tensor = program_.buffers[dst.tensor];
+  DmaRecord r;
+  r.hbm = dst;
+  r.hbm_is_destination = true;
+  r.partition_start = src.partition_start;
+  r.partitions = static_cast<uint32_t>(partitions);
+  r.bytes_per_partition = static_cast<uint64_t>(src.free_count) * dtype_size(tensor.dtype);
+  r.run_bytes =
+      static_cast<uint64_t>(std::min(contiguous_run_elements(dst), contiguous_run_elements(src))) *
+      dtype_size(tensor.dtype);
+  Instruction instr;
+  instr.opcode = Opcode::dma_copy;
+  instr.engine = options.trigger;
+  instr.dma = add_dma(r, options);
+  instr.operands[kSrc0] = src;
+  push(instr);
+}
+
+void ProgramBuilder::dma_copy(const TileRef& dst_in, const TileRef& src_in, DmaOptions options) {
+  const Buffer& dst_buffer = buffer_of(dst_in, "dma_copy", "dst");
+  const Buffer& src_buffer = buffer_of(src_in, "dma_copy", "src");
+  TILELAB_REQUIRE(dst_buffer.memory == Memory::sbuf && src_buffer.memory == Memory::sbuf)
+      << "dma_copy: tile-to-tile DMA moves SBUF to SBUF; got " << memory_name(src_buffer.memory)
+      << " -> " << memory_name(dst_buffer.memory);
+  check_elements(dst_in, src_in, "dma_copy");
+  const int partitions = masked_partitions(options, dst_in.partition_count, "dma_copy");
+  TileRef dst = dst_in;
+  TileRef src = src_in;
+  dst.partition_count = src.partition_count = static_cast<uint16_t>(partitions);
+  DmaRecord r;
+  r.partition_start = dst.partition_start;
+  r.partitions = static_cast<uint32_t>(partitions);
+  r.bytes_per_partition = static_cast<uint64_t>(src.free_count) * dtype_size(src_buffer.dtype);
+  r.run_bytes =
+      static_cast<uint64_t>(std::min(contiguous_run_elements(dst), contiguous_run_elements(src))) *
+      dtype_size(src_buffer.dtype);
+  Instruction instr;
+  instr.opcode = Opcode::dma_copy;
+  instr.engine = options.trigger;
+  instr.dma = add_dma(r, options);
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  push(instr);
+}
+
+void ProgramBuilder::dma_gather(const TileRef& dst, Tensor tensor, const TileRef& index,
+                                int64_t col0, DmaOptions options) {
+  const Buffer& dst_buffer = buffer_of(dst, "dma_gather", "dst");
+  TILELAB_REQUIRE(dst_buffer.memory == Memory::sbuf)
+      << "dma_gather: dst '" << dst_buffer.name << "' must be in SBUF";
+  const Buffer& index_buffer = buffer_of(index, "dma_gather", "index");
+  TILELAB_REQUIRE(index_buffer.memory == Memory::sbuf && index_buffer.dtype == DType::int32)
+      << "dma_gather: index tile '" << index_buffer.name << "' must be an int32 SBUF tile, got "
+      << dtype_name(index_buffer.dtype) << " in " << memory_name(index_buffer.memory);
+  TILELAB_REQUIRE(index.free_count == 1)
+      << "dma_gather: index must be [P, 1], got " << index.free_count << " free elements";
+  check_same_partitions(dst, index, "dma_gather", "dst", "index");
+  TILELAB_REQUIRE(tensor.id < program_.buffers.size() &&
+                  program_.buffers[tensor.id].memory == Memory::hbm)
+      << "dma_gather: source is not an HBM tensor";
+  const Buffer& t = program_.buffers[tensor.id];
+  const int64_t rows = t.shape.front();
+  const int64_t cols = static_cast<int64_t>(t.free_elements) / rows;
+  TILELAB_REQUIRE(col0 >= 0 && col0 + dst.free_count <= cols)
+      << "dma_gather: columns [" << col0 << ", " << col0 + dst.free_count << ") outside the "
+      << cols << " elements of a row of '" << t.name << "'";
+  if (options.trigger == Engine::sync) options.trigger = Engine::gpsimd;  // SWDGE only
+  TILELAB_REQUIRE(options.trigger == Engine::gpsimd)
+      << "dma_gather: indirect DMA needs software descriptor generation on gpsimd, got trigger "
+      << engine_name(options.trigger);
+  const int partitions = masked_partitions(options, dst.partition_count, "dma_gather");
+  DmaRecord r;
+  r.hbm.tensor = tensor.id;
+  r.hbm.offset = col0;
+  r.hbm.partition_stride = cols;
+  r.hbm.partitions = static_cast<uint32_t>(rows);  // any row may be read
+  r.hbm.counts = {static_cast<int64_t>(dst.free_count), 1, 1};
+  r.hbm_is_source = true;
+  r.indirect = true;
+  r.partition_start = dst.partition_start;
+  r.partitions = static_cast<uint32_t>(partitions);
+  r.bytes_per_partition = static_cast<uint64_t>(dst.free_count) * dtype_size(t.dtype);
+  r.run_bytes = static_cast<uint64_t>(contiguous_run_elements(dst)) * dtype_size(t.dtype);
+  Instruction instr;
+  instr.opcode = Opcode::dma_gather;
+  instr.engine = options.trigger;
+  instr.dma = add_dma(r, options);
+  instr.operands[kDst] = dst;
+  instr.operands[kDst].partition_count = static_cast<uint16_t>(partitions);
+  instr.operands[kAux0] = index;
+  instr.operands[kAux0].partition_count = static_cast<uint16_t>(partitions);
+  push(instr);
+}
+
+namespace {
+void require_dma_transpose(const Machine& m) {
+  TILELAB_REQUIRE(m.dma_transpose_supported)
+      << "dma_transpose: not supported on machine '" << m.name << "' (NeuronCore-v" << m.nc_version
+      << "): key 'dma_transpose_supported' is false; use load + pe_transpose";
+}
+}  // namespace
+
+void ProgramBuilder::dma_transpose(const TileRef& dst, const HbmPattern& src, DmaOptions options) {
+  require_dma_transpose(program_.machine);
+  const Buffer& dst_buffer = buffer_of(dst, "dma_transpose", "dst");
+  TILELAB_REQUIRE(dst_buffer.memory == Memory::sbuf)
+      << "dma_transpose: dst '" << dst_buffer.name << "' must be in SBUF";
+  TILELAB_REQUIRE(src.tensor < program_.buffers.size() && src.rank == 1)
+      << "dma_transpose: src must be a 2-D HBM access pattern [P, F]";
+  const Buffer& tensor = program_.buffers[src.tensor];
+  TILELAB_REQUIRE(dtype_size(tensor.dtype) == 2 || dtype_size(tensor.dtype) == 4)
+      << "dma_transpose: dtype " << dtype_name(tensor.dtype) << " not allowed; 2- or 4-byte only";
+  TILELAB_REQUIRE(dst.partition_count == src.counts[0] && dst.free_count == src.partitions)
+      << "dma_transpose: src [" << src.partitions << ", " << src.counts[0] << "] needs dst ["
+      << src.counts[0] << ", " << src.partitions << "], got [" << dst.partition_count << ", "
+      << dst.free_count << "]";
+  DmaRecord r;
+  r.hbm = src;
+  r.hbm_is_source = true;
+  r.transpose = true;
+  r.partition_start = dst.partition_start;
+  r.partitions = dst.partition_count;
+  r.bytes_per_partition = static_cast<uint64_t>(dst.free_count) * dtype_size(tensor.dtype);
+  r.run_bytes = r.bytes_per_partition;
+  Instruction instr;
+  instr.opcode = Opcode::dma_transpose;
+  instr.engine = options.trigger;
+  instr.dma = add_dma(r, options);
+  instr.operands[kDst] = dst;
+  push(instr);
+}
+
+void ProgramBuilder::dma_transpose(const TileRef& dst, const TileRef& src, DmaOptions options) {
+  require_dma_transpose(program_.machine);
+  const Buffer& dst_buffer = buffer_of(dst, "dma_transpose", "dst");
+  const Buffer& src_buffer = buffer_of(src, "dma_transpose", "src");
+  TILELAB_REQUIRE(dst_buffer.memory == Memory::sbuf && src_buffer.memory == Memory::sbuf)
+      << "dma_transpose: tile-to-tile transposes move SBUF to SBUF";
+  TILELAB_REQUIRE(dtype_size(src_buffer.dtype) == 2 || dtype_size(src_buffer.dtype) == 4)
+      << "dma_transpose: dtype " << dtype_name(src_buffer.dtype)
+      << " not allowed; 2- or 4-byte only";
+  TILELAB_REQUIRE(dst.partition_count == src.free_count && dst.free_count == src.partition_count)
+      << "dma_transpose: src [" << src.partition_count << ", " << src.free_count << "] needs dst ["
+      << src.free_count << ", " << src.partition_count << "], got [" << dst.partition_count << ", "
+      << dst.free_count << "]";
+  DmaRecord r;
+  r.transpose = true;
+  r.partition_start = dst.partition_start;
+  r.partitions = dst.partition_count;
+  r.bytes_per_partition = static_cast<uint64_t>(dst.free_count) * dtype_size(src_buffer.dtype);
+  r.run_bytes = r.bytes_per_partition;
+  Instruction instr;
+  instr.opcode = Opcode::dma_transpose;
+  instr.engine = options.trigger;
+  instr.dma = add_dma(r, options);
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  push(instr);
+}
+
+void ProgramBuilder::matmul(const TileRef& dst, const TileRef& stationary, const TileRef& moving,
+                            bool accumulate) {
+  const Machine& m = program_.machine;
+  const Buffer& d = buffer_of(dst, "matmul", "dst");
+  const Buffer& s = buffer_of(stationary, "matmul", "stationary");
+  const Buffer& mv = buffer_of(moving, "matmul", "moving");
+  TILELAB_REQUIRE(s.memory == Memory::sbuf && mv.memory == Memory::sbuf)
+      << "matmul: TensorE reads only SBUF; stationary is in " << memory_name(s.memory)
+      << ", moving in " << memory_name(mv.memory);
+  TILELAB_REQUIRE(d.memory == Memory::psum && d.dtype == DType::fp32)
+      << "matmul: dst '" << d.name << "' must be an fp32 PSUM tile, got " << dtype_name(d.dtype)
+      << " in " << memory_name(d.memory);
+  TILELAB_REQUIRE(s.dtype != DType::int32 && mv.dtype != DType::int32)
+      << "matmul: int32 operands are not supported by TensorE";
+  TILELAB_REQUIRE(stationary.partition_count == moving.partition_count)
+      << "matmul: contraction (partition) sizes differ: stationary " << stationary.partition_count
+      << ", moving " << moving.partition_count;
+  TILELAB_REQUIRE(stationary.partition_count <= m.matmul_max_contraction)
+      << "matmul: contraction size " << stationary.partition_count
+      << " exceeds pmax (matmul_max_contraction) = " << m.matmul_max_contraction;
+  TILELAB_REQUIRE(stationary.free_count <= static_cast<uint32_t>(m.matmul_max_stationary_free))
+      << "matmul: stationary free size " << stationary.free_count
+      << " exceeds gemm_stationary_fmax (matmul_max_stationary_free) = "
+      << m.matmul_max_stationary_free;
+  TILELAB_REQUIRE(moving.free_count <= static_cast<uint32_t>(m.matmul_max_moving_free))
+      << "matmul: moving free size " << moving.free_count
+      << " exceeds gemm_moving_fmax (matmul_max_moving_free) = " << m.matmul_max_moving_free;
+  TILELAB_REQUIRE(dst.partition_count == stationary.free_count &&
+                  dst.free_count == moving.free_count)
+      << "matmul: dst must be [" << stationary.free_count << ", " << moving.free_count
+      << "] (stationary free x moving free), got [" << dst.partition_count << ", " << dst.free_count
+      << "]";
+  TILELAB_REQUIRE(dst.free_stride == 1) << "matmul: dst must be contiguous in PSUM";
+  check_compute_operand(dst, "matmul", "dst", Engine::tensor);
+  const int64_t first_byte = d.address + int64_t(dst.free_offset) * 4;
+  const int64_t last_byte = first_byte + int64_t(dst.free_count) * 4 - 1;
+  TILELAB_REQUIRE(first_byte / m.psum_bank_bytes_per_partition ==
+                  last_byte / m.psum_bank_bytes_per_partition)
+      << "matmul: dst '" << d.name << "' crosses a PSUM bank boundary; a matmul output must fit "
+      << "one bank (" << m.psum_bank_bytes_per_partition << " B per partition)";
+  Instruction instr;
+  instr.opcode = Opcode::matmul;
+  instr.engine = Engine::tensor;
+  instr.flags = accumulate ? kFlagAccumulate : 0;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = stationary;
+  instr.operands[kSrc1] = moving;
+  push(instr);
+}
+
+void ProgramBuilder::pe_transpose(const TileRef& dst, const TileRef& src) {
+  const Machine& m = program_.machine;
+  const Buffer& d = buffer_of(dst, "pe_transpose", "dst");
+  const Buffer& s = buffer_of(src, "pe_transpose", "src");
+  TILELAB_REQUIRE(s.memory == Memory::sbuf)
+      << "pe_transpose: src '" << s.name << "' must be in SBUF (TensorE reads only SBUF)";
+  TILELAB_REQUIRE(d.memory == Memory::psum)
+      << "pe_transpose: dst '" << d.name << "' must be in PSUM";
+  const bool sixteen_bit_out = m.nc_version >= 3 && dtype_size(s.dtype) == 2 && d.dtype == s.dtype;
+  TILELAB_REQUIRE(d.dtype == DType::fp32 || sixteen_bit_out)
+      << "pe_transpose: dst dtype " << dtype_name(d.dtype)
+      << " not allowed; fp32 (or the 16-bit input dtype on NeuronCore-v3)";
+  TILELAB_REQUIRE(src.free_count <= static_cast<uint32_t>(m.matmul_max_stationary_free))
+      << "pe_transpose: input free size " << src.free_count
+      << " exceeds matmul_max_stationary_free = " << m.matmul_max_stationary_free;
+  TILELAB_REQUIRE(dst.partition_count == src.free_count && dst.free_count == src.partition_count)
+      << "pe_transpose: src [" << src.partition_count << ", " << src.free_count << "] needs dst ["
+      << src.free_count << ", " << src.partition_count << "], got [" << dst.partition_count << ", "
+      << dst.free_count << "]";
+  check_compute_operand(dst, "pe_transpose", "dst", Engine::tensor);
+  Instruction instr;
+  instr.opcode = Opcode::pe_transpose;
+  instr.engine = Engine::tensor;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  push(instr);
+}
+
+void ProgramBuilder::activation(const TileRef& dst, const TileRef& src, ActFunc func,
+                                const ActivationOptions& options) {
+  check_compute_operand(dst, "activation", "dst", Engine::scalar);
+  check_compute_operand(src, "activation", "data", Engine::scalar);
+  check_elements(dst, src, "activation");
+  Instruction instr;
+  instr.opcode = Opcode::activation;
+  instr.engine = Engine::scalar;
+  instr.op0 = static_cast<uint8_t>(func);
+  instr.imm0 = options.scale;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  if (options.bias.valid()) {
+    const Buffer& b = buffer_of(options.bias, "activation", "bias");
+    TILELAB_REQUIRE(b.dtype != DType::int32 && b.dtype != DType::fp8_e4m3)
+        << "activation: bias dtype " << dtype_name(b.dtype) << " not allowed; fp32/fp16/bf16";
+    check_scalar(Scalar::per_partition(options.bias), src, "activation", "bias");
+    instr.operands[kSrc1] = options.bias;
+  }
+  if (options.scale_tile.valid()) {
+    check_scalar(Scalar::per_partition(options.scale_tile), src, "activation", "scale");
+    instr.operands[kAux0] = options.scale_tile;
+    instr.flags |= kFlagScalar0Tile;
+  }
+  if (options.reduce_result.valid()) {
+    check_scalar(Scalar::per_partition(options.reduce_result), src, "activation", "reduce_result");
+    instr.operands[kAux1] = options.reduce_result;
+    instr.flags |= kFlagReduce;
+  }
+  push(instr);
+}
+
+void ProgramBuilder::tensor_tensor(const TileRef& dst, const TileRef& a, const TileRef& b,
+                                   AluOp op) {
+  TILELAB_REQUIRE(op != AluOp::bypass) << "tensor_tensor: op must not be bypass";
+  check_compute_operand(dst, "tensor_tensor", "dst", Engine::vector);
+  check_compute_operand(a, "tensor_tensor", "in0", Engine::vector);
+  check_compute_operand(b, "tensor_tensor", "in1", Engine::vector);
+  check_elements(dst, a, "tensor_tensor");
+  check_same_partitions(a, b, "tensor_tensor", "in0", "in1");
+  TILELAB_REQUIRE(a.free_count == b.free_count)
+      << "tensor_tensor: in0 has " << a.free_count << " free elements, in1 has " << b.free_count;
+  TILELAB_REQUIRE(!(program_.buffers[a.tile].memory == Memory::psum &&
+                    program_.buffers[b.tile].memory == Memory::psum))
+      << "tensor_tensor: both inputs are in PSUM; at most one input may be in PSUM";
+  Instruction instr;
+  instr.opcode = Opcode::tensor_tensor;
+  instr.engine = Engine::vector;
+  instr.op0 = static_cast<uint8_t>(op);
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = a;
+  instr.operands[kSrc1] = b;
+  push(instr);
+}
+
+void ProgramBuilder::tensor_scalar(const TileRef& dst, const TileRef& src, AluOp op0, Scalar s0,
+                                   AluOp op1, Scalar s1, Engine engine) {
+  TILELAB_REQUIRE(engine == Engine::vector || engine == Engine::scalar || engine == Engine::gpsimd)
+      << "tensor_scalar: engine " << engine_name(engine)
+      << " not allowed; vector, scalar or gpsimd";
+  TILELAB_REQUIRE(op0 != AluOp::bypass) << "tensor_scalar: op0 must not be bypass";
+  check_compute_operand(dst, "tensor_scalar", "dst", engine);
+  check_compute_operand(src, "tensor_scalar", "data", engine);
+  check_elements(dst, src, "tensor_scalar");
+  check_scalar(s0, src, "tensor_scalar", "operand0");
+  check_scalar(s1, src, "tensor_scalar", "operand1");
+  Instruction instr;
+  instr.opcode = Opcode::tensor_scalar;
+  instr.engine = engine;
+  instr.op0 = static_cast<uint8_t>(op0);
+  instr.op1 = static_cast<uint8_t>(op1);
+  instr.imm0 = s0.value;
+  instr.imm1 = s1.value;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  if (s0.tile.valid()) {
+    instr.operands[kSrc1] = s0.tile;
+    instr.flags |= kFlagScalar0Tile;
+  }
+  if (s1.tile.valid()) {
+    instr.operands[kAux0] = s1.tile;
+    instr.flags |= kFlagScalar1Tile;
+  }
+  push(instr);
+}
+
+void ProgramBuilder::tensor_reduce(const TileRef& dst, const TileRef& src, AluOp op, bool negate) {
+  TILELAB_REQUIRE(op == AluOp::add || op == AluOp::max || op == AluOp::min || op == AluOp::multiply)
+      << "tensor_reduce: op " << alu_op_name(op) << " not allowed; add, multiply, max or min";
+  check_compute_operand(dst, "tensor_reduce", "dst", Engine::vector);
+  check_compute_operand(src, "tensor_reduce", "data", Engine::vector);
+  check_same_partitions(dst, src, "tensor_reduce", "dst", "data");
+  TILELAB_REQUIRE(dst.free_count == 1)
+      << "tensor_reduce: dst must be [P, 1] (reduction over the free axis), got " << dst.free_count
+      << " free elements";
+  Instruction instr;
+  instr.opcode = Opcode::tensor_reduce;
+  instr.engine = Engine::vector;
+  instr.op0 = static_cast<uint8_t>(op);
+  instr.flags = negate ? kFlagNegate : 0;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  push(instr);
+}
+
+void ProgramBuilder::tensor_copy(const TileRef& dst, const TileRef& src, Engine engine) {
+  TILELAB_REQUIRE(engine == Engine::vector || engine == Engine::scalar || engine == Engine::gpsimd)
+      << "tensor_copy: engine " << engine_name(engine) << " not allowed; vector, scalar or gpsimd";
+  check_compute_operand(dst, "tensor_copy", "dst", engine);
+  check_compute_operand(src, "tensor_copy", "src", engine);
+  check_elements(dst, src, "tensor_copy");
+  Instruction instr;
+  instr.opcode = Opcode::tensor_copy;
+  instr.engine = engine;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  push(instr);
+}
+
+void ProgramBuilder::select(const TileRef& dst, const TileRef& condition, const TileRef& x,
+                            Scalar y) {
+  check_compute_operand(dst, "select", "dst", Engine::vector);
+  check_compute_operand(condition, "select", "condition", Engine::vector);
+  check_compute_operand(x, "select", "x", Engine::vector);
+  check_elements(dst, x, "select");
+  check_same_partitions(condition, x, "select", "condition", "x");
+  TILELAB_REQUIRE(condition.free_count == x.free_count)
+      << "select: condition has " << condition.free_count << " free elements, x has "
+      << x.free_count;
+  Instruction instr;
+  instr.opcode = Opcode::select;
+  instr.engine = Engine::vector;
+  instr.imm0 = y.value;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = condition;
+  instr.operands[kSrc1] = x;
+  if (y.tile.valid()) {
+    check_compute_operand(y.tile, "select", "y", Engine::vector);
+    check_elements(dst, y.tile, "select");
+    instr.operands[kAux0] = y.tile;
+    instr.flags |= kFlagSelectYTile;
+  }
+  push(instr);
+}
+
+void ProgramBuilder::memset(const TileRef& dst, float value, Engine engine) {
+  TILELAB_REQUIRE(engine == Engine::vector || engine == Engine::gpsimd)
+      << "memset: engine " << engine_name(engine) << " not allowed; vector or gpsimd";
+  check_compute_operand(dst, "memset", "dst", engine);
+  Instruction instr;
+  instr.opcode = Opcode::memset;
+  instr.engine = engine;
+  instr.imm0 = value;
+  instr.operands[kDst] = dst;
+  push(instr);
+}
+
+void ProgramBuilder::iota(const TileRef& dst, int base, int partition_step, int free_step) {
+  check_compute_operand(dst, "iota", "dst", Engine::gpsimd);
+  Instruction instr;
+  instr.opcode = Opcode::iota;
+  instr.engine = Engine::gpsimd;
+  instr.imm0 = static_cast<float>(base);
+  instr.imm1 = static_cast<float>(free_step);
+  instr.extra = partition_step;
+  instr.operands[kDst] = dst;
+  push(instr);
+}
+
+Program ProgramBuilder::finish() {
+  TILELAB_REQUIRE(!finished_) << "finish: the program was already handed over";
+  finished_ = true;
+  program_.peak_sbuf_bytes_per_partition = sbuf_.peak();
+  program_.peak_psum_bytes_per_partition = psum_.peak();
+  return std::move(program_);
+}
+
+}  // namespace tilelab::sim

@@ -1,0 +1,205 @@
+// Tile programs and the NKI-like builder that creates them: HBM tensors, SBUF/PSUM tiles with
+// lifetimes and multi-buffering, and instructions whose operand limits are checked when built.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "isa.hpp"
+#include "machine.hpp"
+#include "memory.hpp"
+
+namespace tilelab::sim {
+
+// An HBM tensor or an SBUF/PSUM tile. Tiles are [partitions, free_elements]; HBM tensors keep
+// their logical shape and are addressed by element offsets.
+struct Buffer {
+  std::string name;
+  Memory memory = Memory::sbuf;
+  DType dtype = DType::fp32;
+  uint32_t partitions = 1;     // HBM: 1
+  uint64_t free_elements = 0;  // per partition; HBM: all elements
+  std::vector<int64_t> shape;  // HBM: logical shape; tiles: {partitions, free_elements}
+  int64_t address = -1;        // SBUF/PSUM byte address within each partition
+  bool released = false;
+  // Freed tiles whose memory this tile reuses: its first access waits for their last accesses.
+  std::vector<uint32_t> predecessors;
+
+  uint64_t bytes_per_partition() const { return free_elements * dtype_size(dtype); }
+};
+
+// Handles returned by the builder.
+struct Tensor {
+  uint32_t id = kNone;
+};
+struct Tile {
+  uint32_t id = kNone;
+};
+// N physical buffers of one tile declaration, handed out round-robin (explicit multi-buffering).
+struct TilePool {
+  uint32_t first = kNone;
+  uint32_t count = 0;
+  uint32_t next = 0;
+};
+
+// An HBM access pattern in elements: partition p, free index (i0, i1, i2) reads element
+//   offset + p * partition_stride + i0 * strides[0] + i1 * strides[1] + i2 * strides[2]
+// with the innermost dimension last (counts[rank - 1]).
+struct HbmPattern {
+  uint32_t tensor = kNone;
+  int64_t offset = 0;
+  int64_t partition_stride = 0;
+  uint32_t partitions = 0;
+  uint8_t rank = 1;
+  std::array<int64_t, 3> counts{1, 1, 1};
+  std::array<int64_t, 3> strides{1, 1, 1};
+
+  int64_t free_elements() const;
+};
+
+// Side record of a DMA instruction (kept out of Instruction to keep that small).
+struct DmaRecord {
+  HbmPattern hbm;  // valid when tensor != kNone
+  bool hbm_is_source = false;
+  bool hbm_is_destination = false;
+  bool transpose = false;
+  bool indirect = false;
+  uint8_t queue = 0;
+  uint32_t partition_start = 0;  // on the SBUF side: decides which DMA engines serve it
+  uint32_t partitions = 0;
+  uint64_t bytes_per_partition = 0;
+  uint64_t run_bytes = 0;  // contiguous bytes per descriptor (<= bytes_per_partition)
+  uint64_t bytes() const { return bytes_per_partition * partitions; }
+};
+
+// A built program: the machine it was built for, its buffers, instructions and DMA records.
+struct Program {
+  Machine machine;
+  std::string name;
+  std::vector<Buffer> buffers;
+  std::vector<Instruction> instructions;
+  std::vector<DmaRecord> dmas;
+  int64_t peak_sbuf_bytes_per_partition = 0;
+  int64_t peak_psum_bytes_per_partition = 0;
+
+  std::string describe(const TileRef& ref) const;        // "rhs[0][0:128, 0:512] bf16"
+  std::string describe(const Instruction& instr) const;  // one line with operands
+};
+
+// A scalar operand: a constant or a [P, 1] tile (per-partition value).
+struct Scalar {
+  float value = 0;
+  TileRef tile{};
+  static Scalar constant(float v) { return Scalar{v, {}}; }
+  static Scalar per_partition(TileRef t) { return Scalar{0, t}; }
+};
+
+// DMA options: which queue triggers it and, for a partition mask (`partition < active`), how many
+// partitions are moved.
+struct DmaOptions {
+  Engine trigger = Engine::sync;
+  int queue = -1;              // -1: the trigger engine's default queue
+  int active_partitions = -1;  // -1: all partitions of the access
+};
+
+struct ActivationOptions {
+  float scale = 1.0f;
+  TileRef scale_tile{};     // [P, 1] per-partition scale instead of `scale`
+  TileRef bias{};           // [P, 1]
+  TileRef reduce_result{};  // [P, 1]: sum over the free axis of the activated values
+};
+
+// Builds a Program. Every method checks its operands against the machine's limits and throws
+// tilelab::Error naming the operand, the value and the limit. Not thread-safe.
+class ProgramBuilder {
+ public:
+  ProgramBuilder(Machine machine, std::string name);
+
+  const Machine& machine() const { return program_.machine; }
+
+  // --- buffers ---
+  Tensor hbm_tensor(const std::string& name, std::vector<int64_t> shape, DType dtype);
+  // Allocates a tile; throws "SBUF allocation failed" naming the live tiles when it does not fit.
+  Tile sbuf_tile(const std::string& name, int partitions, int64_t free_elements, DType dtype);
+  // A PSUM tile must fit one accumulation bank per partition.
+  Tile psum_tile(const std::string& name, int partitions, int64_t free_elements, DType dtype);
+  // Ends a tile's lifetime; its memory may be reused (with a dependency on its last use).
+  void release(Tile tile);
+  TilePool pool(const std::string& name, Memory memory, int partitions, int64_t free_elements,
+                DType dtype, int buffers);
+  Tile next(TilePool& pool);
+  void release(TilePool& pool);
+
+  // --- views ---
+  TileRef view(Tile tile) const;
+  // Partition range [p0, p0 + partitions) and free elements offset + i * stride, i < count.
+  TileRef view(Tile tile, int p0, int partitions, int64_t offset, int64_t count,
+               int64_t stride = 1) const;
+  // Rows [row0, row0 + rows) on partitions and columns [col0, col0 + cols) on the free axis of a
+  // 2-D tensor (or the last two dims, with the leading index `batch`).
+  HbmPattern hbm_rows(Tensor tensor, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                      int64_t batch = 0) const;
+  // Fully general pattern; checked against the tensor bounds.
+  HbmPattern hbm_pattern(Tensor tensor, int64_t offset, int64_t partition_stride, int partitions,
+                         std::vector<std::pair<int64_t, int64_t>> free_dims) const;
+
+  // --- DMA ---
+  void dma_copy(const TileRef& dst, const HbmPattern& src, DmaOptions options = {});  // load
+  void dma_copy(const HbmPattern& dst, const TileRef& src, DmaOptions options = {});  // store
+  void dma_copy(const TileRef& dst, const TileRef& src, DmaOptions options = {});     // SBUF->SBUF
+  // dst[p, f] = tensor[index[p], col0 + f] for a 2-D tensor; index is an int32 [P, 1] SBUF tile.
+  // Descriptors are generated on GpSimd (SWDGE), so the trigger is GpSimd.
+  void dma_gather(const TileRef& dst, Tensor tensor, const TileRef& index, int64_t col0,
+                  DmaOptions options = {});
+  // dst[f, p] = src[p, f] on the DMA engines (NC-v3 only).
+  void dma_transpose(const TileRef& dst, const HbmPattern& src, DmaOptions options = {});
+  void dma_transpose(const TileRef& dst, const TileRef& src, DmaOptions options = {});
+
+  // --- TensorE ---
+  // dst[M, N] (+)= stationary[K, M]^T @ moving[K, N]; dst is fp32 PSUM within one bank.
+  void matmul(const TileRef& dst, const TileRef& stationary, const TileRef& moving,
+              bool accumulate);
+  // dst[F, P] = src[P, F] through the PE array into PSUM.
+  void pe_transpose(const TileRef& dst, const TileRef& src);
+
+  // --- ScalarE / VectorE / GpSimd ---
+  void activation(const TileRef& dst, const TileRef& src, ActFunc func,
+                  const ActivationOptions& options = {});
+  void tensor_tensor(const TileRef& dst, const TileRef& a, const TileRef& b, AluOp op);
+  void tensor_scalar(const TileRef& dst, const TileRef& src, AluOp op0, Scalar s0,
+                     AluOp op1 = AluOp::bypass, Scalar s1 = {}, Engine engine = Engine::vector);
+  void tensor_reduce(const TileRef& dst, const TileRef& src, AluOp op, bool negate = false);
+  void tensor_copy(const TileRef& dst, const TileRef& src, Engine engine = Engine::vector);
+  void select(const TileRef& dst, const TileRef& condition, const TileRef& x, Scalar y);
+  void memset(const TileRef& dst, float value, Engine engine = Engine::vector);
+  // dst[p, f] = base + p * partition_step + f * free_step (p, f relative to the view), computed in
+  // int32 and cast to dst's dtype; base is exact up to 2^24.
+  void iota(const TileRef& dst, int base, int partition_step, int free_step);
+
+  size_t instruction_count() const { return program_.instructions.size(); }
+  // Hands over the program; the builder must not be used afterwards.
+  Program finish();
+
+ private:
+  Tile allocate_tile(const std::string& name, Memory memory, int partitions, int64_t free_elements,
+                     DType dtype);
+  const Buffer& buffer_of(const TileRef& ref, const char* instruction, const char* operand) const;
+  void check_compute_operand(const TileRef& ref, const char* instruction, const char* operand,
+                             Engine engine) const;
+  void check_same_partitions(const TileRef& a, const TileRef& b, const char* instruction,
+                             const char* a_name, const char* b_name) const;
+  void check_elements(const TileRef& dst, const TileRef& src, const char* instruction) const;
+  void check_scalar(const Scalar& s, const TileRef& data, const char* instruction,
+                    const char* operand) const;
+  uint32_t add_dma(DmaRecord record, const DmaOptions& options);
+  void push(const Instruction& instr) { program_.instructions.push_back(instr); }
+
+  Program program_;
+  PartitionAllocator sbuf_;
+  PartitionAllocator psum_;
+  bool finished_ = false;
+};
+
+}  // namespace tilelab::sim

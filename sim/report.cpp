@@ -1,0 +1,522 @@
+// Report assembly and output formats.
+#include "report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "cost.hpp"
+
+namespace tilelab::sim {
+namespace {
+
+using nlohmann::json;
+
+bool is_dma(const Instruction& instr) {
+  return instr.dma != kNone;
+}
+
+std::string unit_of(const Program& p, uint32_t i) {
+  const Instruction& instr = p.instructions[i];
+  return is_dma(instr) ? "dma" : std::string(engine_name(instr.engine));
+}
+
+// Buffer name without a pool's "[k]" suffix, so that waits on rotating buffers aggregate.
+std::string base_name(const std::string& name) {
+  const auto bracket = name.find('[');
+  return bracket == std::string::npos ? name : name.substr(0, bracket);
+}
+
+std::string wait_label(const Program& p, uint32_t i) {
+  const Instruction& instr = p.instructions[i];
+  std::string target;
+  if (instr.operands[kDst].valid())
+    target = p.buffers[instr.operands[kDst].tile].name;
+  else if (instr.dma != kNone && p.dmas[instr.dma].hbm.tensor != kNone)
+    target = p.buffers[p.dmas[instr.dma].hbm.tensor].name;
+  return std::string(opcode_name(instr.opcode)) + " -> " + base_name(target);
+}
+
+// Length of the union of [start, end) intervals.
+double union_length(std::vector<std::pair<double, double>>& intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  double total = 0, covered_until = -1e300;
+  for (const auto& [start, end] : intervals) {
+    if (end <= covered_until) continue;
+    total += end - std::max(start, covered_until);
+    covered_until = end;
+  }
+  return total;
+}
+
+double percent(double part, double whole) {
+  return whole > 0 ? 100.0 * part / whole : 0.0;
+}
+
+}  // namespace
+
+Report make_report(const Program& p, const TimingResult& t, const ReportOptions& options) {
+  const Machine& m = p.machine;
+  Report r;
+  r.kernel = options.kernel.empty() ? p.name : options.kernel;
+  r.parameters = options.parameters;
+  r.machine = m.name;
+  r.instruction_count = p.instructions.size();
+  r.total_time_ns = t.total_ns;
+  r.total_cycles = t.total_ns * m.tensor_clock_ghz;
+
+  // --- engines and idle-time blame ---
+  const size_t n = p.instructions.size();
+  std::vector<std::map<std::string, BlameEntry>> blame(kEngineCount);
+  std::vector<std::map<std::string, TopWait>> top(kEngineCount);
+  std::array<double, kEngineCount> last_end{};
+  std::array<bool, kEngineCount> started{};
+  for (uint32_t i = 0; i < n; ++i) {
+    const Instruction& instr = p.instructions[i];
+    const InstructionTiming& it = t.instructions[i];
+    const int e = static_cast<int>(instr.engine);
+    const double gap = it.start_ns - last_end[e];
+    if (gap > 1e-9) {
+      std::string key;
+      std::string detail;
+      if (it.wait_on != kNone) {
+        key = it.wait_reason == WaitReason::port ? "port:" + unit_of(p, it.wait_on)
+                                                 : unit_of(p, it.wait_on);
+        detail = wait_label(p, it.wait_on);
+      } else {
+        key = started[e] ? "engine_order" : "program_start";
+      }
+      auto& entry = blame[e][key];
+      entry.waited_on = key;
+      entry.idle_ns += gap;
+      ++entry.waits;
+      if (!detail.empty()) {
+        auto& w = top[e][detail];
+        w.waited_on = detail;
+        w.idle_ns += gap;
+        ++w.waits;
+      }
+    }
+    last_end[e] = it.issue_end_ns;
+    started[e] = true;
+  }
+  for (int e = 0; e < kEngineCount; ++e) {
+    EngineSummary s;
+    s.name = std::string(engine_name(static_cast<Engine>(e)));
+    s.clock_ghz = engine_clock_ghz(m, static_cast<Engine>(e));
+    s.instructions = t.engine_instructions[e];
+    s.active_time_ns = t.engine_active_ns[e];
+    s.active_time_percent = percent(s.active_time_ns, t.total_ns);
+    s.active_cycles = s.active_time_ns * s.clock_ghz;
+    s.idle_time_ns = t.total_ns - s.active_time_ns;
+    const double tail = t.total_ns - last_end[e];
+    if (tail > 1e-9) {
+      auto& entry = blame[e]["program_end"];
+      entry.waited_on = "program_end";
+      entry.idle_ns += tail;
+      ++entry.waits;
+    }
+    for (auto& [key, entry] : blame[e]) s.idle_blame.push_back(entry);
+    std::sort(s.idle_blame.begin(), s.idle_blame.end(),
+              [](const BlameEntry& a, const BlameEntry& b) { return a.idle_ns > b.idle_ns; });
+    for (auto& [key, w] : top[e]) s.top_waits.push_back(w);
+    std::sort(s.top_waits.begin(), s.top_waits.end(),
+              [](const TopWait& a, const TopWait& b) { return a.idle_ns > b.idle_ns; });
+    if (s.top_waits.size() > 5) s.top_waits.resize(5);
+    r.engines.push_back(std::move(s));
+  }
+
+  // --- DMA ---
+  std::vector<std::pair<double, double>> all_intervals;
+  std::map<int, std::vector<std::pair<double, double>>> queue_intervals;
+  std::map<int, DmaQueueSummary> queues;
+  std::map<int, BytesHistogramBucket> histogram;  // by floor(log2(bytes per partition))
+  for (uint32_t i = 0; i < n; ++i) {
+    const Instruction& instr = p.instructions[i];
+    if (!is_dma(instr)) continue;
+    const DmaRecord& d = p.dmas[instr.dma];
+    const InstructionTiming& it = t.instructions[i];
+    all_intervals.emplace_back(it.transfer_start_ns, it.end_ns);
+    queue_intervals[d.queue].emplace_back(it.transfer_start_ns, it.end_ns);
+    auto& q = queues[d.queue];
+    q.queue = d.queue;
+    ++q.transfers;
+    q.bytes += d.bytes();
+    ++r.dma_transfer_count;
+    r.dma_transfer_total_bytes += d.bytes();
+    const int bucket = d.bytes_per_partition == 0
+                           ? 0
+                           : static_cast<int>(std::floor(std::log2(double(d.bytes_per_partition))));
+    auto& h = histogram[bucket];
+    h.bytes_per_partition_min = uint64_t(1) << bucket;
+    h.bytes_per_partition_max = uint64_t(1) << (bucket + 1);
+    ++h.transfers;
+    h.bytes += d.bytes();
+  }
+  r.dma_active_time_ns = union_length(all_intervals);
+  r.dma_active_time_percent = percent(r.dma_active_time_ns, t.total_ns);
+  r.dma_transfer_average_bytes =
+      r.dma_transfer_count ? double(r.dma_transfer_total_bytes) / r.dma_transfer_count : 0.0;
+  for (auto& [q, summary] : queues) {
+    summary.active_time_ns = union_length(queue_intervals[q]);
+    summary.active_time_percent = percent(summary.active_time_ns, t.total_ns);
+    r.dma_queues.push_back(summary);
+  }
+  for (auto& [bucket, h] : histogram) r.dma_bytes_per_partition_histogram.push_back(h);
+  for (size_t e = 0; e < t.dma_engine_busy_ns.size(); ++e) {
+    DmaEngineSummary s;
+    s.engine = static_cast<int>(e);
+    s.busy_time_ns = t.dma_engine_busy_ns[e];
+    s.utilization_percent = percent(s.busy_time_ns, t.total_ns);
+    s.bytes = t.dma_engine_bytes[e];
+    s.pieces = t.dma_engine_pieces[e];
+    r.dma_engines.push_back(s);
+  }
+  r.dma_peak_gbps = m.dma_bytes_per_ns_per_engine * m.dma_engines;  // B/ns == GB/s
+  r.dma_achieved_gbps = t.total_ns > 0 ? r.dma_transfer_total_bytes / t.total_ns : 0.0;
+  r.hbm_read_bytes = t.hbm_read_bytes;
+  r.hbm_write_bytes = t.hbm_write_bytes;
+  r.hbm_peak_gbps = m.hbm_bytes_per_ns;
+  r.mbu_estimated_percent =
+      t.total_ns > 0
+          ? percent((t.hbm_read_bytes + t.hbm_write_bytes) / t.total_ns, m.hbm_bytes_per_ns)
+          : 0.0;
+
+  // --- TensorE ---
+  for (const Instruction& instr : p.instructions) {
+    if (instr.opcode == Opcode::matmul) {
+      r.hardware_flops += 2.0 * instr.operands[kSrc0].partition_count *
+                          instr.operands[kSrc0].free_count * instr.operands[kSrc1].free_count;
+    } else if (instr.opcode == Opcode::pe_transpose) {
+      // An identity matmul: stationary [P, F] against a [P, P] identity.
+      const double flops = 2.0 * instr.operands[kSrc0].partition_count *
+                           instr.operands[kSrc0].free_count * instr.operands[kSrc0].partition_count;
+      r.hardware_flops += flops;
+      r.transpose_flops += flops;
+    }
+  }
+  r.peak_flops_per_s = m.tensor_peak_flops_per_ns() * 1e9;
+  const double peak_flops = m.tensor_peak_flops_per_ns() * t.total_ns;
+  r.hfu_percent = percent(r.hardware_flops, peak_flops);
+  r.mfu_percent = percent(r.hardware_flops - r.transpose_flops, peak_flops);
+
+  // --- memory ---
+  r.peak_sbuf_bytes_per_partition = p.peak_sbuf_bytes_per_partition;
+  r.sbuf_bytes_per_partition = m.sbuf_bytes_per_partition;
+  r.peak_psum_bytes_per_partition = p.peak_psum_bytes_per_partition;
+  r.psum_bytes_per_partition = m.psum_bytes_per_partition;
+
+  // --- critical path: walk back from the last instruction to finish ---
+  uint32_t current = kNone;
+  double latest = -1;
+  for (uint32_t i = 0; i < n; ++i)
+    if (t.instructions[i].end_ns > latest) {
+      latest = t.instructions[i].end_ns;
+      current = i;
+    }
+  std::vector<uint32_t> path;
+  std::vector<uint8_t> visited(n, 0);
+  while (current != kNone && !visited[current]) {
+    visited[current] = 1;
+    path.push_back(current);
+    const InstructionTiming& it = t.instructions[current];
+    uint32_t next = kNone;
+    if (is_dma(p.instructions[current]) && it.transfer_reason == WaitReason::dma_engine &&
+        it.transfer_wait_on != kNone) {
+      next = it.transfer_wait_on;
+    } else if (it.wait_on != kNone) {
+      next = it.wait_on;
+    } else if (it.engine_previous != kNone &&
+               it.start_ns <= t.instructions[it.engine_previous].issue_end_ns + 1e-9) {
+      next = it.engine_previous;
+    }
+    current = next;
+  }
+  std::reverse(path.begin(), path.end());
+  r.critical_path_instructions = path.size();
+  double previous_end = 0;
+  for (uint32_t i : path) {
+    const InstructionTiming& it = t.instructions[i];
+    const double contributed = std::max(0.0, it.end_ns - previous_end);
+    previous_end = std::max(previous_end, it.end_ns);
+    const std::string unit = unit_of(p, i);
+    r.critical_path_ns_by_unit[unit] += contributed;
+    if (r.critical_path.empty() || r.critical_path.back().unit != unit) {
+      if (r.critical_path.size() >= options.max_critical_path_segments) {
+        r.critical_path_truncated = true;
+        continue;
+      }
+      CriticalPathSegment s;
+      s.unit = unit;
+      s.start_ns = it.start_ns;
+      s.first_instruction = "#" + std::to_string(i) + " " + p.describe(p.instructions[i]);
+      r.critical_path.push_back(std::move(s));
+    }
+    CriticalPathSegment& s = r.critical_path.back();
+    ++s.instructions;
+    s.end_ns = it.end_ns;
+    s.contributed_ns += contributed;
+  }
+  return r;
+}
+
+json report_json(const Report& r) {
+  json j;
+  j["schema"] = kReportSchema;
+  j["schema_version"] = kReportSchemaVersion;
+  j["kernel"] = r.kernel;
+  j["parameters"] = r.parameters;
+  j["machine"] = r.machine;
+  j["instruction_count"] = r.instruction_count;
+  j["total_time_ns"] = r.total_time_ns;
+  j["total_time_cycles"] = r.total_cycles;
+  json engines = json::array();
+  for (const auto& e : r.engines) {
+    json blame = json::array();
+    for (const auto& b : e.idle_blame)
+      blame.push_back(
+          {{"waited_on", b.waited_on}, {"idle_time_ns", b.idle_ns}, {"waits", b.waits}});
+    json waits = json::array();
+    for (const auto& w : e.top_waits)
+      waits.push_back(
+          {{"waited_on", w.waited_on}, {"idle_time_ns", w.idle_ns}, {"waits", w.waits}});
+    engines.push_back({{"name", e.name},
+                       {"clock_ghz", e.clock_ghz},
+                       {"instruction_count", e.instructions},
+                       {"active_time_ns", e.active_time_ns},
+                       {"active_time_percent", e.active_time_percent},
+                       {"active_cycles", e.active_cycles},
+                       {"idle_time_ns", e.idle_time_ns},
+                       {"idle_blame", blame},
+                       {"top_waits", waits}});
+  }
+  j["engines"] = engines;
+  json histogram = json::array();
+  for (const auto& h : r.dma_bytes_per_partition_histogram)
+    histogram.push_back({{"bytes_per_partition_min", h.bytes_per_partition_min},
+                         {"bytes_per_partition_max", h.bytes_per_partition_max},
+                         {"transfers", h.transfers},
+                         {"bytes", h.bytes}});
+  json dma_engines = json::array();
+  for (const auto& e : r.dma_engines)
+    dma_engines.push_back({{"engine", e.engine},
+                           {"busy_time_ns", e.busy_time_ns},
+                           {"utilization_percent", e.utilization_percent},
+                           {"bytes", e.bytes},
+                           {"pieces", e.pieces}});
+  json dma_queues = json::array();
+  for (const auto& q : r.dma_queues)
+    dma_queues.push_back({{"queue", q.queue},
+                          {"transfers", q.transfers},
+                          {"bytes", q.bytes},
+                          {"active_time_ns", q.active_time_ns},
+                          {"active_time_percent", q.active_time_percent}});
+  j["dma"] = {{"dma_active_time_ns", r.dma_active_time_ns},
+              {"dma_active_time_percent", r.dma_active_time_percent},
+              {"dma_transfer_count", r.dma_transfer_count},
+              {"dma_transfer_total_bytes", r.dma_transfer_total_bytes},
+              {"dma_transfer_average_bytes", r.dma_transfer_average_bytes},
+              {"bytes_per_partition_histogram", histogram},
+              {"engines", dma_engines},
+              {"queues", dma_queues},
+              {"achieved_gbps", r.dma_achieved_gbps},
+              {"peak_gbps", r.dma_peak_gbps},
+              {"hbm_read_bytes", r.hbm_read_bytes},
+              {"hbm_write_bytes", r.hbm_write_bytes},
+              {"hbm_peak_gbps", r.hbm_peak_gbps},
+              {"mbu_estimated_percent", r.mbu_estimated_percent}};
+  j["tensor"] = {{"hardware_flops", r.hardware_flops},
+                 {"transpose_flops", r.transpose_flops},
+                 {"peak_flops_per_s", r.peak_flops_per_s},
+                 {"hfu_percent", r.hfu_percent},
+                 {"mfu_percent", r.mfu_percent}};
+  j["memory"] = {{"peak_sbuf_bytes_per_partition", r.peak_sbuf_bytes_per_partition},
+                 {"sbuf_bytes_per_partition", r.sbuf_bytes_per_partition},
+                 {"peak_sbuf_percent", percent(double(r.peak_sbuf_bytes_per_partition),
+                                               double(r.sbuf_bytes_per_partition))},
+                 {"peak_psum_bytes_per_partition", r.peak_psum_bytes_per_partition},
+                 {"psum_bytes_per_partition", r.psum_bytes_per_partition},
+                 {"peak_psum_percent", percent(double(r.peak_psum_bytes_per_partition),
+                                               double(r.psum_bytes_per_partition))}};
+  json segments = json::array();
+  for (const auto& s : r.critical_path)
+    segments.push_back({{"unit", s.unit},
+                        {"instructions", s.instructions},
+                        {"start_ns", s.start_ns},
+                        {"end_ns", s.end_ns},
+                        {"contributed_ns", s.contributed_ns},
+                        {"first_instruction", s.first_instruction}});
+  j["critical_path"] = {{"instructions", r.critical_path_instructions},
+                        {"time_ns_by_unit", r.critical_path_ns_by_unit},
+                        {"segments", segments},
+                        {"truncated", r.critical_path_truncated}};
+  return j;
+}
+
+std::string report_text(const Report& r) {
+  std::ostringstream out;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "kernel %s on %s: %zu instructions, total %.3f us (%.0f TensorE cycles)\n",
+                r.kernel.c_str(), r.machine.c_str(), size_t(r.instruction_count),
+                r.total_time_ns / 1e3, r.total_cycles);
+  out << line;
+  if (!r.parameters.empty()) {
+    out << "parameters:";
+    for (const auto& [k, v] : r.parameters) out << " " << k << "=" << v;
+    out << "\n";
+  }
+  out << "\nengine   instructions   active_us  active_%  idle blamed on (largest first)\n";
+  for (const auto& e : r.engines) {
+    std::snprintf(line, sizeof line, "%-8s %12llu %11.3f %8.1f  ", e.name.c_str(),
+                  static_cast<unsigned long long>(e.instructions), e.active_time_ns / 1e3,
+                  e.active_time_percent);
+    out << line;
+    for (size_t i = 0; i < e.idle_blame.size() && i < 3; ++i) {
+      std::snprintf(line, sizeof line, "%s%s %.1f us", i ? ", " : "",
+                    e.idle_blame[i].waited_on.c_str(), e.idle_blame[i].idle_ns / 1e3);
+      out << line;
+    }
+    out << "\n";
+  }
+  std::snprintf(line, sizeof line,
+                "\nDMA: %llu transfers, %.1f MiB (avg %.1f KiB), active %.3f us (%.1f%%), "
+                "achieved %.1f GB/s of %.1f GB/s peak\n",
+                static_cast<unsigned long long>(r.dma_transfer_count),
+                r.dma_transfer_total_bytes / 1048576.0, r.dma_transfer_average_bytes / 1024.0,
+                r.dma_active_time_ns / 1e3, r.dma_active_time_percent, r.dma_achieved_gbps,
+                r.dma_peak_gbps);
+  out << line;
+  std::snprintf(line, sizeof line,
+                "HBM: read %.1f MiB, written %.1f MiB, MBU %.1f%% of %.1f GB/s\n",
+                r.hbm_read_bytes / 1048576.0, r.hbm_write_bytes / 1048576.0,
+                r.mbu_estimated_percent, r.hbm_peak_gbps);
+  out << line;
+  out << "bytes/partition histogram:";
+  for (const auto& h : r.dma_bytes_per_partition_histogram)
+    out << " [" << h.bytes_per_partition_min << "," << h.bytes_per_partition_max
+        << "):" << h.transfers;
+  out << "\nDMA engine utilization %:";
+  for (const auto& e : r.dma_engines) {
+    std::snprintf(line, sizeof line, " %.0f", e.utilization_percent);
+    out << line;
+  }
+  out << "\nDMA queues:";
+  for (const auto& q : r.dma_queues) {
+    std::snprintf(line, sizeof line, " q%d %llu transfers %.1f%% active;", q.queue,
+                  static_cast<unsigned long long>(q.transfers), q.active_time_percent);
+    out << line;
+  }
+  std::snprintf(line, sizeof line,
+                "\nTensorE: %.3g hardware flops (%.3g transpose), HFU %.2f%%, MFU %.2f%%\n",
+                r.hardware_flops, r.transpose_flops, r.hfu_percent, r.mfu_percent);
+  out << line;
+  std::snprintf(line, sizeof line,
+                "SBUF peak %lld of %lld B/partition; PSUM peak %lld of %lld B/partition\n",
+                static_cast<long long>(r.peak_sbuf_bytes_per_partition),
+                static_cast<long long>(r.sbuf_bytes_per_partition),
+                static_cast<long long>(r.peak_psum_bytes_per_partition),
+                static_cast<long long>(r.psum_bytes_per_partition));
+  out << line;
+  out << "critical path (" << r.critical_path_instructions << " instructions):";
+  for (const auto& [unit, ns] : r.critical_path_ns_by_unit) {
+    std::snprintf(line, sizeof line, " %s %.3f us (%.1f%%);", unit.c_str(), ns / 1e3,
+                  percent(ns, r.total_time_ns));
+    out << line;
+  }
+  out << "\n";
+  return out.str();
+}
+
+json chrome_trace(const Program& p, const TimingResult& t, size_t max_events) {
+  json events = json::array();
+  for (const auto& [pid, process] :
+       {std::pair<int, const char*>{1, "engines"}, {2, "dma queues"}, {3, "dma engines"}})
+    events.push_back(
+        {{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", process}}}});
+  auto name_track = [&](int pid, int tid, const std::string& thread) {
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", pid},
+                      {"tid", tid},
+                      {"args", {{"name", thread}}}});
+  };
+  for (int e = 0; e < kEngineCount; ++e)
+    name_track(1, e, std::string(engine_name(static_cast<Engine>(e))));
+  // Transfers of one queue overlap in time (they run on different DMA engines); trace viewers
+  // need properly nested slices per track, so each queue gets as many lanes as it has overlap.
+  std::vector<std::vector<double>> queue_lane_end(p.machine.dma_queues_per_engine);
+  std::vector<bool> engine_named(p.machine.dma_engines, false);
+  size_t count = 0;
+  bool truncated = false;
+  for (uint32_t i = 0; i < p.instructions.size(); ++i) {
+    if (count >= max_events) {
+      truncated = true;
+      break;
+    }
+    const Instruction& instr = p.instructions[i];
+    const InstructionTiming& it = t.instructions[i];
+    std::string name(opcode_name(instr.opcode));
+    if (instr.opcode == Opcode::activation)
+      name += "." + std::string(act_func_name(ActFunc(instr.op0)));
+    if (instr.opcode == Opcode::tensor_tensor || instr.opcode == Opcode::tensor_scalar ||
+        instr.opcode == Opcode::tensor_reduce)
+      name += "." + std::string(alu_op_name(AluOp(instr.op0)));
+    const json args = {{"instruction", i}, {"operands", p.describe(instr)}};
+    events.push_back({{"ph", "X"},
+                      {"name", is_dma(instr) ? "trigger " + name : name},
+                      {"pid", 1},
+                      {"tid", static_cast<int>(instr.engine)},
+                      {"ts", it.start_ns / 1e3},
+                      {"dur", (it.issue_end_ns - it.start_ns) / 1e3},
+                      {"args", args}});
+    ++count;
+    if (is_dma(instr)) {
+      const int q = p.dmas[instr.dma].queue;
+      auto& lanes = queue_lane_end[q];
+      size_t lane = 0;
+      while (lane < lanes.size() && lanes[lane] > it.transfer_start_ns) ++lane;
+      if (lane == lanes.size()) {
+        lanes.push_back(0);
+        name_track(2, q * 1000 + int(lane),
+                   "queue " + std::to_string(q) + (lane ? " #" + std::to_string(lane) : ""));
+      }
+      lanes[lane] = std::max(lanes[lane], it.end_ns);
+      events.push_back({{"ph", "X"},
+                        {"name", name},
+                        {"pid", 2},
+                        {"tid", q * 1000 + int(lane)},
+                        {"ts", it.transfer_start_ns / 1e3},
+                        {"dur", (it.end_ns - it.transfer_start_ns) / 1e3},
+                        {"args", args}});
+      ++count;
+    }
+  }
+  for (const DmaPieceTiming& piece : t.dma_pieces) {
+    if (count >= max_events) {
+      truncated = true;
+      break;
+    }
+    if (!engine_named[piece.engine]) {
+      name_track(3, piece.engine, "dma engine " + std::to_string(piece.engine));
+      engine_named[piece.engine] = true;
+    }
+    events.push_back(
+        {{"ph", "X"},
+         {"name", std::string(opcode_name(p.instructions[piece.instruction].opcode))},
+         {"pid", 3},
+         {"tid", piece.engine},
+         {"ts", piece.start_ns / 1e3},
+         {"dur", (piece.end_ns - piece.start_ns) / 1e3},
+         {"args",
+          {{"instruction", piece.instruction}, {"bytes", piece.bytes}, {"queue", piece.queue}}}});
+    ++count;
+  }
+  return json{
+      {"traceEvents", events},
+      {"displayTimeUnit", "ns"},
+      {"metadata", {{"program", p.name}, {"machine", p.machine.name}, {"truncated", truncated}}}};
+}
+
+}  // namespace tilelab::sim

@@ -1,0 +1,140 @@
+// Reports of a timed run: a profiler-style summary (engines, DMA, TensorE flops, memory), idle-time
+// blame and the critical path; as versioned JSON (docs/sim_report.schema.json), a Chrome/Perfetto
+// trace and a text table.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "program.hpp"
+#include "timing.hpp"
+
+namespace tilelab::sim {
+
+inline constexpr const char* kReportSchema = "tilelab.sim_report";
+inline constexpr int kReportSchemaVersion = 1;
+
+// Idle time of one engine attributed to what it waited on.
+struct BlameEntry {
+  std::string waited_on;  // "dma", "tensor", ..., "port:vector", "program_start", "program_end"
+  double idle_ns = 0;
+  uint64_t waits = 0;
+};
+struct TopWait {
+  std::string waited_on;  // e.g. "dma_copy -> rhs_tiles"
+  double idle_ns = 0;
+  uint64_t waits = 0;
+};
+
+struct EngineSummary {
+  std::string name;
+  double clock_ghz = 0;
+  uint64_t instructions = 0;
+  double active_time_ns = 0;
+  double active_time_percent = 0;
+  double active_cycles = 0;
+  double idle_time_ns = 0;
+  std::vector<BlameEntry> idle_blame;  // largest first
+  std::vector<TopWait> top_waits;      // up to 5, largest first
+};
+
+struct DmaEngineSummary {
+  int engine = 0;
+  double busy_time_ns = 0;
+  double utilization_percent = 0;
+  uint64_t bytes = 0;
+  uint64_t pieces = 0;
+};
+
+struct DmaQueueSummary {
+  int queue = 0;
+  uint64_t transfers = 0;
+  uint64_t bytes = 0;
+  double active_time_ns = 0;
+  double active_time_percent = 0;
+};
+
+struct BytesHistogramBucket {
+  uint64_t bytes_per_partition_min = 0;  // inclusive
+  uint64_t bytes_per_partition_max = 0;  // exclusive
+  uint64_t transfers = 0;
+  uint64_t bytes = 0;
+};
+
+struct CriticalPathSegment {
+  std::string unit;  // engine name or "dma"
+  uint64_t instructions = 0;
+  double start_ns = 0;
+  double end_ns = 0;
+  double contributed_ns = 0;
+  std::string first_instruction;
+};
+
+struct Report {
+  std::string kernel;
+  std::map<std::string, std::string> parameters;
+  std::string machine;
+  uint64_t instruction_count = 0;
+  double total_time_ns = 0;
+  double total_cycles = 0;  // at the TensorE clock
+  std::vector<EngineSummary> engines;
+
+  // DMA.
+  double dma_active_time_ns = 0;
+  double dma_active_time_percent = 0;
+  uint64_t dma_transfer_count = 0;
+  uint64_t dma_transfer_total_bytes = 0;
+  double dma_transfer_average_bytes = 0;
+  std::vector<BytesHistogramBucket> dma_bytes_per_partition_histogram;
+  std::vector<DmaEngineSummary> dma_engines;
+  std::vector<DmaQueueSummary> dma_queues;
+  double dma_achieved_gbps = 0;
+  double dma_peak_gbps = 0;
+  uint64_t hbm_read_bytes = 0;
+  uint64_t hbm_write_bytes = 0;
+  double hbm_peak_gbps = 0;
+  double mbu_estimated_percent = 0;
+
+  // TensorE.
+  double hardware_flops = 0;   // all PE work incl. transposes
+  double transpose_flops = 0;  // identity matmuls of pe_transpose
+  double peak_flops_per_s = 0;
+  double hfu_percent = 0;
+  double mfu_percent = 0;  // excluding transposes
+
+  // Memory.
+  int64_t peak_sbuf_bytes_per_partition = 0;
+  int64_t sbuf_bytes_per_partition = 0;
+  int64_t peak_psum_bytes_per_partition = 0;
+  int64_t psum_bytes_per_partition = 0;
+
+  // Critical path (telescoped: contributions sum to total_time_ns).
+  std::map<std::string, double> critical_path_ns_by_unit;
+  std::vector<CriticalPathSegment> critical_path;
+  uint64_t critical_path_instructions = 0;
+  bool critical_path_truncated = false;
+};
+
+struct ReportOptions {
+  std::string kernel;
+  std::map<std::string, std::string> parameters;
+  size_t max_critical_path_segments = 200;
+};
+
+Report make_report(const Program& program, const TimingResult& timing,
+                   const ReportOptions& options = {});
+
+// The report as JSON ("schema": "tilelab.sim_report", "schema_version": 1).
+nlohmann::json report_json(const Report& report);
+// A human-readable table.
+std::string report_text(const Report& report);
+// Chrome trace event JSON (Perfetto opens it): one track per engine queue, per DMA queue and, when
+// the timing recorded pieces, per DMA engine. Stops after `max_events` events (noted in metadata).
+nlohmann::json chrome_trace(const Program& program, const TimingResult& timing,
+                            size_t max_events = 500000);
+
+}  // namespace tilelab::sim

@@ -1,0 +1,327 @@
+// Timing engine: list scheduling in program order with region-based dependency tracking.
+#include "timing.hpp"
+
+#include <algorithm>
+
+#include <tilelab/error.hpp>
+
+#include "cost.hpp"
+#include "dma.hpp"
+
+namespace tilelab::sim {
+namespace {
+
+// Queue index of the DMA "engine" when it is the producer of a region: any consumer pays a
+// semaphore wait.
+constexpr uint8_t kDmaSource = kEngineCount;
+
+struct Region {
+  uint32_t buffer;
+  uint32_t p0, p1;
+  uint64_t b0, b1;
+  bool write;
+};
+
+struct AccessRecord {
+  uint32_t p0, p1;
+  uint64_t b0, b1;
+  double done_ns;
+  uint32_t instruction;
+  uint8_t source;
+  bool write;
+};
+
+bool overlaps(const AccessRecord& r, const Region& g) {
+  return r.p0 < g.p1 && g.p0 < r.p1 && r.b0 < g.b1 && g.b0 < r.b1;
+}
+bool covers(const Region& g, const AccessRecord& r) {
+  return g.p0 <= r.p0 && r.p1 <= g.p1 && g.b0 <= r.b0 && r.b1 <= g.b1;
+}
+
+Region tile_region(const Program& p, const TileRef& ref, bool write) {
+  const int size = dtype_size(p.buffers[ref.tile].dtype);
+  const uint64_t last = uint64_t(ref.free_offset) +
+                        uint64_t(ref.free_count - 1) * uint64_t(std::max(ref.free_stride, 0));
+  return Region{ref.tile,
+                ref.partition_start,
+                uint32_t(ref.partition_start) + ref.partition_count,
+                uint64_t(ref.free_offset) * size,
+                (last + 1) * size,
+                write};
+}
+
+Region hbm_region(const Program& p, const HbmPattern& h, bool write) {
+  const int size = dtype_size(p.buffers[h.tensor].dtype);
+  int64_t last = h.offset + int64_t(h.partitions - 1) * h.partition_stride;
+  for (int d = 0; d < h.rank; ++d) last += (h.counts[d] - 1) * h.strides[d];
+  return Region{h.tensor, 0, 1, uint64_t(h.offset) * size, uint64_t(last + 1) * size, write};
+}
+
+// Collects the regions an instruction reads and writes; returns the count.
+int collect_regions(const Program& p, const Instruction& instr, Region* out) {
+  int n = 0;
+  for (int s = 0; s < kSlotCount; ++s) {
+    const TileRef& ref = instr.operands[s];
+    if (!ref.valid()) continue;
+    const bool write = s == kDst || (s == kAux1 && instr.opcode == Opcode::activation);
+    out[n++] = tile_region(p, ref, write);
+  }
+  if (instr.dma != kNone) {
+    const DmaRecord& d = p.dmas[instr.dma];
+    if (d.hbm.tensor != kNone) out[n++] = hbm_region(p, d.hbm, d.hbm_is_destination);
+  }
+  return n;
+}
+
+// Per-buffer access history. Reads and writes are kept apart (a read only conflicts with writes)
+// and sorted by start byte, so that an overlap query only visits records near the region.
+class Tracker {
+ public:
+  explicit Tracker(const Program& program)
+      : program_(program),
+        lists_(program.buffers.size()),
+        last_done_(program.buffers.size(), -1.0),
+        last_instruction_(program.buffers.size(), kNone),
+        touched_(program.buffers.size(), 0) {}
+
+  // Latest time the region's earlier conflicting accesses allow it to start, seen from `engine`
+  // (same-engine producers need no semaphore). Raises `bound` and sets `by` when later.
+  void constrain(const Region& g, uint8_t engine, double semaphore_ns, double& bound,
+                 uint32_t& by) {
+    if (!touched_[g.buffer]) constrain_predecessors(g.buffer, engine, semaphore_ns, bound, by, 0);
+    Lists& lists = lists_[g.buffer];
+    scan(lists.writes, g, engine, semaphore_ns, bound, by);
+    if (g.write) scan(lists.reads, g, engine, semaphore_ns, bound, by);
+  }
+
+  void record(const Region& g, uint32_t instruction, uint8_t source, double done_ns) {
+    touched_[g.buffer] = 1;
+    Lists& lists = lists_[g.buffer];
+    const AccessRecord entry{g.p0, g.p1, g.b0, g.b1, done_ns, instruction, source, g.write};
+    if (g.write) {
+      // A write supersedes every earlier access it fully covers.
+      erase_covered(lists.writes, g);
+      erase_covered(lists.reads, g);
+      insert(lists.writes, lists.max_write_span, entry);
+    } else {
+      insert(lists.reads, lists.max_read_span, entry);
+    }
+    if (done_ns >= last_done_[g.buffer]) {
+      last_done_[g.buffer] = done_ns;
+      last_instruction_[g.buffer] = instruction;
+    }
+  }
+
+ private:
+  struct Lists {
+    std::vector<AccessRecord> writes, reads;  // sorted by b0
+    uint64_t max_write_span = 0, max_read_span = 0;
+  };
+  static constexpr size_t kMaxRecords = 512;
+
+  static auto first_candidate(std::vector<AccessRecord>& list, uint64_t b0, uint64_t max_span) {
+    // Records starting at or before b0 - max_span end at or before b0: they cannot overlap.
+    const uint64_t from = b0 >= max_span ? b0 - max_span + 1 : 0;
+    return std::lower_bound(list.begin(), list.end(), from,
+                            [](const AccessRecord& r, uint64_t v) { return r.b0 < v; });
+  }
+
+  void scan(std::vector<AccessRecord>& list, const Region& g, uint8_t engine, double semaphore_ns,
+            double& bound, uint32_t& by) {
+    if (list.empty()) return;
+    const uint64_t span = &list == &lists_[g.buffer].writes ? lists_[g.buffer].max_write_span
+                                                            : lists_[g.buffer].max_read_span;
+    for (auto it = first_candidate(list, g.b0, span); it != list.end() && it->b0 < g.b1; ++it) {
+      if (!overlaps(*it, g)) continue;
+      const double t = it->done_ns + (it->source == engine ? 0.0 : semaphore_ns);
+      if (t > bound) {
+        bound = t;
+        by = it->instruction;
+      }
+    }
+  }
+
+  static void erase_covered(std::vector<AccessRecord>& list, const Region& g) {
+    auto first = std::lower_bound(list.begin(), list.end(), g.b0,
+                                  [](const AccessRecord& r, uint64_t v) { return r.b0 < v; });
+    auto last = first;
+    while (last != list.end() && last->b0 < g.b1) ++last;
+    list.erase(std::remove_if(first, last, [&](const AccessRecord& r) { return covers(g, r); }),
+               last);
+  }
+
+  static void insert(std::vector<AccessRecord>& list, uint64_t& max_span, const AccessRecord& e) {
+    auto it = std::lower_bound(list.begin(), list.end(), e.b0,
+                               [](const AccessRecord& r, uint64_t v) { return r.b0 < v; });
+    // Same region accessed again: keep one record with the later completion.
+    for (auto same = it; same != list.end() && same->b0 == e.b0; ++same) {
+      if (same->b1 == e.b1 && same->p0 == e.p0 && same->p1 == e.p1) {
+        if (e.done_ns >= same->done_ns) *same = e;
+        return;
+      }
+    }
+    list.insert(it, e);
+    max_span = std::max(max_span, e.b1 - e.b0);
+    if (list.size() > kMaxRecords) compact(list, max_span);
+  }
+
+  // Too many distinct regions: merge them into one conservative record over their union.
+  static void compact(std::vector<AccessRecord>& list, uint64_t& max_span) {
+    AccessRecord merged = list.front();
+    for (const AccessRecord& r : list) {
+      merged.p0 = std::min(merged.p0, r.p0);
+      merged.p1 = std::max(merged.p1, r.p1);
+      merged.b0 = std::min(merged.b0, r.b0);
+      merged.b1 = std::max(merged.b1, r.b1);
+      if (r.done_ns >= merged.done_ns) {
+        merged.done_ns = r.done_ns;
+        merged.instruction = r.instruction;
+        merged.source = r.source;
+      }
+    }
+    list.assign(1, merged);
+    max_span = merged.b1 - merged.b0;
+  }
+
+  // First access of a tile that reuses freed memory: wait for the freed tiles' last accesses.
+  void constrain_predecessors(uint32_t buffer, uint8_t engine, double semaphore_ns, double& bound,
+                              uint32_t& by, int depth) {
+    if (depth > 4) return;
+    for (uint32_t pred : program_.buffers[buffer].predecessors) {
+      if (!touched_[pred]) {
+        constrain_predecessors(pred, engine, semaphore_ns, bound, by, depth + 1);
+        continue;
+      }
+      const double t = last_done_[pred] + semaphore_ns;
+      if (t > bound) {
+        bound = t;
+        by = last_instruction_[pred];
+      }
+    }
+  }
+
+  const Program& program_;
+  std::vector<Lists> lists_;
+  std::vector<double> last_done_;
+  std::vector<uint32_t> last_instruction_;
+  std::vector<uint8_t> touched_;
+};
+
+// Shared ports on NC-v2: VectorE/GpSimd share the SBUF port, VectorE/ScalarE the PSUM port.
+struct Port {
+  double free_ns = 0;
+  uint32_t holder = kNone;
+  Engine holder_engine = Engine::sync;
+};
+
+}  // namespace
+
+TimingResult simulate_timing(const Program& program, const TimingOptions& options) {
+  const Machine& m = program.machine;
+  const auto& instructions = program.instructions;
+  TimingResult result;
+  result.instructions.resize(instructions.size());
+
+  std::array<double, kEngineCount> ready{};
+  std::array<uint32_t, kEngineCount> last_on_engine;
+  last_on_engine.fill(kNone);
+  std::array<double, kEngineCount> ns_per_cycle{};
+  std::array<double, kEngineCount> semaphore_ns{};
+  for (int e = 0; e < kEngineCount; ++e) {
+    ns_per_cycle[e] = 1.0 / engine_clock_ghz(m, static_cast<Engine>(e));
+    semaphore_ns[e] = m.semaphore_wait_cycles * ns_per_cycle[e];
+  }
+  Tracker tracker(program);
+  DmaScheduler dma(m);
+  Port sbuf_port, psum_port;
+  Region regions[kSlotCount + 1];
+
+  for (uint32_t i = 0; i < instructions.size(); ++i) {
+    const Instruction& instr = instructions[i];
+    const int e = static_cast<int>(instr.engine);
+    InstructionTiming& t = result.instructions[i];
+    t.engine_previous = last_on_engine[e];
+
+    const int region_count = collect_regions(program, instr, regions);
+    double bound = ready[e];
+    uint32_t by = kNone;
+    WaitReason reason = WaitReason::none;
+    for (int r = 0; r < region_count; ++r)
+      tracker.constrain(regions[r], static_cast<uint8_t>(e), semaphore_ns[e], bound, by);
+    if (by != kNone) reason = WaitReason::dependency;
+
+    // Port conflicts (NC-v2): only against the other engine sharing the port.
+    bool uses_sbuf = false, uses_psum = false;
+    if (instr.dma == kNone) {
+      for (const TileRef& ref : instr.operands) {
+        if (!ref.valid()) continue;
+        const Memory mem = program.buffers[ref.tile].memory;
+        uses_sbuf |= mem == Memory::sbuf;
+        uses_psum |= mem == Memory::psum;
+      }
+    }
+    const bool sbuf_port_user = m.vector_gpsimd_share_sbuf_port && uses_sbuf &&
+                                (instr.engine == Engine::vector || instr.engine == Engine::gpsimd);
+    const bool psum_port_user = m.vector_scalar_share_psum_port && uses_psum &&
+                                (instr.engine == Engine::vector || instr.engine == Engine::scalar);
+    if (sbuf_port_user && sbuf_port.holder_engine != instr.engine && sbuf_port.free_ns > bound) {
+      bound = sbuf_port.free_ns;
+      by = sbuf_port.holder;
+      reason = WaitReason::port;
+    }
+    if (psum_port_user && psum_port.holder_engine != instr.engine && psum_port.free_ns > bound) {
+      bound = psum_port.free_ns;
+      by = psum_port.holder;
+      reason = WaitReason::port;
+    }
+
+    const double start = bound;
+    const double engine_ns = instruction_cycles(program, instr) * ns_per_cycle[e];
+    const double issue_end = start + engine_ns;
+    double done = issue_end;
+    t.start_ns = start;
+    t.issue_end_ns = issue_end;
+    t.wait_on = by;
+    t.wait_reason = reason;
+    ready[e] = issue_end;
+    last_on_engine[e] = i;
+    result.engine_active_ns[e] += engine_ns;
+    ++result.engine_instructions[e];
+    if (sbuf_port_user) sbuf_port = Port{issue_end, i, instr.engine};
+    if (psum_port_user) psum_port = Port{issue_end, i, instr.engine};
+
+    uint8_t source = static_cast<uint8_t>(e);
+    if (instr.dma != kNone) {
+      const DmaRecord& d = program.dmas[instr.dma];
+      const double data_ready = issue_end + m.dma_start_latency_ns;
+      const DmaSchedule s =
+          options.record_dma_pieces
+              ? dma.schedule(i, d, data_ready,
+                             [&](int engine, uint64_t bytes, double ps, double pe) {
+                               result.dma_pieces.push_back(
+                                   DmaPieceTiming{i, uint16_t(engine), d.queue, bytes, ps, pe});
+                             })
+              : dma.schedule(i, d, data_ready, [](int, uint64_t, double, double) {});
+      done = s.end_ns;
+      t.transfer_start_ns = s.first_start_ns;
+      t.transfer_wait_on = s.blocked_by;
+      t.transfer_reason = s.hbm_bound             ? WaitReason::hbm
+                          : s.blocked_by != kNone ? WaitReason::dma_engine
+                                                  : WaitReason::dma_trigger;
+      source = kDmaSource;
+      if (d.hbm.tensor != kNone) {
+        if (d.hbm_is_source) result.hbm_read_bytes += d.bytes();
+        if (d.hbm_is_destination) result.hbm_write_bytes += d.bytes();
+      }
+    }
+    t.end_ns = done;
+    result.total_ns = std::max(result.total_ns, done);
+    for (int r = 0; r < region_count; ++r) tracker.record(regions[r], i, source, done);
+  }
+  result.dma_engine_busy_ns = dma.engine_busy_ns();
+  result.dma_engine_bytes = dma.engine_bytes();
+  result.dma_engine_pieces = dma.engine_pieces();
+  return result;
+}
+
+}  // namespace tilelab::sim

@@ -1,0 +1,279 @@
+// `tilelab sim` implementation.
+#include "sim_command.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include <tilelab/error.hpp>
+
+#include "sim/functional.hpp"
+#include "sim/kernels/registry.hpp"
+#include "sim/machine.hpp"
+#include "sim/report.hpp"
+#include "sim/timing.hpp"
+
+namespace tilelab::tools {
+namespace {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string kernel;
+  std::string machine;
+  std::vector<std::string> machine_overrides;
+  sim::KernelParameters parameters;
+  std::string json_path;
+  std::string trace_path;
+  std::string text_path = "-";
+  bool trace_dma_pieces = false;
+  bool functional = false;
+  size_t max_trace_events = 500000;
+  bool list = false;
+  bool describe_machine = false;
+  bool help = false;
+};
+
+void add_parameter(sim::KernelParameters& parameters, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UsageError("parameter '" + assignment + "': expected KEY=VALUE");
+  parameters[assignment.substr(0, eq)] = assignment.substr(eq + 1);
+}
+
+Options parse(const std::vector<std::string>& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= args.size()) throw UsageError(std::string(flag) + " needs a value");
+      return args[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+    } else if (a == "--list") {
+      o.list = true;
+    } else if (a == "--describe-machine") {
+      o.describe_machine = true;
+    } else if (a == "--machine" || a == "-m") {
+      o.machine = value("--machine");
+    } else if (a == "--set") {
+      o.machine_overrides.push_back(value("--set"));
+    } else if (a == "--param" || a == "-p") {
+      add_parameter(o.parameters, value("--param"));
+    } else if (a == "--json") {
+      o.json_path = value("--json");
+    } else if (a == "--trace") {
+      o.trace_path = value("--trace");
+    } else if (a == "--text") {
+      o.text_path = value("--text");
+    } else if (a == "--functional") {
+      o.functional = true;
+    } else if (a == "--trace-dma-pieces") {
+      o.trace_dma_pieces = true;
+    } else if (a == "--max-trace-events") {
+      const std::string v = value("--max-trace-events");
+      try {
+        o.max_trace_events = std::stoul(v);
+      } catch (const std::exception&) {
+        throw UsageError("--max-trace-events: expected a count, got '" + v + "'");
+      }
+    } else if (!a.empty() && a[0] == '-') {
+      throw UsageError("unknown option '" + a + "'");
+    } else if (a.find('=') != std::string::npos) {
+      add_parameter(o.parameters, a);  // bare KEY=VALUE after the kernel
+    } else if (o.kernel.empty()) {
+      o.kernel = a;
+    } else {
+      throw UsageError("unexpected argument '" + a + "' (kernel already given as '" + o.kernel +
+                       "')");
+    }
+  }
+  return o;
+}
+
+void write_output(const std::string& path, const std::string& text) {
+  if (path == "-") {
+    std::cout << text;
+    return;
+  }
+  std::ofstream out(path);
+  if (!out) throw Error("cannot write '" + path + "'");
+  out << text;
+}
+
+// Runs `program` on random inputs (every HBM tensor read by a DMA and never written) and
+// summarises every written HBM tensor.
+std::string run_functional(const sim::Program& program) {
+  std::vector<bool> read(program.buffers.size(), false), written(program.buffers.size(), false);
+  for (const sim::DmaRecord& d : program.dmas) {
+    if (d.hbm.tensor == sim::kNone) continue;
+    (d.hbm_is_source ? read : written)[d.hbm.tensor] = true;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  sim::FunctionalExecutor exec(program);
+  std::mt19937 rng(12345);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (uint32_t i = 0; i < program.buffers.size(); ++i) {
+    if (!read[i] || written[i]) continue;
+    std::vector<float> values(program.buffers[i].free_elements);
+    for (float& v : values) v = dist(rng);
+    exec.set_tensor(sim::Tensor{i}, values);
+  }
+  exec.run();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::ostringstream out;
+  char line[300];
+  std::snprintf(line, sizeof line, "functional run (random inputs in [-1, 1)): %.3f s\n", seconds);
+  out << line;
+  for (uint32_t i = 0; i < program.buffers.size(); ++i) {
+    if (!written[i]) continue;
+    const std::vector<float> values = exec.tensor(sim::Tensor{i});
+    size_t nan = 0;
+    double lo = 1e300, hi = -1e300, sum_abs = 0;
+    for (float v : values) {
+      if (std::isnan(v)) {
+        ++nan;
+        continue;
+      }
+      lo = std::min(lo, double(v));
+      hi = std::max(hi, double(v));
+      sum_abs += std::fabs(v);
+    }
+    const size_t finite = values.size() - nan;
+    std::snprintf(line, sizeof line,
+                  "  %s: %zu elements, %zu NaN, min %.4g, max %.4g, mean |x| %.4g\n",
+                  program.buffers[i].name.c_str(), values.size(), nan, finite ? lo : 0.0,
+                  finite ? hi : 0.0, finite ? sum_abs / finite : 0.0);
+    out << line;
+  }
+  return out.str();
+}
+
+std::string kernel_list() {
+  std::ostringstream out;
+  for (const auto& k : sim::kernel_registry().kernels()) {
+    out << "  " << k.name << " (default machine " << k.default_machine << ")\n      "
+        << k.description << "\n";
+    for (const auto& p : k.parameters)
+      out << "      " << p.name << "=" << p.default_value << "  " << p.help << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace
+
+std::string sim_usage() {
+  std::ostringstream out;
+  out << "usage: tilelab sim KERNEL [KEY=VALUE ...] [options]\n"
+         "\n"
+         "Builds KERNEL as a tile program for a NeuronCore-like machine, simulates its timing and\n"
+         "writes a summary (engines, DMA, TensorE utilisation, idle-time blame, critical path).\n"
+         "\n"
+         "options:\n"
+         "  -m, --machine NAME|FILE  machine preset (";
+  const auto presets = sim::machine_preset_names();
+  for (size_t i = 0; i < presets.size(); ++i) out << (i ? ", " : "") << presets[i];
+  out << ") or a machine JSON file;\n"
+         "                           default: the kernel's machine\n"
+         "  --set KEY=VALUE          override a machine parameter (repeatable), e.g.\n"
+         "                           --set dma_bytes_per_ns_per_engine=20\n"
+         "  -p, --param KEY=VALUE    kernel shape/schedule parameter (repeatable; bare KEY=VALUE\n"
+         "                           after the kernel works too)\n"
+         "  --json PATH              write the JSON report (schema tilelab.sim_report v1; '-' =\n"
+         "                           stdout)\n"
+         "  --trace PATH             write a Chrome/Perfetto trace (one track per engine and DMA\n"
+         "                           queue)\n"
+         "  --trace-dma-pieces       add one track per DMA engine with every piece\n"
+         "  --max-trace-events N     cap the trace size (default 500000)\n"
+         "  --text PATH              write the text summary to PATH (default '-' = stdout)\n"
+         "  --functional             also run the program on data: inputs uniform in [-1, 1),\n"
+         "                           outputs summarised (NaN counts reveal reads of\n"
+         "                           uninitialised memory); slow for large shapes\n"
+         "  --describe-machine       print the machine's parameters with their sources and exit\n"
+         "  --list                   list kernels and their parameters\n"
+         "  -h, --help               this help\n"
+         "\n"
+         "kernels:\n"
+      << kernel_list()
+      << "\nexample:\n"
+         "  tilelab sim matmul --machine trn1 variant=tiled M=4096 K=8192 N=8192 --json r.json "
+         "--trace t.json\n";
+  return out.str();
+}
+
+int run_sim_command(const std::vector<std::string>& args) {
+  Options o;
+  try {
+    o = parse(args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "tilelab sim: %s\nRun 'tilelab sim --help' for usage.\n", e.what());
+    return 2;
+  }
+  try {
+    if (o.help) {
+      std::cout << sim_usage();
+      return 0;
+    }
+    if (o.list) {
+      std::cout << kernel_list();
+      return 0;
+    }
+    if (o.describe_machine) {
+      const sim::Machine machine =
+          sim::load_machine(o.machine.empty() ? "trn1" : o.machine, o.machine_overrides);
+      std::cout << machine.name << ": " << machine.description << "\n";
+      for (const auto& [key, source] : machine.source_of_key)
+        std::cout << "  " << key << "  <- " << source << "\n";
+      return 0;
+    }
+    if (o.kernel.empty()) {
+      std::fprintf(stderr, "tilelab sim: missing KERNEL\nRun 'tilelab sim --help' for usage.\n");
+      return 2;
+    }
+    const sim::KernelInfo& kernel = sim::kernel_registry().find(o.kernel);
+    const sim::KernelParameters parameters = sim::resolve_parameters(kernel, o.parameters);
+    const sim::Machine machine = sim::load_machine(
+        o.machine.empty() ? kernel.default_machine : o.machine, o.machine_overrides);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    const sim::Program program = kernel.build(machine, parameters);
+    const auto t1 = std::chrono::steady_clock::now();
+    sim::TimingOptions timing_options;
+    timing_options.record_dma_pieces = !o.trace_path.empty() && o.trace_dma_pieces;
+    const sim::TimingResult timing = sim::simulate_timing(program, timing_options);
+    const auto t2 = std::chrono::steady_clock::now();
+
+    sim::ReportOptions report_options;
+    report_options.kernel = kernel.name;
+    report_options.parameters = parameters;
+    const sim::Report report = sim::make_report(program, timing, report_options);
+    if (!o.text_path.empty()) {
+      std::string text = sim::report_text(report);
+      const double build_s = std::chrono::duration<double>(t1 - t0).count();
+      const double sim_s = std::chrono::duration<double>(t2 - t1).count();
+      char line[200];
+      std::snprintf(line, sizeof line, "(built in %.3f s, simulated in %.3f s)\n", build_s, sim_s);
+      text += line;
+      if (o.functional) text += run_functional(program);
+      write_output(o.text_path, text);
+    }
+    if (!o.json_path.empty()) write_output(o.json_path, sim::report_json(report).dump(2) + "\n");
+    if (!o.trace_path.empty())
+      write_output(o.trace_path,
+                   sim::chrome_trace(program, timing, o.max_trace_events).dump() + "\n");
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tilelab sim: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace tilelab::tools

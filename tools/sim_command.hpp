@@ -1,0 +1,16 @@
+// `tilelab sim`: build a registered kernel for a machine, time it and write reports.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tilelab::tools {
+
+// Runs the subcommand with the arguments after "sim"; returns the process exit code
+// (0 success, 1 error reported by the simulator, 2 usage error).
+int run_sim_command(const std::vector<std::string>& args);
+
+// The --help text of `tilelab sim`.
+std::string sim_usage();
+
+}  // namespace tilelab::tools
