@@ -65,8 +65,9 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
 
   s.query_t.compute_at(s.state, tile);
   if (!s.decode) s.query_t.vectorize(s.ii, VL, TailStrategy::GuardWithIf);
-  if (!s.value_is_f32) {
+  if (!s.value_is_f32 && !s.decode) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
+    // (Decode tiles have 4 rows: there the conversion is fused into the loads instead.)
     s.key_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);
     s.value_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   }

@@ -519,13 +519,12 @@ TEST_CASE("flash_attention: gives the same result on any number of threads",
   tilelab::set_num_threads(threads_before);
 }
 
-TEST_CASE("flash_attention: the reference treats keys biased to -inf as masked",
-          "[runtime][attention]") {
+TEST_CASE("flash_attention: keys biased to -inf count as masked", "[runtime][attention]") {
   // Rows whose every key carries a -inf bias behave like fully masked rows; rows with some -inf
   // keys ignore exactly those keys.
   Case c;
   c.heads = {2, 2};
-  c.lengths = {6, 70};  // more than one key block of the reference
+  c.lengths = {6, 70};  // more than one key block of the reference and of the kernels
   c.head_dim = 16;
   c.bias = BiasShape::b_h_m_n;
   Inputs inputs(c);
@@ -541,13 +540,52 @@ TEST_CASE("flash_attention: the reference treats keys biased to -inf as masked",
   }
   const auto expected = tilelab_test::attention_fp64(inputs.q.view(), inputs.k.view(),
                                                      inputs.v.view(), inputs.options);
-  tilelab::FlashAttentionOptions options = inputs.options;
-  options.implementation = Implementation::reference;
-  tilelab::flash_attention(inputs.q.view(), inputs.k.view(), inputs.v.view(), inputs.out.view(),
-                           options);
-  check_against(c, inputs, expected, "reference");
-  for (std::int64_t row = 0; row < rows; row += c.lengths.q_len) {
-    CHECK(std::isinf(inputs.lse->get(row)));
-    CHECK(inputs.out.get(row * c.head_dim) == 0.0f);
+  std::vector<Implementation> implementations = {Implementation::reference};
+#ifdef TILELAB_HAVE_KERNELS
+  implementations.push_back(Implementation::generated);
+#endif
+  for (const Implementation implementation : implementations) {
+    const char* name = implementation == Implementation::reference ? "reference" : "generated";
+    tilelab::FlashAttentionOptions options = inputs.options;
+    options.implementation = implementation;
+    tilelab::flash_attention(inputs.q.view(), inputs.k.view(), inputs.v.view(), inputs.out.view(),
+                             options);
+    check_against(c, inputs, expected, name);
+    for (std::int64_t row = 0; row < rows; row += c.lengths.q_len) {
+      INFO(name << " row " << row);
+      CHECK(std::isinf(inputs.lse->get(row)));
+      CHECK(inputs.out.get(row * c.head_dim) == 0.0f);
+    }
+  }
+}
+
+TEST_CASE("flash_attention: decode shapes (few query rows per kv head) match fp64",
+          "[runtime][attention]") {
+  // At most 8 rows per kv head (M · Hq/Hkv) take the decode kernels (4-row tiles, head dim in
+  // the vector lanes); 5..8 rows span two tiles. Every dtype meets every mask, GQA layout and
+  // query length; head dims and key lengths rotate through ragged values.
+  const std::vector<Heads> heads = {{1, 1}, {2, 1}, {4, 1}, {8, 1}, {4, 4}, {32, 8}};
+  const std::vector<std::int64_t> head_dims = {16, 40, 64, 128, 256};
+  const std::vector<std::int64_t> kv_lens = {1, 7, 64, 65, 300};
+  std::size_t rotation = 0;
+  for (const DType dtype : kDTypes) {
+    for (const Mask mask : kMasks) {
+      for (const Heads& h : heads) {
+        for (const std::int64_t q_len : {1, 2}) {
+          if (q_len * (h.q_heads / h.kv_heads) > 8) continue;
+          Case c;
+          c.dtype = dtype;
+          c.mask = mask;
+          c.heads = h;
+          c.lengths = {q_len, kv_lens[rotation % kv_lens.size()]};
+          c.head_dim = head_dims[(rotation / 2) % head_dims.size()];
+          c.batch = 1 + static_cast<std::int64_t>(rotation % 2);
+          ++rotation;
+          SECTION(describe(c)) {
+            run_case(c);
+          }
+        }
+      }
+    }
   }
 }
