@@ -1,6 +1,7 @@
 // Functional executor.
 #include "functional.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -98,6 +99,9 @@ float round_to_dtype(float value, DType dtype) {
       return round_binary(value, 3, -6, 448.0f, kNaN);
     case DType::int32:
       return std::nearbyint(value);
+    case DType::uint8:
+      // Stored as float (exact for 0..255); saturates like a cast to an unsigned byte.
+      return std::isnan(value) ? value : std::clamp(std::nearbyint(value), 0.0f, 255.0f);
   }
   return value;
 }
@@ -247,7 +251,7 @@ void FunctionalExecutor::execute_dma(const Instruction& instr) {
     case Opcode::dma_gather: {
       const TileRef& index = instr.operands[kAux0];
       const Buffer& t = program_.buffers[h.tensor];
-      const int64_t rows = t.shape.front();
+      const int64_t rows = int64_t(h.partitions);  // rows of the gathered (batch of the) tensor
       for (uint32_t p = 0; p < dst.partition_count; ++p) {
         const int32_t row = ints_[index.tile][uint64_t(index.partition_start + p) *
                                                   program_.buffers[index.tile].free_elements +

@@ -15,6 +15,8 @@ std::string_view dtype_name(DType dtype) {
       return "fp8_e4m3";
     case DType::int32:
       return "int32";
+    case DType::uint8:
+      return "uint8";
   }
   return "?";
 }

@@ -11,7 +11,8 @@ namespace tilelab::sim {
 
 inline constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 
-enum class DType : uint8_t { fp32, bf16, fp16, fp8_e4m3, int32 };
+// uint8 holds 0/1 masks and small integers (NKI's bool/uint8 tiles): one byte per element.
+enum class DType : uint8_t { fp32, bf16, fp16, fp8_e4m3, int32, uint8 };
 enum class Memory : uint8_t { hbm, sbuf, psum };
 
 // Instruction queues of one NeuronCore. DMA transfers run on the DMA engines but are triggered
@@ -118,11 +119,13 @@ constexpr int dtype_size(DType dtype) {
       return 1;
     case DType::int32:
       return 4;
+    case DType::uint8:
+      return 1;
   }
   return 4;
 }
 constexpr bool is_float(DType dtype) {
-  return dtype != DType::int32;
+  return dtype != DType::int32 && dtype != DType::uint8;
 }
 constexpr bool is_16bit_float(DType dtype) {
   return dtype == DType::bf16 || dtype == DType::fp16;

@@ -513,6 +513,35 @@ void ProgramBuilder::dma_copy(const TileRef& dst_in, const TileRef& src_in, DmaO
 
 void ProgramBuilder::dma_gather(const TileRef& dst, Tensor tensor, const TileRef& index,
                                 int64_t col0, DmaOptions options) {
+  TILELAB_REQUIRE(tensor.id < program_.buffers.size() &&
+                  program_.buffers[tensor.id].memory == Memory::hbm)
+      << "dma_gather: source is not an HBM tensor";
+  const Buffer& t = program_.buffers[tensor.id];
+  const int64_t rows = t.shape.front();
+  gather_rows(dst, tensor, 0, rows, static_cast<int64_t>(t.free_elements) / rows, index, col0,
+              options);
+}
+
+void ProgramBuilder::dma_gather(const TileRef& dst, Tensor tensor, int64_t batch,
+                                const TileRef& index, int64_t col0, DmaOptions options) {
+  TILELAB_REQUIRE(tensor.id < program_.buffers.size() &&
+                  program_.buffers[tensor.id].memory == Memory::hbm)
+      << "dma_gather: source is not an HBM tensor";
+  const Buffer& t = program_.buffers[tensor.id];
+  TILELAB_REQUIRE(t.shape.size() >= 3)
+      << "dma_gather of '" << t.name << "' by batch: needs a tensor of rank >= 3, got rank "
+      << t.shape.size();
+  const int64_t rows = t.shape[t.shape.size() - 2];
+  const int64_t cols = t.shape.back();
+  const int64_t batches = static_cast<int64_t>(t.free_elements) / (rows * cols);
+  TILELAB_REQUIRE(batch >= 0 && batch < batches)
+      << "dma_gather of '" << t.name << "': batch " << batch << " outside [0, " << batches << ")";
+  gather_rows(dst, tensor, batch * rows, rows, cols, index, col0, options);
+}
+
+void ProgramBuilder::gather_rows(const TileRef& dst, Tensor tensor, int64_t row_offset,
+                                 int64_t rows, int64_t cols, const TileRef& index, int64_t col0,
+                                 DmaOptions options) {
   const Buffer& dst_buffer = buffer_of(dst, "dma_gather", "dst");
   TILELAB_REQUIRE(dst_buffer.memory == Memory::sbuf)
       << "dma_gather: dst '" << dst_buffer.name << "' must be in SBUF";
@@ -523,12 +552,7 @@ void ProgramBuilder::dma_gather(const TileRef& dst, Tensor tensor, const TileRef
   TILELAB_REQUIRE(index.free_count == 1)
       << "dma_gather: index must be [P, 1], got " << index.free_count << " free elements";
   check_same_partitions(dst, index, "dma_gather", "dst", "index");
-  TILELAB_REQUIRE(tensor.id < program_.buffers.size() &&
-                  program_.buffers[tensor.id].memory == Memory::hbm)
-      << "dma_gather: source is not an HBM tensor";
   const Buffer& t = program_.buffers[tensor.id];
-  const int64_t rows = t.shape.front();
-  const int64_t cols = static_cast<int64_t>(t.free_elements) / rows;
   TILELAB_REQUIRE(col0 >= 0 && col0 + dst.free_count <= cols)
       << "dma_gather: columns [" << col0 << ", " << col0 + dst.free_count << ") outside the "
       << cols << " elements of a row of '" << t.name << "'";
@@ -539,7 +563,7 @@ void ProgramBuilder::dma_gather(const TileRef& dst, Tensor tensor, const TileRef
   const int partitions = masked_partitions(options, dst.partition_count, "dma_gather");
   DmaRecord r;
   r.hbm.tensor = tensor.id;
-  r.hbm.offset = col0;
+  r.hbm.offset = row_offset * cols + col0;
   r.hbm.partition_stride = cols;
   r.hbm.partitions = static_cast<uint32_t>(rows);  // any row may be read
   r.hbm.counts = {static_cast<int64_t>(dst.free_count), 1, 1};
@@ -638,8 +662,9 @@ void ProgramBuilder::matmul(const TileRef& dst, const TileRef& stationary, const
   TILELAB_REQUIRE(d.memory == Memory::psum && d.dtype == DType::fp32)
       << "matmul: dst '" << d.name << "' must be an fp32 PSUM tile, got " << dtype_name(d.dtype)
       << " in " << memory_name(d.memory);
-  TILELAB_REQUIRE(s.dtype != DType::int32 && mv.dtype != DType::int32)
-      << "matmul: int32 operands are not supported by TensorE";
+  TILELAB_REQUIRE(is_float(s.dtype) && is_float(mv.dtype))
+      << "matmul: integer operands (" << dtype_name(s.dtype) << ", " << dtype_name(mv.dtype)
+      << ") are not supported by TensorE";
   TILELAB_REQUIRE(stationary.partition_count == moving.partition_count)
       << "matmul: contraction (partition) sizes differ: stationary " << stationary.partition_count
       << ", moving " << moving.partition_count;
@@ -718,7 +743,7 @@ void ProgramBuilder::activation(const TileRef& dst, const TileRef& src, ActFunc 
   instr.operands[kSrc0] = src;
   if (options.bias.valid()) {
     const Buffer& b = buffer_of(options.bias, "activation", "bias");
-    TILELAB_REQUIRE(b.dtype != DType::int32 && b.dtype != DType::fp8_e4m3)
+    TILELAB_REQUIRE(is_float(b.dtype) && b.dtype != DType::fp8_e4m3)
         << "activation: bias dtype " << dtype_name(b.dtype) << " not allowed; fp32/fp16/bf16";
     check_scalar(Scalar::per_partition(options.bias), src, "activation", "bias");
     instr.operands[kSrc1] = options.bias;

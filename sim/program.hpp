@@ -153,6 +153,10 @@ class ProgramBuilder {
   // Descriptors are generated on GpSimd (SWDGE), so the trigger is GpSimd.
   void dma_gather(const TileRef& dst, Tensor tensor, const TileRef& index, int64_t col0,
                   DmaOptions options = {});
+  // The same on a tensor of rank >= 3 seen as [batches, rows, cols] (its last two dims):
+  // dst[p, f] = tensor[batch, index[p], col0 + f], e.g. kv_cache[0 or 1, row, :].
+  void dma_gather(const TileRef& dst, Tensor tensor, int64_t batch, const TileRef& index,
+                  int64_t col0, DmaOptions options = {});
   // dst[f, p] = src[p, f] on the DMA engines (NC-v3 only).
   void dma_transpose(const TileRef& dst, const HbmPattern& src, DmaOptions options = {});
   void dma_transpose(const TileRef& dst, const TileRef& src, DmaOptions options = {});
@@ -194,6 +198,8 @@ class ProgramBuilder {
   void check_scalar(const Scalar& s, const TileRef& data, const char* instruction,
                     const char* operand) const;
   uint32_t add_dma(DmaRecord record, const DmaOptions& options);
+  void gather_rows(const TileRef& dst, Tensor tensor, int64_t row_offset, int64_t rows,
+                   int64_t cols, const TileRef& index, int64_t col0, DmaOptions options);
   void push(const Instruction& instr) { program_.instructions.push_back(instr); }
 
   Program program_;

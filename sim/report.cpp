@@ -132,6 +132,9 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   std::map<int, std::vector<std::pair<double, double>>> queue_intervals;
   std::map<int, DmaQueueSummary> queues;
   std::map<int, BytesHistogramBucket> histogram;  // by floor(log2(bytes per partition))
+  std::map<std::string, std::vector<std::pair<double, double>>> kind_intervals;
+  std::map<std::string, DmaKindSummary> kinds;
+  std::map<std::string, std::vector<bool>> kind_engines;
   for (uint32_t i = 0; i < n; ++i) {
     const Instruction& instr = p.instructions[i];
     if (!is_dma(instr)) continue;
@@ -139,6 +142,20 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
     const InstructionTiming& it = t.instructions[i];
     all_intervals.emplace_back(it.transfer_start_ns, it.end_ns);
     queue_intervals[d.queue].emplace_back(it.transfer_start_ns, it.end_ns);
+    const std::string kind(opcode_name(instr.opcode));
+    kind_intervals[kind].emplace_back(it.transfer_start_ns, it.end_ns);
+    auto& k = kinds[kind];
+    k.kind = kind;
+    ++k.transfers;
+    k.bytes += d.bytes();
+    k.average_bytes_per_partition += double(d.bytes_per_partition);
+    auto& engines_touched = kind_engines[kind];
+    engines_touched.resize(size_t(std::max(m.dma_engines, 1)), false);
+    for (uint32_t part = d.partition_start; part < d.partition_start + d.partitions;
+         part += uint32_t(m.dma_partitions_per_engine)) {
+      const size_t engine = part / uint32_t(m.dma_partitions_per_engine);
+      if (engine < engines_touched.size()) engines_touched[engine] = true;
+    }
     auto& q = queues[d.queue];
     q.queue = d.queue;
     ++q.transfers;
@@ -175,6 +192,19 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   }
   r.dma_peak_gbps = m.dma_bytes_per_ns_per_engine * m.dma_engines;  // B/ns == GB/s
   r.dma_achieved_gbps = t.total_ns > 0 ? r.dma_transfer_total_bytes / t.total_ns : 0.0;
+  r.dma_utilization_percent =
+      r.dma_active_time_ns > 0
+          ? percent(r.dma_transfer_total_bytes / r.dma_active_time_ns, r.dma_peak_gbps)
+          : 0.0;
+  for (auto& [kind, k] : kinds) {
+    k.average_bytes_per_partition /= double(k.transfers);
+    k.active_time_ns = union_length(kind_intervals[kind]);
+    k.achieved_gbps = k.active_time_ns > 0 ? k.bytes / k.active_time_ns : 0.0;
+    k.utilization_percent = percent(k.achieved_gbps, r.dma_peak_gbps);
+    k.engines_used =
+        static_cast<int>(std::count(kind_engines[kind].begin(), kind_engines[kind].end(), true));
+    r.dma_by_kind.push_back(k);
+  }
   r.hbm_read_bytes = t.hbm_read_bytes;
   r.hbm_write_bytes = t.hbm_write_bytes;
   r.hbm_peak_gbps = m.hbm_bytes_per_ns;
@@ -312,6 +342,16 @@ json report_json(const Report& r) {
                           {"bytes", q.bytes},
                           {"active_time_ns", q.active_time_ns},
                           {"active_time_percent", q.active_time_percent}});
+  json by_kind = json::array();
+  for (const auto& k : r.dma_by_kind)
+    by_kind.push_back({{"kind", k.kind},
+                       {"transfers", k.transfers},
+                       {"bytes", k.bytes},
+                       {"average_bytes_per_partition", k.average_bytes_per_partition},
+                       {"active_time_ns", k.active_time_ns},
+                       {"achieved_gbps", k.achieved_gbps},
+                       {"utilization_percent", k.utilization_percent},
+                       {"engines_used", k.engines_used}});
   j["dma"] = {{"dma_active_time_ns", r.dma_active_time_ns},
               {"dma_active_time_percent", r.dma_active_time_percent},
               {"dma_transfer_count", r.dma_transfer_count},
@@ -325,7 +365,9 @@ json report_json(const Report& r) {
               {"hbm_read_bytes", r.hbm_read_bytes},
               {"hbm_write_bytes", r.hbm_write_bytes},
               {"hbm_peak_gbps", r.hbm_peak_gbps},
-              {"mbu_estimated_percent", r.mbu_estimated_percent}};
+              {"mbu_estimated_percent", r.mbu_estimated_percent},
+              {"dma_utilization_percent", r.dma_utilization_percent},
+              {"by_kind", by_kind}};
   j["tensor"] = {{"hardware_flops", r.hardware_flops},
                  {"transpose_flops", r.transpose_flops},
                  {"peak_flops_per_s", r.peak_flops_per_s},
@@ -393,6 +435,19 @@ std::string report_text(const Report& r) {
                 r.hbm_read_bytes / 1048576.0, r.hbm_write_bytes / 1048576.0,
                 r.mbu_estimated_percent, r.hbm_peak_gbps);
   out << line;
+  std::snprintf(line, sizeof line,
+                "DMA utilization while active: %.1f%% of peak (bytes / (peak x active time))\n",
+                r.dma_utilization_percent);
+  out << line;
+  for (const auto& k : r.dma_by_kind) {
+    std::snprintf(line, sizeof line,
+                  "  %-13s %6llu transfers %9.1f MiB, %7.0f B/partition avg, %2d engines, "
+                  "%7.1f GB/s while active = %5.1f%% of peak\n",
+                  k.kind.c_str(), static_cast<unsigned long long>(k.transfers), k.bytes / 1048576.0,
+                  k.average_bytes_per_partition, k.engines_used, k.achieved_gbps,
+                  k.utilization_percent);
+    out << line;
+  }
   out << "bytes/partition histogram:";
   for (const auto& h : r.dma_bytes_per_partition_histogram)
     out << " [" << h.bytes_per_partition_min << "," << h.bytes_per_partition_max

@@ -65,6 +65,18 @@ struct BytesHistogramBucket {
   uint64_t bytes = 0;
 };
 
+// The transfers of one DMA opcode (dma_copy, dma_gather, ...): how well they used the engines.
+struct DmaKindSummary {
+  std::string kind;  // opcode name
+  uint64_t transfers = 0;
+  uint64_t bytes = 0;
+  double average_bytes_per_partition = 0;
+  double active_time_ns = 0;       // union of this kind's transfer intervals
+  double achieved_gbps = 0;        // bytes / active_time_ns
+  double utilization_percent = 0;  // achieved_gbps / peak_gbps x 100
+  int engines_used = 0;            // DMA engines any transfer of this kind touched
+};
+
 struct CriticalPathSegment {
   std::string unit;  // engine name or "dma"
   uint64_t instructions = 0;
@@ -98,6 +110,10 @@ struct Report {
   uint64_t hbm_write_bytes = 0;
   double hbm_peak_gbps = 0;
   double mbu_estimated_percent = 0;
+  // Bytes / (peak DMA bandwidth x dma_active_time): how much of the DMA engines' bandwidth the
+  // transfers used while any was moving data.
+  double dma_utilization_percent = 0;
+  std::vector<DmaKindSummary> dma_by_kind;
 
   // TensorE.
   double hardware_flops = 0;   // all PE work incl. transposes

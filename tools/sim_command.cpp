@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -15,6 +16,7 @@
 #include "sim/kernels/registry.hpp"
 #include "sim/machine.hpp"
 #include "sim/report.hpp"
+#include "sim/report_html.hpp"
 #include "sim/timing.hpp"
 
 namespace tilelab::tools {
@@ -31,6 +33,10 @@ struct Options {
   sim::KernelParameters parameters;
   std::string json_path;
   std::string trace_path;
+  std::string html_path;
+  std::string out_dir;
+  std::vector<std::string> comparisons;
+  bool no_compare = false;
   std::string text_path = "-";
   bool trace_dma_pieces = false;
   bool functional = false;
@@ -71,6 +77,17 @@ Options parse(const std::vector<std::string>& args) {
       o.json_path = value("--json");
     } else if (a == "--trace") {
       o.trace_path = value("--trace");
+    } else if (a == "--html") {
+      o.html_path = value("--html");
+    } else if (a == "--out-dir") {
+      o.out_dir = value("--out-dir");
+    } else if (a == "--compare") {
+      const std::string c = value("--compare");
+      if (c.find('=') == std::string::npos || c.front() == '=')
+        throw UsageError("--compare '" + c + "': expected KEY=VALUE");
+      o.comparisons.push_back(c);
+    } else if (a == "--no-compare") {
+      o.no_compare = true;
     } else if (a == "--text") {
       o.text_path = value("--text");
     } else if (a == "--functional") {
@@ -110,7 +127,8 @@ void write_output(const std::string& path, const std::string& text) {
 
 // Runs `program` on random inputs (every HBM tensor read by a DMA and never written) and
 // summarises every written HBM tensor.
-std::string run_functional(const sim::Program& program) {
+std::string run_functional(const sim::Program& program,
+                           const std::map<std::string, std::vector<float>>& given) {
   std::vector<bool> read(program.buffers.size(), false), written(program.buffers.size(), false);
   for (const sim::DmaRecord& d : program.dmas) {
     if (d.hbm.tensor == sim::kNone) continue;
@@ -122,6 +140,11 @@ std::string run_functional(const sim::Program& program) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (uint32_t i = 0; i < program.buffers.size(); ++i) {
     if (!read[i] || written[i]) continue;
+    const auto it = given.find(program.buffers[i].name);
+    if (it != given.end()) {
+      exec.set_tensor(sim::Tensor{i}, it->second);
+      continue;
+    }
     std::vector<float> values(program.buffers[i].free_elements);
     for (float& v : values) v = dist(rng);
     exec.set_tensor(sim::Tensor{i}, values);
@@ -131,7 +154,10 @@ std::string run_functional(const sim::Program& program) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::ostringstream out;
   char line[300];
-  std::snprintf(line, sizeof line, "functional run (random inputs in [-1, 1)): %.3f s\n", seconds);
+  std::snprintf(line, sizeof line,
+                "functional run (inputs uniform in [-1, 1) except the kernel's index/mask "
+                "inputs): %.3f s\n",
+                seconds);
   out << line;
   for (uint32_t i = 0; i < program.buffers.size(); ++i) {
     if (!written[i]) continue;
@@ -191,6 +217,15 @@ std::string sim_usage() {
          "                           stdout)\n"
          "  --trace PATH             write a Chrome/Perfetto trace (one track per engine and DMA\n"
          "                           queue)\n"
+         "  --html PATH              write a self-contained HTML report (timeline, DMA bandwidth,\n"
+         "                           bytes-per-partition histogram, SBUF/PSUM occupancy)\n"
+         "  --out-dir DIR            directory of the default reports of main-job kernels\n"
+         "                           (paged-attention): without --json/--trace/--html they write\n"
+         "                           DIR/report.json, DIR/trace.json, DIR/report.html (default .)\n"
+         "  --compare KEY=VALUE      also simulate with this kernel parameter changed and compare\n"
+         "                           (repeatable; paged-attention compares tiling_factor=1 by\n"
+         "                           default)\n"
+         "  --no-compare             skip the kernel's default comparisons\n"
          "  --trace-dma-pieces       add one track per DMA engine with every piece\n"
          "  --max-trace-events N     cap the trace size (default 500000)\n"
          "  --text PATH              write the text summary to PATH (default '-' = stdout)\n"
@@ -203,9 +238,11 @@ std::string sim_usage() {
          "\n"
          "kernels:\n"
       << kernel_list()
-      << "\nexample:\n"
+      << "\nexamples:\n"
          "  tilelab sim matmul --machine trn1 variant=tiled M=4096 K=8192 N=8192 --json r.json "
-         "--trace t.json\n";
+         "--trace t.json\n"
+         "  tilelab sim paged-attention            # writes report.json, trace.json, report.html\n"
+         "  tilelab sim paged-attention tiling_factor=1 --out-dir /tmp/no_tiling\n";
   return out.str();
 }
 
@@ -243,11 +280,27 @@ int run_sim_command(const std::vector<std::string>& args) {
     const sim::Machine machine = sim::load_machine(
         o.machine.empty() ? kernel.default_machine : o.machine, o.machine_overrides);
 
+    std::string json_path = o.json_path, trace_path = o.trace_path, html_path = o.html_path;
+    bool trace_pieces = o.trace_dma_pieces;
+    if (kernel.writes_reports_by_default && json_path.empty() && trace_path.empty() &&
+        html_path.empty()) {
+      const std::filesystem::path dir = o.out_dir.empty() ? "." : o.out_dir;
+      std::filesystem::create_directories(dir);
+      json_path = (dir / "report.json").string();
+      trace_path = (dir / "trace.json").string();
+      html_path = (dir / "report.html").string();
+      trace_pieces = true;
+    } else if (!o.out_dir.empty()) {
+      throw Error("--out-dir: only for the default reports of '" + kernel.name +
+                  "'; with --json/--trace/--html give full paths");
+    }
+
     const auto t0 = std::chrono::steady_clock::now();
     const sim::Program program = kernel.build(machine, parameters);
     const auto t1 = std::chrono::steady_clock::now();
     sim::TimingOptions timing_options;
-    timing_options.record_dma_pieces = !o.trace_path.empty() && o.trace_dma_pieces;
+    // The HTML's DMA-engine rows and bandwidth chart need the per-engine pieces.
+    timing_options.record_dma_pieces = (!trace_path.empty() && trace_pieces) || !html_path.empty();
     const sim::TimingResult timing = sim::simulate_timing(program, timing_options);
     const auto t2 = std::chrono::steady_clock::now();
 
@@ -255,20 +308,69 @@ int run_sim_command(const std::vector<std::string>& args) {
     report_options.kernel = kernel.name;
     report_options.parameters = parameters;
     const sim::Report report = sim::make_report(program, timing, report_options);
+
+    // Comparison runs: the same kernel with one parameter changed.
+    std::vector<std::string> comparison_overrides;
+    if (!o.no_compare)
+      for (const auto& c : kernel.default_comparisons)
+        if (!o.parameters.count(c.substr(0, c.find('=')))) comparison_overrides.push_back(c);
+    for (const auto& c : o.comparisons) comparison_overrides.push_back(c);
+    sim::HtmlOptions html_options;
+    html_options.baseline_label = "this run";
+    for (const auto& c : comparison_overrides) {
+      sim::KernelParameters changed = o.parameters;
+      add_parameter(changed, c);
+      const sim::KernelParameters resolved = sim::resolve_parameters(kernel, changed);
+      const sim::Program other = kernel.build(machine, resolved);
+      sim::ReportOptions other_options = report_options;
+      other_options.parameters = resolved;
+      html_options.comparisons.push_back(
+          {c, sim::make_report(other, sim::simulate_timing(other), other_options)});
+    }
+
     if (!o.text_path.empty()) {
       std::string text = sim::report_text(report);
       const double build_s = std::chrono::duration<double>(t1 - t0).count();
       const double sim_s = std::chrono::duration<double>(t2 - t1).count();
-      char line[200];
+      char line[400];
       std::snprintf(line, sizeof line, "(built in %.3f s, simulated in %.3f s)\n", build_s, sim_s);
       text += line;
-      if (o.functional) text += run_functional(program);
+      for (const auto& c : html_options.comparisons) {
+        std::snprintf(line, sizeof line,
+                      "compared with %s: total %.3f us vs %.3f us; DMA utilization while "
+                      "active %.1f%% vs %.1f%%\n",
+                      c.label.c_str(), report.total_time_ns / 1e3, c.report.total_time_ns / 1e3,
+                      report.dma_utilization_percent, c.report.dma_utilization_percent);
+        text += line;
+        for (const auto& mine : report.dma_by_kind)
+          for (const auto& theirs : c.report.dma_by_kind)
+            if (mine.kind == theirs.kind) {
+              std::snprintf(line, sizeof line,
+                            "  %-13s %5.1f%% of peak on %d engines (%.0f B/partition) vs %5.1f%% "
+                            "on %d engines (%.0f B/partition)\n",
+                            mine.kind.c_str(), mine.utilization_percent, mine.engines_used,
+                            mine.average_bytes_per_partition, theirs.utilization_percent,
+                            theirs.engines_used, theirs.average_bytes_per_partition);
+              text += line;
+            }
+      }
+      if (o.functional) {
+        const auto inputs = kernel.functional_inputs ? kernel.functional_inputs(parameters)
+                                                     : std::map<std::string, std::vector<float>>{};
+        text += run_functional(program, inputs);
+      }
+      for (const auto& [path, what] :
+           {std::pair{json_path, "report"}, std::pair{trace_path, "trace"},
+            std::pair{html_path, "HTML report"}})
+        if (!path.empty() && path != "-") text += std::string("wrote ") + what + " " + path + "\n";
       write_output(o.text_path, text);
     }
-    if (!o.json_path.empty()) write_output(o.json_path, sim::report_json(report).dump(2) + "\n");
-    if (!o.trace_path.empty())
-      write_output(o.trace_path,
+    if (!json_path.empty()) write_output(json_path, sim::report_json(report).dump(2) + "\n");
+    if (!trace_path.empty())
+      write_output(trace_path,
                    sim::chrome_trace(program, timing, o.max_trace_events).dump() + "\n");
+    if (!html_path.empty())
+      write_output(html_path, sim::report_html(program, timing, report, html_options));
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "tilelab sim: error: %s\n", e.what());

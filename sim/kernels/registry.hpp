@@ -30,6 +30,16 @@ struct KernelInfo {
   // Builds the program for `machine`; `parameters` holds every declared parameter (defaults
   // filled in). Throws tilelab::Error on invalid values.
   std::function<Program(const Machine& machine, const KernelParameters& parameters)> build;
+  // Optional: HBM inputs whose values matter for a functional run (indices, masks), by tensor
+  // name; the CLI fills the other inputs with random numbers.
+  std::function<std::map<std::string, std::vector<float>>(const KernelParameters& parameters)>
+      functional_inputs;
+  // The main-job kernels: without --json/--trace/--html the CLI writes report.json, trace.json
+  // and report.html (into --out-dir, default the current directory).
+  bool writes_reports_by_default = false;
+  // Parameter overrides (KEY=VALUE) simulated beside the run and compared in the HTML and text
+  // summary unless --no-compare; --compare adds more.
+  std::vector<std::string> default_comparisons;
 };
 
 class KernelRegistry {

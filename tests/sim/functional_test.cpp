@@ -87,6 +87,9 @@ TEST_CASE("functional: bf16 and fp16 rounding is round-to-nearest-even", "[sim][
   CHECK(round_to_dtype(std::ldexp(1.0f, -26), DType::fp16) == 0.0f);
   CHECK(std::isnan(round_to_dtype(std::nanf(""), DType::bf16)));
   CHECK(round_to_dtype(2.5f, DType::int32) == 2.0f);
+  CHECK(round_to_dtype(1.4f, DType::uint8) == 1.0f);
+  CHECK(round_to_dtype(300.0f, DType::uint8) == 255.0f);
+  CHECK(round_to_dtype(-3.0f, DType::uint8) == 0.0f);
 }
 
 TEST_CASE("functional: tutorial matmuls match an fp64 reference", "[sim][functional]") {
@@ -193,6 +196,38 @@ TEST_CASE("functional: iota + indirect gather, and a bad index is a clear error"
           CHECK(got[p_index * 8 + j] == float((5 + 2 * p_index) * 16 + 4 + j));
     }
   }
+}
+
+TEST_CASE("functional: gather from one batch of a rank-3 tensor, selected by a uint8 mask",
+          "[sim][functional]") {
+  ProgramBuilder b(trn1(), "batched gather");
+  const Tensor cache = b.hbm_tensor("cache", {2, 50, 8}, DType::fp32);  // [kv, rows, cols]
+  const Tensor mask = b.hbm_tensor("mask", {32, 8}, DType::uint8);
+  const Tile index = b.sbuf_tile("index", 32, 1, DType::int32);
+  const Tile rows = b.sbuf_tile("rows", 32, 8, DType::fp32);
+  const Tile keep = b.sbuf_tile("keep", 32, 8, DType::uint8);
+  const Tile out = b.sbuf_tile("out", 32, 8, DType::fp32);
+  b.iota(b.view(index), 49, -1, 0);  // rows 49, 48, ..., 18 of batch 1
+  b.dma_gather(b.view(rows), cache, 1, b.view(index), 0);
+  b.dma_copy(b.view(keep), b.hbm_rows(mask, 0, 32, 0, 8));
+  b.select(b.view(out), b.view(keep), b.view(rows), Scalar::constant(-9984.0f));
+  CHECK_THAT(error_of([&] { b.dma_gather(b.view(rows), cache, 2, b.view(index), 0); }),
+             Contains("batch 2 outside [0, 2)"));
+  const Program p = b.finish();
+  CHECK(p.dmas[0].bytes_per_partition == 8 * 4);
+  CHECK(p.dmas[1].bytes_per_partition == 8);  // one byte per mask element
+  std::vector<float> values(2 * 50 * 8), keep_values(32 * 8);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(i);
+  for (size_t i = 0; i < keep_values.size(); ++i) keep_values[i] = float(i % 3 == 0);
+  FunctionalExecutor exec(p);
+  exec.set_tensor(cache, values);
+  exec.set_tensor(mask, keep_values);
+  exec.run();
+  const std::vector<float> got = exec.tile(out);
+  for (int row = 0; row < 32; ++row)
+    for (int j = 0; j < 8; ++j)
+      CHECK(got[size_t(row * 8 + j)] ==
+            ((row * 8 + j) % 3 == 0 ? float((50 + 49 - row) * 8 + j) : -9984.0f));
 }
 
 TEST_CASE("functional: PE transpose, DMA transpose, select and casts", "[sim][functional]") {

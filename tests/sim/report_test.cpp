@@ -4,6 +4,7 @@
 #include <set>
 
 #include "sim/kernels/matmul_tutorial.hpp"
+#include "sim/kernels/registry.hpp"
 #include "test_util.hpp"
 
 using namespace tilelab::sim;
@@ -84,6 +85,26 @@ Program dma_bound_program() {
 }
 
 }  // namespace
+
+TEST_CASE("report: the paged-attention report follows the schema, DMA kinds included",
+          "[sim][report][paged_attention]") {
+  const json schema =
+      json::parse(read_text(std::string(TILELAB_SOURCE_DIR) + "/docs/sim_report.schema.json"));
+  const KernelInfo& kernel = kernel_registry().find("paged-attention");
+  const KernelParameters parameters =
+      resolve_parameters(kernel, {{"num_heads", "2"}, {"num_kv_heads", "1"}});
+  const Program p = kernel.build(trn1(), parameters);
+  ReportOptions options;
+  options.kernel = kernel.name;
+  options.parameters = parameters;
+  const json j = report_json(make_report(p, simulate_timing(p), options));
+  validate(j, schema, schema, "report");
+  REQUIRE(j["dma"]["by_kind"].size() == 2);
+  CHECK(j["dma"]["by_kind"][1]["kind"] == "dma_gather");
+  CHECK(j["dma"]["by_kind"][1]["engines_used"] == 16);
+  CHECK(j["dma"]["by_kind"][1]["average_bytes_per_partition"] == 4096);  // 16 tokens x 128 x bf16
+  CHECK(j["dma"]["dma_utilization_percent"].get<double>() > 0);
+}
 
 TEST_CASE("report: JSON follows docs/sim_report.schema.json", "[sim][report]") {
   const json schema =

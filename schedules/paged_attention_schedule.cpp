@@ -1,0 +1,169 @@
+// PagedAttentionSchedule: validation (the NKI kernel's constraints, each with its reason) and JSON.
+#include "schedules/paged_attention_schedule.hpp"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tilelab/error.hpp"
+
+namespace tilelab::schedules {
+namespace {
+
+constexpr const char* kSchema = "tilelab.paged_attention_schedule";
+
+bool is_power_of_two(std::int64_t x) {
+  return x > 0 && (x & (x - 1)) == 0;
+}
+
+}  // namespace
+
+const char* transpose_method_name(TransposeMethod method) {
+  return method == TransposeMethod::dma ? "dma" : "pe";
+}
+
+std::int64_t PagedAttentionSchedule::block_size_tiling_factor() const {
+  const std::int64_t blocks = num_blocks_per_large_tile();
+  return blocks < partition_tile && blocks > 0 ? partition_tile / blocks : 1;
+}
+
+std::int64_t PagedAttentionSchedule::loads_per_large_tile() const {
+  return std::max<std::int64_t>(1, num_blocks_per_large_tile() / partition_tile);
+}
+
+std::int64_t PagedAttentionSchedule::reduction_tile() const {
+  return std::min<std::int64_t>(2048, large_tile_size / 2);
+}
+
+void PagedAttentionSchedule::validate() const {
+  TILELAB_REQUIRE(partition_tile == 128)
+      << "partition_tile (B_P_SIZE): expected 128 (the SBUF/PSUM partitions), got "
+      << partition_tile;
+  TILELAB_REQUIRE(free_tile == 512)
+      << "free_tile (B_F_SIZE): expected 512 (one 2 KiB PSUM bank of fp32), got " << free_tile;
+  TILELAB_REQUIRE(large_tile_size >= 512 && large_tile_size <= 8192 &&
+                  large_tile_size % free_tile == 0)
+      << "large_tile_size (LARGE_TILE_SZ): expected a multiple of free_tile (" << free_tile
+      << ") in [512, 8192] (P is transposed in free_tile-column pieces), got " << large_tile_size;
+  TILELAB_REQUIRE(is_power_of_two(block_size) && block_size <= 256)
+      << "block_size: expected a power of two in [1, 256], got " << block_size;
+  TILELAB_REQUIRE(large_tile_size % block_size == 0)
+      << "large_tile_size (LARGE_TILE_SZ): expected a multiple of block_size (" << block_size
+      << ") so that a large tile holds whole cache blocks, got " << large_tile_size;
+  TILELAB_REQUIRE(is_power_of_two(num_blocks_per_large_tile()))
+      << "large_tile_size / block_size: expected a power of two (blocks per large tile are "
+         "spread over the 128 partitions of a vectorized load), got "
+      << large_tile_size << " / " << block_size << " = " << num_blocks_per_large_tile();
+  TILELAB_REQUIRE(block_size % block_size_tiling_factor() == 0)
+      << "block_size: expected a multiple of the block size tiling factor "
+      << block_size_tiling_factor() << " (= " << partition_tile
+      << " partitions / blocks per large tile), got " << block_size;
+  TILELAB_REQUIRE(kv_buffers >= 1 && kv_buffers <= 4)
+      << "kv_buffers: expected 1 to 4 K/V large-tile buffers, got " << kv_buffers;
+}
+
+void PagedAttentionSchedule::validate(const PagedAttentionShape& shape) const {
+  validate();
+  TILELAB_REQUIRE(shape.head_dim >= 1 && shape.head_dim <= partition_tile)
+      << "head_dim: expected 1 to " << partition_tile
+      << " (d is the contraction dim of q·kᵀ, on the partitions), got " << shape.head_dim;
+  TILELAB_REQUIRE(shape.num_kv_heads >= 1 && shape.num_heads >= 1 &&
+                  shape.num_heads % shape.num_kv_heads == 0)
+      << "num_heads: expected a positive multiple of num_kv_heads (" << shape.num_kv_heads
+      << "), got " << shape.num_heads;
+  TILELAB_REQUIRE(shape.query_len >= partition_tile && shape.query_len % partition_tile == 0)
+      << "seq_q: expected a positive multiple of " << partition_tile
+      << " (query rows are processed in full partition tiles; pad the batch), got "
+      << shape.query_len;
+  if (shape.query_len > free_tile) {
+    // The new tokens form one tile of query_len columns: transposed in free_tile pieces, its
+    // exp-sums reduced in pieces of min(2048, query_len / 2).
+    const std::int64_t piece = shape.query_len / 2 > 2048 ? 2048 : free_tile;
+    TILELAB_REQUIRE(shape.query_len % piece == 0)
+        << "seq_q: expected a multiple of " << piece << " when seq_q > " << free_tile
+        << " (the new tokens' tile is transposed and reduced in pieces of " << piece << "), got "
+        << shape.query_len;
+  }
+  TILELAB_REQUIRE(shape.num_active_blocks >= 1)
+      << "block_tables: expected at least one block (the kernel starts its running softmax "
+         "statistics from the first prior-context tile), got 0 entries";
+  const std::int64_t context_len = shape.num_active_blocks * block_size;
+  TILELAB_REQUIRE(context_len % large_tile_size == 0)
+      << "block_tables: expected num_active_blocks · block_size to be a multiple of "
+         "large_tile_size ("
+      << large_tile_size << "; pad the block table), got " << shape.num_active_blocks << " · "
+      << block_size << " = " << context_len;
+}
+
+std::string PagedAttentionSchedule::to_json() const {
+  nlohmann::ordered_json json;
+  json["schema"] = kSchema;
+  json["schema_version"] = kSchemaVersion;
+  json["partition_tile"] = partition_tile;
+  json["free_tile"] = free_tile;
+  json["large_tile_size"] = large_tile_size;
+  json["block_size"] = block_size;
+  json["mixed_precision"] = mixed_precision;
+  json["transpose"] = transpose_method_name(transpose);
+  json["kv_buffers"] = kv_buffers;
+  json["derived"] = {{"num_blocks_per_large_tile", num_blocks_per_large_tile()},
+                     {"block_size_tiling_factor", block_size_tiling_factor()},
+                     {"tiled_block_size", tiled_block_size()},
+                     {"loads_per_large_tile", loads_per_large_tile()},
+                     {"reduction_tile", reduction_tile()}};
+  return json.dump(2);
+}
+
+PagedAttentionSchedule PagedAttentionSchedule::from_json(const std::string& text) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& error) {
+    throw Error(std::string("paged attention schedule: invalid JSON: ") + error.what());
+  }
+  TILELAB_REQUIRE(json.is_object()) << "paged attention schedule: expected a JSON object, got "
+                                    << json.type_name();
+  TILELAB_REQUIRE(json.value("schema", std::string()) == kSchema)
+      << "schema: expected \"" << kSchema << "\", got " << json.value("schema", nlohmann::json()).dump();
+  TILELAB_REQUIRE(json.value("schema_version", 0) == kSchemaVersion)
+      << "schema_version: expected " << kSchemaVersion << ", got "
+      << json.value("schema_version", nlohmann::json()).dump();
+
+  PagedAttentionSchedule schedule;
+  auto integer = [&](const std::string& key, auto& field) {
+    if (!json.contains(key)) return;
+    TILELAB_REQUIRE(json[key].is_number_integer())
+        << key << ": expected an integer, got " << json[key].dump();
+    field = json[key].get<std::remove_reference_t<decltype(field)>>();
+  };
+  for (const auto& [key, value] : json.items()) {
+    if (key == "schema" || key == "schema_version" || key == "derived") continue;
+    if (key == "partition_tile") {
+      integer(key, schedule.partition_tile);
+    } else if (key == "free_tile") {
+      integer(key, schedule.free_tile);
+    } else if (key == "large_tile_size") {
+      integer(key, schedule.large_tile_size);
+    } else if (key == "block_size") {
+      integer(key, schedule.block_size);
+    } else if (key == "kv_buffers") {
+      integer(key, schedule.kv_buffers);
+    } else if (key == "mixed_precision") {
+      TILELAB_REQUIRE(value.is_boolean()) << key << ": expected true or false, got " << value.dump();
+      schedule.mixed_precision = value.get<bool>();
+    } else if (key == "transpose") {
+      const std::string method = value.is_string() ? value.get<std::string>() : value.dump();
+      TILELAB_REQUIRE(method == "pe" || method == "dma")
+          << key << ": expected \"pe\" or \"dma\", got " << value.dump();
+      schedule.transpose = method == "dma" ? TransposeMethod::dma : TransposeMethod::pe;
+    } else {
+      throw Error("paged attention schedule: unknown key \"" + key +
+                  "\" (known: partition_tile, free_tile, large_tile_size, block_size, "
+                  "mixed_precision, transpose, kv_buffers)");
+    }
+  }
+  schedule.validate();
+  return schedule;
+}
+
+}  // namespace tilelab::schedules

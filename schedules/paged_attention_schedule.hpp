@@ -1,0 +1,81 @@
+// PagedAttentionSchedule: the tiling of the NKI-style flash paged attention kernel, one description
+// read by the Halide generator (generators/paged_attention_generator.cpp), the runtime that calls
+// the generated kernels, and the simulator's kernel builder. Plain C++ (no Halide).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tilelab::schedules {
+
+// How the kernel transposes tiles (K after the gather, P before P·V).
+//   pe:  identity matmul on the tensor engine into PSUM (every NeuronCore generation)
+//   dma: DMA-engine transpose (NeuronCore-v3 only; the simulator checks it against the machine)
+enum class TransposeMethod { pe, dma };
+
+// "pe" / "dma".
+const char* transpose_method_name(TransposeMethod method);
+
+// The problem a schedule is applied to: the shapes of one flash_paged_attention call.
+struct PagedAttentionShape {
+  std::int64_t num_heads = 1;          // query heads
+  std::int64_t num_kv_heads = 1;       // kv heads; num_heads is a multiple (GQA group)
+  std::int64_t head_dim = 1;           // d
+  std::int64_t query_len = 128;        // seq_q: new tokens of all requests, concatenated
+  std::int64_t num_active_blocks = 0;  // entries of block_tables (prior context blocks)
+};
+
+// The knobs of the kernel, named as in vLLM's NKI kernel where it has them. Every field is a
+// knob of both the generated CPU kernels and the simulator kernel. Sizes are in tokens or
+// elements, never bytes.
+struct PagedAttentionSchedule {
+  static constexpr int kSchemaVersion = 1;
+
+  // B_P_SIZE: query rows per tile = SBUF/PSUM partitions; also the number of partitions one
+  // vectorized KV load spans. The machine has 128 partitions, so only 128 is valid.
+  std::int64_t partition_tile = 128;
+  // B_F_SIZE: score columns per matmul = one PSUM bank of fp32 (2 KiB / 4 B = 512).
+  std::int64_t free_tile = 512;
+  // LARGE_TILE_SZ: prior-context tokens per large tile (one K/V gather, one softmax merge).
+  std::int64_t large_tile_size = 2048;
+  // Tokens per KV-cache block (the cache's block_size dimension).
+  std::int64_t block_size = 32;
+  // bf16 tensor-engine inputs (q·scale, K, P, V) with fp32 accumulation and softmax statistics;
+  // otherwise everything in fp32.
+  bool mixed_precision = true;
+  TransposeMethod transpose = TransposeMethod::pe;
+  // K/V large-tile buffers in SBUF: 1 serializes gather and compute, 2 overlaps the next gather
+  // with this tile's compute (double buffering), up to 4.
+  int kv_buffers = 2;
+
+  // Derived, valid after validate():
+  // Cache blocks per large tile (a power of two).
+  std::int64_t num_blocks_per_large_tile() const { return large_tile_size / block_size; }
+  // Pieces each block is cut into so that one vectorized load spans `partition_tile` partitions
+  // (1 when a large tile has at least partition_tile blocks).
+  std::int64_t block_size_tiling_factor() const;
+  // Tokens each partition holds per load: block_size / block_size_tiling_factor.
+  std::int64_t tiled_block_size() const { return block_size / block_size_tiling_factor(); }
+  // 128-partition loads per large tile, for K and for V each.
+  std::int64_t loads_per_large_tile() const;
+  // Score columns whose exp-sums are reduced together (the kernel's REDUCTION_TILE).
+  std::int64_t reduction_tile() const;
+
+  // Throws tilelab::Error naming the field, the value and what is allowed, when the schedule
+  // itself is invalid (independent of a problem).
+  void validate() const;
+  // Also checks the schedule against a problem (head_dim <= 128, context a multiple of
+  // large_tile_size, query length tiling, ...); Error names the argument or field.
+  void validate(const PagedAttentionShape& shape) const;
+
+  // JSON object {"schema": "tilelab.paged_attention_schedule", "schema_version": 1, fields...};
+  // derived values are written too (under "derived", ignored on read).
+  std::string to_json() const;
+  // Parses and validates; unknown keys, a wrong schema or version, and wrong value types are
+  // Errors naming the key. Missing keys keep their defaults.
+  static PagedAttentionSchedule from_json(const std::string& text);
+
+  bool operator==(const PagedAttentionSchedule&) const = default;
+};
+
+}  // namespace tilelab::schedules
