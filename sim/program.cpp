@@ -414,73 +414,53 @@ int masked_partitions(const DmaOptions& options, int partitions, const char* ins
 }
 }  // namespace
 
-void ProgramBuilder::dma_copy(const TileRef& dst_in, const HbmPattern& src_in, DmaOptions options) {
-  const Buffer& dst_buffer = buffer_of(dst_in, "dma_copy", "dst");
-  TILELAB_REQUIRE(dst_buffer.memory == Memory::sbuf)
-      << "dma_copy: dst '" << dst_buffer.name << "' is in PSUM; DMA writes SBUF tiles";
-  TILELAB_REQUIRE(src_in.tensor < program_.buffers.size())
-      << "dma_copy: src is not an HBM access pattern";
-  TILELAB_REQUIRE(src_in.partitions == dst_in.partition_count)
-      << "dma_copy: src covers " << src_in.partitions << " partitions but dst '" << dst_buffer.name
-      << "' has " << dst_in.partition_count;
-  TILELAB_REQUIRE(src_in.free_elements() == dst_in.free_count)
-      << "dma_copy: src has " << src_in.free_elements() << " elements per partition but dst '"
-      << dst_buffer.name << "' has " << dst_in.free_count;
-  const int partitions = masked_partitions(options, dst_in.partition_count, "dma_copy");
-  TileRef dst = dst_in;
-  dst.partition_count = static_cast<uint16_t>(partitions);
-  HbmPattern src = src_in;
-  src.partitions = static_cast<uint32_t>(partitions);
-  const Buffer& tensor = program_.buffers[src.tensor];
-  DmaRecord r;
-  r.hbm = src;
-  r.hbm_is_source = true;
-  r.partition_start = dst.partition_start;
-  r.partitions = static_cast<uint32_t>(partitions);
-  r.bytes_per_partition = static_cast<uint64_t>(dst.free_count) * dtype_size(tensor.dtype);
-  r.run_bytes =
-      static_cast<uint64_t>(std::min(contiguous_run_elements(src), contiguous_run_elements(dst))) *
-      dtype_size(tensor.dtype);
-  Instruction instr;
-  instr.opcode = Opcode::dma_copy;
-  instr.engine = options.trigger;
-  instr.dma = add_dma(r, options);
-  instr.operands[kDst] = dst;
-  push(instr);
+void ProgramBuilder::dma_copy(const TileRef& dst, const HbmPattern& src, DmaOptions options) {
+  dma_between_hbm_and_tile(dst, src, /*hbm_is_source=*/true, options);
 }
 
-void ProgramBuilder::dma_copy(const HbmPattern& dst_in, const TileRef& src_in, DmaOptions options) {
-  const Buffer& src_buffer = buffer_of(src_in, "dma_copy", "src");
-  TILELAB_REQUIRE(src_buffer.memory == Memory::sbuf)
-      << "dma_copy: src '" << src_buffer.name << "' is in PSUM; copy it to SBUF before storing";
-  TILELAB_REQUIRE(dst_in.tensor < program_.buffers.size())
-      << "dma_copy: dst is not an HBM access pattern";
-  TILELAB_REQUIRE(dst_in.partitions == src_in.partition_count)
-      << "dma_copy: dst covers " << dst_in.partitions << " partitions but src '" << src_buffer.name
-      << "' has " << src_in.partition_count;
-  TILELAB_REQUIRE(dst_in.free_elements() == src_in.free_count)
-      << "dma_copy: dst has " << dst_in.free_elements() << " elements per partition but src '"
-      << src_buffer.name << "' has " << src_in.free_count;
-  const int partitions = masked_partitions(options, src_in.partition_count, "dma_copy");
-  TileRef src = src_in;
-  src.partition_count = static_cast<uint16_t>(partitions);
-  HbmPattern dst = dst_in;
-  dst.partitions = static_cast<uint32_t>(partitions);
-  const Buffer& tensor = program_.buffers[dst.tensor];
+void ProgramBuilder::dma_copy(const HbmPattern& dst, const TileRef& src, DmaOptions options) {
+  dma_between_hbm_and_tile(src, dst, /*hbm_is_source=*/false, options);
+}
+
+// A load (HBM -> SBUF tile) or a store (SBUF tile -> HBM): one checked path for both directions.
+void ProgramBuilder::dma_between_hbm_and_tile(const TileRef& tile_in, const HbmPattern& hbm_in,
+                                              bool hbm_is_source, const DmaOptions& options) {
+  const char* tile_side = hbm_is_source ? "dst" : "src";
+  const char* hbm_side = hbm_is_source ? "src" : "dst";
+  const Buffer& tile_buffer = buffer_of(tile_in, "dma_copy", tile_side);
+  TILELAB_REQUIRE(tile_buffer.memory == Memory::sbuf)
+      << "dma_copy: " << tile_side << " '" << tile_buffer.name << "' is in PSUM; "
+      << (hbm_is_source ? "DMA writes SBUF tiles" : "copy it to SBUF before storing");
+  TILELAB_REQUIRE(hbm_in.tensor < program_.buffers.size())
+      << "dma_copy: " << hbm_side << " is not an HBM access pattern";
+  TILELAB_REQUIRE(hbm_in.partitions == tile_in.partition_count)
+      << "dma_copy: " << hbm_side << " covers " << hbm_in.partitions << " partitions but "
+      << tile_side << " '" << tile_buffer.name << "' has " << tile_in.partition_count;
+  TILELAB_REQUIRE(hbm_in.free_elements() == tile_in.free_count)
+      << "dma_copy: " << hbm_side << " has " << hbm_in.free_elements()
+      << " elements per partition but " << tile_side << " '" << tile_buffer.name << "' has "
+      << tile_in.free_count;
+  const int partitions = masked_partitions(options, tile_in.partition_count, "dma_copy");
+  TileRef tile = tile_in;
+  tile.partition_count = static_cast<uint16_t>(partitions);
+  HbmPattern hbm = hbm_in;
+  hbm.partitions = static_cast<uint32_t>(partitions);
+  const Buffer& tensor = program_.buffers[hbm.tensor];
   DmaRecord r;
-  r.hbm = dst;
-  r.hbm_is_destination = true;
-  r.partition_start = src.partition_start;
+  r.hbm = hbm;
+  r.hbm_is_source = hbm_is_source;
+  r.hbm_is_destination = !hbm_is_source;
+  r.partition_start = tile.partition_start;
   r.partitions = static_cast<uint32_t>(partitions);
-  r.bytes_per_partition = static_cast<uint64_t>(src.free_count) * dtype_size(tensor.dtype);
+  r.bytes_per_partition = static_cast<uint64_t>(tile.free_count) * dtype_size(tensor.dtype);
   r.run_bytes =
-      static_cast<uint64_t>(std::min(contiguous_run_elements(dst), contiguous_run_elements(src))) *
+      static_cast<uint64_t>(std::min(contiguous_run_elements(hbm), contiguous_run_elements(tile))) *
       dtype_size(tensor.dtype);
   Instruction instr;
   instr.opcode = Opcode::dma_copy;
   instr.engine = options.trigger;
   instr.dma = add_dma(r, options);
-  instr.operands[kSrc0] = src;
+  instr.operands[hbm_is_source ? kDst : kSrc0] = tile;
   push(instr);
 }
 

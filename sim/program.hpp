@@ -198,6 +198,8 @@ class ProgramBuilder {
   void check_scalar(const Scalar& s, const TileRef& data, const char* instruction,
                     const char* operand) const;
   uint32_t add_dma(DmaRecord record, const DmaOptions& options);
+  void dma_between_hbm_and_tile(const TileRef& tile, const HbmPattern& hbm, bool hbm_is_source,
+                                const DmaOptions& options);
   void gather_rows(const TileRef& dst, Tensor tensor, int64_t row_offset, int64_t rows,
                    int64_t cols, const TileRef& index, int64_t col0, DmaOptions options);
   void push(const Instruction& instr) { program_.instructions.push_back(instr); }
