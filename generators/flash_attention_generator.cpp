@@ -114,9 +114,12 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
 
     RDom rj(0, KB, "rj");
     s.rj = rj.x;
-    s.block_max(ii, jb, io, hk, b) = kMasked;
-    s.block_max(ii, jb, io, hk, b) =
-        max(s.block_max(ii, jb, io, hk, b), s.masked(ii, rj, jb, io, hk, b));
+    // Reductions over a block go through *_in_block (per row vector, kept in registers); the
+    // block-indexed Funcs the merge reads are plain copies the schedule can store and slide.
+    s.block_max_in_block(ii, jb, io, hk, b) = kMasked;
+    s.block_max_in_block(ii, jb, io, hk, b) =
+        max(s.block_max_in_block(ii, jb, io, hk, b), s.masked(ii, rj, jb, io, hk, b));
+    s.block_max(ii, jb, io, hk, b) = s.block_max_in_block(ii, jb, io, hk, b);
     // Running max over blocks 0..jb. Recomputed from the stored block maxima (cheap: one vector max
     // per block and row) so that the merge below needs no exp per output element.
     RDom rb(0, (kv_len + KB - 1) / KB, "rb");
@@ -133,8 +136,9 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     Expr masked = s.masked(ii, jj, jb, io, hk, b);
     s.prob(ii, jj, jb, io, hk, b) =
         select(masked > kMasked, exp(max(masked - m_now, -80.0f)), 0.0f);
-    s.block_sum(ii, jb, io, hk, b) = 0.0f;
-    s.block_sum(ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b);
+    s.block_sum_in_block(ii, jb, io, hk, b) = 0.0f;
+    s.block_sum_in_block(ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b);
+    s.block_sum(ii, jb, io, hk, b) = s.block_sum_in_block(ii, jb, io, hk, b);
     s.block_pv(d, ii, jb, io, hk, b) = 0.0f;
     s.block_pv(d, ii, jb, io, hk, b) +=
         s.prob(ii, rj, jb, io, hk, b) * s.value_f32(d, rj, jb, hk, b);

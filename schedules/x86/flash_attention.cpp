@@ -108,12 +108,17 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
   // Block maxima are kept for the whole tile (store_at) and computed per block: the sliding
   // window computes each block once while running_max reads blocks 0..rk.
   s.block_max.store_at(s.state, tile).compute_at(s.state, s.rk).vectorize(s.ii, RV);
-  s.block_max.update().reorder(s.ii, s.rj).vectorize(s.ii, RV);
   s.running_max.compute_at(s.state, s.rk).vectorize(s.ii, RV);
   s.running_max.update().reorder(s.ii, s.rb).vectorize(s.ii, RV);
   s.rescale.compute_at(s.state, s.rk).vectorize(s.ii, RV);
   s.block_sum.compute_at(s.state, s.rk).vectorize(s.ii, RV);
-  s.block_sum.update().reorder(s.ii, s.rj).vectorize(s.ii, RV);
+  // The block reductions run per row vector with the accumulator in a register (their consumers'
+  // buffers are dynamically sized, so accumulating there went through memory on every key).
+  s.block_max_in_block.compute_at(s.block_max, s.ii).vectorize(s.ii);
+  s.block_sum_in_block.compute_at(s.block_sum, s.ii).vectorize(s.ii);
+  for (Func f : {s.block_max_in_block, s.block_sum_in_block}) {
+    f.update().reorder(s.ii, s.rj).vectorize(s.ii).unroll(s.rj, 4);
+  }
   s.prob.compute_at(s.state, s.rk).vectorize(s.ii, RV).unroll(s.jj, 4);
 
   s.block_pv.compute_at(s.state, dout)

@@ -17,11 +17,13 @@ struct FlashAttentionStages {
   Halide::Func score{"score"};                  // (ii, jj, jb, io, hk, b) q·k, scaled
   Halide::Func masked{
       "masked"};  // (ii, jj, jb, io, hk, b) score + bias, or kMasked where not visible
-  Halide::Func row_query{"row_query"};          // (ii, io) query index of a row
-  Halide::Func row_head{"row_head"};            // (ii, io, hk) query head of a row
-  Halide::Func row_key_limit{"row_key_limit"};  // (ii, io) last key the row sees
-  Halide::Func block_max{"block_max"};          // (ii, jb, io, hk, b) max over the block
-  Halide::Func running_max{"running_max"};      // (ii, jb, io, hk, b) max over blocks 0..jb
+  Halide::Func row_query{"row_query"};                    // (ii, io) query index of a row
+  Halide::Func row_head{"row_head"};                      // (ii, io, hk) query head of a row
+  Halide::Func row_key_limit{"row_key_limit"};            // (ii, io) last key the row sees
+  Halide::Func block_max_in_block{"block_max_in_block"};  // reduction behind block_max
+  Halide::Func block_sum_in_block{"block_sum_in_block"};  // reduction behind block_sum
+  Halide::Func block_max{"block_max"};                    // (ii, jb, io, hk, b) max over the block
+  Halide::Func running_max{"running_max"};  // (ii, jb, io, hk, b) max over blocks 0..jb
   Halide::Func rescale{"rescale"};  // (ii, jb, io, hk, b) exp(running max jb-1 - running max jb)
   Halide::Func prob{"prob"};  // (ii, jj, jb, io, hk, b) exp(masked - running_max), 0 where masked
   Halide::Func block_sum{"block_sum"};  // (ii, jb, io, hk, b) Σ prob
