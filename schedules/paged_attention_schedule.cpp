@@ -121,10 +121,11 @@ PagedAttentionSchedule PagedAttentionSchedule::from_json(const std::string& text
   } catch (const nlohmann::json::parse_error& error) {
     throw Error(std::string("paged attention schedule: invalid JSON: ") + error.what());
   }
-  TILELAB_REQUIRE(json.is_object()) << "paged attention schedule: expected a JSON object, got "
-                                    << json.type_name();
+  TILELAB_REQUIRE(json.is_object())
+      << "paged attention schedule: expected a JSON object, got " << json.type_name();
   TILELAB_REQUIRE(json.value("schema", std::string()) == kSchema)
-      << "schema: expected \"" << kSchema << "\", got " << json.value("schema", nlohmann::json()).dump();
+      << "schema: expected \"" << kSchema << "\", got "
+      << json.value("schema", nlohmann::json()).dump();
   TILELAB_REQUIRE(json.value("schema_version", 0) == kSchemaVersion)
       << "schema_version: expected " << kSchemaVersion << ", got "
       << json.value("schema_version", nlohmann::json()).dump();
@@ -149,7 +150,8 @@ PagedAttentionSchedule PagedAttentionSchedule::from_json(const std::string& text
     } else if (key == "kv_buffers") {
       integer(key, schedule.kv_buffers);
     } else if (key == "mixed_precision") {
-      TILELAB_REQUIRE(value.is_boolean()) << key << ": expected true or false, got " << value.dump();
+      TILELAB_REQUIRE(value.is_boolean())
+          << key << ": expected true or false, got " << value.dump();
       schedule.mixed_precision = value.get<bool>();
     } else if (key == "transpose") {
       const std::string method = value.is_string() ? value.get<std::string>() : value.dump();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "array_view.hpp"
+#include "nki_bindings.hpp"
 #include "tilelab/tilelab.hpp"
 
 namespace py = pybind11;
@@ -174,4 +175,5 @@ PYBIND11_MODULE(_core, module) {
       },
       py::arg("array"),
       "Testing hook: whether flash_attention reads `array` in place (True) or copies it first.");
+  register_nki_bindings(module);
 }

@@ -12,6 +12,7 @@ from typing import Literal, overload
 import numpy as np
 
 from . import _core
+from . import nki  # tilelab.nki: NKI-compatible flash paged attention
 from ._version import __version__
 
 __all__ = [

@@ -5,6 +5,7 @@ import inspect
 import pathlib
 import re
 import threading
+import types
 
 import pytest
 
@@ -55,18 +56,42 @@ def test_results_do_not_depend_on_thread_count(rng, restore_num_threads):
     assert (results[0] == results[1]).all()
 
 
+def _signature_of(node):
+    args = node.args
+    return ([a.arg for a in args.posonlyargs + args.args], [a.arg for a in args.kwonlyargs])
+
+
 def stub_signatures():
+    """{name: signature} of _core.pyi's functions; a submodule `sub` is stubbed as a namespace
+    class with static methods plus `sub: _Class`, and appears as {"sub.function": signature}."""
     stub = pathlib.Path(tilelab.__file__).with_name("_core.pyi")
     tree = ast.parse(stub.read_text())
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     signatures = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef):
-            args = node.args
-            signatures[node.name] = (
-                [a.arg for a in args.posonlyargs + args.args],
-                [a.arg for a in args.kwonlyargs],
-            )
+            signatures[node.name] = _signature_of(node)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name):
+            for method in classes[node.annotation.id].body:
+                if isinstance(method, ast.FunctionDef):
+                    signatures[f"{node.target.id}.{method.name}"] = _signature_of(method)
     return signatures
+
+
+def compiled_functions():
+    """{name: function} of the compiled module, submodule functions as "sub.function"."""
+    functions = {}
+    for name in dir(_core):
+        if name.startswith("__"):
+            continue
+        value = getattr(_core, name)
+        if isinstance(value, types.ModuleType):
+            for inner in dir(value):
+                if not inner.startswith("__"):
+                    functions[f"{name}.{inner}"] = getattr(value, inner)
+        else:
+            functions[name] = value
+    return functions
 
 
 def core_signature(function):
@@ -85,10 +110,10 @@ def core_signature(function):
 
 def test_stubs_match_the_compiled_module():
     stubs = stub_signatures()
-    public = {name for name in dir(_core) if not name.startswith("__")}
-    assert set(stubs) == public
+    functions = compiled_functions()
+    assert set(stubs) == set(functions)
     for name, signature in stubs.items():
-        assert core_signature(getattr(_core, name)) == signature, name
+        assert core_signature(functions[name]) == signature, name
 
 
 @pytest.mark.parametrize("name", ["flash_attention", "flash_attention_implementation"])

@@ -1,0 +1,239 @@
+// Flash paged attention forward, as vLLM's NKI kernel computes it: prefix prefill with a paged KV
+// cache (block tables), continuous batching through a boolean mask, GQA. The prior context is
+// consumed in large tiles gathered from the cache (online softmax merged per large tile), then the
+// new tokens' own keys/values as one more tile. Schedules: schedules/tile/ (the NeuronCore tiling)
+// and schedules/x86/ (fast on CPUs).
+//
+// Numerics (NKI-compatible): masked scores are -9984 (not -inf: a fully masked row averages V);
+// with mixed_precision, q·scale, K, V and P are rounded to bf16 (round to nearest even) before the
+// tensor engine and accumulated in fp32, softmax statistics are fp32, and the output is rounded to
+// bf16; without it everything is fp32. The exp-sum adds P before its bf16 rounding (ScalarE reduces
+// the fp32 activation). Normalization divides by the sum where the NKI kernel multiplies by
+// exp(m - lse): equal up to fp32 rounding.
+//
+// The query heads sharing a kv head (the GQA group) are folded into rows, row = g · seq_q + i;
+// seq_q is a multiple of 128, so a query tile never spans two heads.
+#include <limits>
+#include <string>
+
+#include "Halide.h"
+#include "schedules/tile/paged_attention.hpp"
+#include "schedules/x86/paged_attention.hpp"
+
+namespace {
+
+using namespace Halide;
+
+// The NKI kernel's fill for masked scores.
+constexpr float kMaskedScore = -9984.0f;
+// Below any score: the start of a max reduction.
+constexpr float kLowest = std::numeric_limits<float>::lowest();
+// Partitions per vectorized KV load (B_P_SIZE) and PSUM bank width (B_F_SIZE).
+constexpr int kPartitions = 128, kLog2Partitions = 7, kFreeTile = 512;
+
+// Rounds fp32 to the nearest bf16 (ties to even) and back, staying in fp32 lanes.
+Expr round_to_bf16(const Expr& x) {
+  Expr bits = reinterpret<uint32_t>(x);
+  bits = (bits + (0x7fff + ((bits >> 16) & 1))) & cast<uint32_t>(Expr(0xffff0000u));
+  return reinterpret<float>(bits);
+}
+
+Expr log2_of_power_of_two(const Expr& x) {
+  return 31 - count_leading_zeros(x);
+}
+
+class PagedAttentionForward : public Generator<PagedAttentionForward> {
+ public:
+  // bf16 inputs and output, bf16 tensor-engine operands with fp32 accumulation; else all fp32.
+  GeneratorParam<bool> mixed_precision{"mixed_precision", true};
+  // "tile" (mirrors the NeuronCore tiling) or "cpu" (tuned for x86).
+  GeneratorParam<std::string> schedule{"schedule", "cpu"};
+
+  // Indexed by i (query token), d, h, b: NKI layout (1, n_heads, d, seq_q).
+  Input<Buffer<void, 4>> query{"query"};
+  // Indexed by j (new token), d, hk, b: (1, n_kv_heads, d, seq_q).
+  Input<Buffer<void, 4>> key{"key"};
+  // Indexed by d, j, hk, b: (1, n_kv_heads, seq_q, d).
+  Input<Buffer<void, 4>> value{"value"};
+  // Indexed by d, token in block, hk, block, k/v: (2, num_blocks, n_kv_heads, block_size, d).
+  Input<Buffer<void, 5>> kv_cache{"kv_cache"};
+  // Indexed by active block: the cache block holding prior-context tokens n·block_size + [0, bs).
+  Input<Buffer<int32_t, 1>> block_tables{"block_tables"};
+  // Indexed by column, i: (seq_q, context_len + seq_q), nonzero = attend; context columns
+  // reordered per large tile (reorder_context_mask), then the new tokens in order.
+  Input<Buffer<int32_t, 2>> mask{"mask"};
+  Input<float> softmax_scale{"softmax_scale"};
+  // LARGE_TILE_SZ; the runtime validates it (PagedAttentionSchedule) with the block size.
+  Input<int32_t> large_tile_size{"large_tile_size"};
+
+  Output<Buffer<void, 4>> out{"out"};  // indexed by d, i, h, b: (1, n_heads, seq_q, d)
+
+  void configure() {
+    const Type io_type = mixed_precision ? BFloat(16) : Float(32);
+    query.set_type(io_type);
+    key.set_type(io_type);
+    value.set_type(io_type);
+    kv_cache.set_type(io_type);
+    out.set_type(io_type);
+  }
+
+  void generate() {
+    // Algorithm
+    const bool tile = std::string(schedule) == "tile";
+    tilelab::schedules::PagedAttentionStages s;
+    s.query_tile = tile ? kPartitions : tilelab::schedules::kPagedCpuQueryTile;
+    s.mixed_precision = mixed_precision;
+    s.kv_is_f32 = !mixed_precision;
+    Var &c = s.c, &d = s.d, &ii = s.ii, &io = s.io, &hk = s.hk, &lt = s.lt;
+    Var &tb = s.tb, &p = s.p, &ld = s.ld;
+    const int QT = s.query_tile;
+    auto kernel_round = [&](const Expr& x) { return mixed_precision ? round_to_bf16(x) : x; };
+
+    Expr seq_q = query.dim(0).extent();
+    Expr head_dim = query.dim(1).extent();
+    s.head_dim = head_dim;
+    Expr num_heads = query.dim(2).extent();
+    Expr num_kv_heads = key.dim(2).extent();
+    Expr group = num_heads / num_kv_heads;
+    Expr block_size = kv_cache.dim(1).extent();
+    Expr num_blocks = kv_cache.dim(3).extent();
+    Expr num_active_blocks = block_tables.dim(0).extent();
+    Expr lts = large_tile_size;
+    Expr context_len = num_active_blocks * block_size;
+    Expr num_large_tiles = context_len / lts;
+
+    // Tiling of a large tile's gather, all powers of two (shifts, not divisions).
+    Expr log2_block = log2_of_power_of_two(block_size);
+    Expr log2_blocks_per_tile = log2_of_power_of_two(lts) - log2_block;
+    Expr log2_tiling = max(kLog2Partitions - log2_blocks_per_tile, 0);  // block_size_tiling_factor
+    Expr log2_tiled_block = log2_block - log2_tiling;                   // tiled_block_size
+    Expr log2_load_columns = kLog2Partitions + log2_tiled_block;        // columns per load
+
+    // Rows: row (ii, io) of kv head hk is query i of head hk · group + g.
+    Expr row = io * QT + ii;
+    Expr row_query = clamp(row % seq_q, 0, seq_q - 1);
+    Expr row_head = clamp(hk * group + row / seq_q, 0, num_heads - 1);
+    s.query_t(ii, d, io, hk) = kernel_round(
+        cast<float>(query(row_query, clamp(d, 0, head_dim - 1), row_head, 0)) * softmax_scale);
+
+    // Prior context. Partition p of load ld holds tokens [sub · tiled, (sub + 1) · tiled) of cache
+    // block `block` of the large tile (sub = p mod tiling factor); the tensor engine consumes
+    // column c = ld · load_columns + tb · 128 + p, which is what the reordered mask indexes.
+    Expr tile_block =
+        (lt << log2_blocks_per_tile) + (ld << (kLog2Partitions - log2_tiling)) + (p >> log2_tiling);
+    Expr cache_block =
+        clamp(block_tables(clamp(tile_block, 0, num_active_blocks - 1)), 0, num_blocks - 1);
+    Expr block_token =
+        clamp(((p & ((1 << log2_tiling) - 1)) << log2_tiled_block) + tb, 0, block_size - 1);
+    Expr kv_head = clamp(hk, 0, num_kv_heads - 1), dim = clamp(d, 0, head_dim - 1);
+    s.key_loaded(d, tb, p, ld, lt, hk) =
+        kernel_round(cast<float>(kv_cache(dim, block_token, kv_head, cache_block, 0)));
+    s.value_loaded(d, tb, p, ld, lt, hk) =
+        kernel_round(cast<float>(kv_cache(dim, block_token, kv_head, cache_block, 1)));
+    // (Clamps tell bounds inference what the bit arithmetic guarantees.)
+    Expr tiled_block = 1 << log2_tiled_block;
+    Expr loads = max(1, (1 << log2_blocks_per_tile) >> kLog2Partitions);
+    auto column_tb = [&](const Expr& col) {
+      return clamp((col / kPartitions) & (tiled_block - 1), 0, tiled_block - 1);
+    };
+    auto column_ld = [&](const Expr& col) { return clamp(col >> log2_load_columns, 0, loads - 1); };
+    Expr col_tb = column_tb(c), col_p = c % kPartitions, col_ld = column_ld(c);
+    s.context.key_t(c, d, lt, hk) = s.key_loaded(d, col_tb, col_p, col_ld, lt, hk);
+
+    // New tokens: K arrives transposed already, V in rows.
+    Expr new_token = clamp(c, 0, seq_q - 1);
+    s.active.key_t(c, d, lt, hk) = kernel_round(cast<float>(key(new_token, dim, kv_head, 0)));
+    s.active.value_t(d, c, lt, hk) = kernel_round(cast<float>(value(dim, new_token, kv_head, 0)));
+    s.context.value_t(d, c, lt, hk) = s.value_loaded(d, col_tb, col_p, col_ld, lt, hk);
+
+    // The new tokens' tile skips (fills) score blocks of min(seq_q, 512) columns that lie wholly
+    // right of the query tile's first row, as the NKI kernel does; for the causal masks of
+    // continuous batching nothing visible is skipped. Columns below the limit are candidates.
+    Expr active_block = min(seq_q, kFreeTile);
+    Expr tile_first_query = (row_query >> kLog2Partitions) << kLog2Partitions;
+    s.active_limit(ii, io) = (tile_first_query / active_block + 1) * active_block;
+    Expr mask_width = mask.dim(0).extent();
+    auto mask_at = [&](const Expr& col) {
+      return mask(clamp(col, 0, mask_width - 1), row_query) != 0;
+    };
+
+    // One key tile's pass (the NKI kernel's _flash_attention_core), in two halves: scores and
+    // their max, then (given the running max) P, its sum and P·V.
+    RDom rd(0, head_dim, "rd");
+    auto build_scores = [&](tilelab::schedules::KeyTileStages& t, const Expr& width,
+                            const Expr& visible) {
+      t.rd = rd.x;
+      t.score(c, ii, lt, io, hk) = 0.0f;
+      t.score(c, ii, lt, io, hk) += s.query_t(ii, rd, io, hk) * t.key_t(c, rd, lt, hk);
+      t.masked(c, ii, lt, io, hk) = select(visible, t.score(c, ii, lt, io, hk), kMaskedScore);
+      RDom rj(0, width, "rj");
+      t.rj = rj.x;
+      t.block_max(ii, lt, io, hk) = kLowest;
+      t.block_max(ii, lt, io, hk) = max(t.block_max(ii, lt, io, hk), t.masked(rj, ii, lt, io, hk));
+    };
+    auto build_probs = [&](tilelab::schedules::KeyTileStages& t, const Expr& m_now) {
+      t.prob_f32(c, ii, lt, io, hk) = exp(t.masked(c, ii, lt, io, hk) - m_now);
+      t.prob(c, ii, lt, io, hk) = kernel_round(t.prob_f32(c, ii, lt, io, hk));
+      t.prob_t(ii, c, lt, io, hk) = t.prob(c, ii, lt, io, hk);
+      t.block_sum(ii, lt, io, hk) = 0.0f;
+      t.block_sum(ii, lt, io, hk) += t.prob_f32(t.rj, ii, lt, io, hk);
+      t.block_pv(d, ii, lt, io, hk) = 0.0f;
+      t.block_pv(d, ii, lt, io, hk) += t.prob_t(ii, t.rj, lt, io, hk) * t.value_t(d, t.rj, lt, hk);
+    };
+
+    // Context tiles. The running max over tiles 0..lt is recomputed from stored tile maxima, so
+    // the merge below needs one exp per (row, tile) rather than one per output element.
+    build_scores(s.context, lts, mask_at(lt * lts + c));
+    RDom rb(0, num_large_tiles, "rb");
+    rb.where(rb <= lt);
+    s.rb = rb.x;
+    s.running_max(ii, lt, io, hk) = kLowest;
+    s.running_max(ii, lt, io, hk) =
+        max(s.running_max(ii, lt, io, hk), s.context.block_max(ii, rb, io, hk));
+    build_probs(s.context, s.running_max(ii, lt, io, hk));
+    s.rescale(ii, lt, io, hk) =
+        select(lt == 0, 1.0f,
+               exp(s.running_max(ii, max(lt - 1, 0), io, hk) - s.running_max(ii, lt, io, hk)));
+
+    RDom rk(0, num_large_tiles, "rk");
+    s.rk = rk.x;
+    s.state(d, ii, io, hk) = {kLowest, 0.0f, 0.0f};
+    Expr alpha = s.rescale(ii, rk, io, hk);
+    s.state(d, ii, io, hk) = {
+        s.running_max(ii, rk, io, hk),
+        s.state(d, ii, io, hk)[1] * alpha + s.context.block_sum(ii, rk, io, hk),
+        s.state(d, ii, io, hk)[2] * alpha + s.context.block_pv(d, ii, rk, io, hk)};
+
+    // The new tokens' tile (its lt is always 0), merged last.
+    build_scores(s.active, seq_q, mask_at(context_len + c) && c < s.active_limit(ii, io));
+    Expr context_max = s.state(0, ii, io, hk)[0];
+    s.final_max(ii, io, hk) = max(context_max, s.active.block_max(ii, 0, io, hk));
+    build_probs(s.active, s.final_max(ii, io, hk));
+    Expr active_alpha = exp(context_max - s.final_max(ii, io, hk));
+    s.final_sum(ii, io, hk) =
+        s.state(0, ii, io, hk)[1] * active_alpha + s.active.block_sum(ii, 0, io, hk);
+    // Every row has a positive sum (masked scores are finite, so nothing is -inf).
+    s.final_out(d, ii, io, hk) =
+        (s.state(d, ii, io, hk)[2] * active_alpha + s.active.block_pv(d, ii, 0, io, hk)) /
+        s.final_sum(ii, io, hk);
+
+    // Back from rows to (i, h); the cast rounds to nearest even.
+    Var &i = s.i, &h = s.h, &b = s.b;
+    Expr out_row = (h % group) * seq_q + i;
+    Expr out_ii = out_row % QT, out_io = out_row / QT, out_hk = h / group;
+    s.out(d, i, h, b) =
+        cast(mixed_precision ? BFloat(16) : Float(32), s.final_out(d, out_ii, out_io, out_hk));
+    out = s.out;
+
+    // Schedule
+    if (tile) {
+      tilelab::schedules::schedule_paged_attention_tile(s, get_target());
+    } else {
+      tilelab::schedules::schedule_paged_attention_x86(s, get_target());
+    }
+  }
+};
+
+}  // namespace
+
+HALIDE_REGISTER_GENERATOR(PagedAttentionForward, paged_attention_forward)

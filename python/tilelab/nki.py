@@ -1,0 +1,138 @@
+"""tilelab.nki: vLLM's NKI flash paged attention kernel (prefix prefill with a paged KV cache,
+block tables, continuous batching through a mask) with the same layouts and numerics, run as CPU
+code generated from one Halide algorithm with either of two schedules.
+
+Arrays are numpy arrays; attention tensors are float32 or bfloat16 (``ml_dtypes.bfloat16``).
+Work runs on tilelab's OpenMP pool with the GIL released.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "MASKED_SCORE",
+    "flash_paged_attention",
+    "reorder_context_mask",
+    "reshape_and_cache",
+]
+
+#: The score of a masked (query, key) pair, as in the NKI kernel (finite: a fully masked row
+#: averages V over every key instead of giving 0).
+MASKED_SCORE = -9984.0
+
+Schedule = Literal["cpu", "tile"]
+
+
+def _as_int32(array, name: str, *, allow_bool: bool = False) -> np.ndarray:
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(array).__name__}")
+    kinds = "biu" if allow_bool else "iu"
+    if array.dtype.kind not in kinds:
+        allowed = "bool or integer" if allow_bool else "integer"
+        raise TypeError(f"{name}: expected a {allowed} array, got dtype {array.dtype}")
+    if array.dtype.kind in "iu" and array.size:
+        low, high = int(array.min()), int(array.max())
+        if low < -(2**31) or high >= 2**31:
+            raise ValueError(f"{name}: expected values that fit int32, got [{low}, {high}]")
+    return np.ascontiguousarray(array, dtype=np.int32)
+
+
+def flash_paged_attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    kv_cache: np.ndarray,
+    block_tables: np.ndarray,
+    mask: np.ndarray,
+    softmax_scale: float | None = None,
+    mixed_precision: bool = True,
+    LARGE_TILE_SZ: int = 2048,  # noqa: N803 (the NKI kernel's name)
+    *,
+    schedule: Schedule = "cpu",
+) -> np.ndarray:
+    """Flash paged attention forward, as vLLM's NKI kernel ``flash_paged_attention``.
+
+    Layouts (batch is 1: requests are concatenated along the sequence):
+        query ``(1, n_heads, d, seq_q)``, key ``(1, n_kv_heads, d, seq_q)``,
+        value ``(1, n_kv_heads, seq_q, d)``, kv_cache ``(2, num_blocks, n_kv_heads, block_size, d)``
+        (0 keys, 1 values), block_tables ``(num_active_blocks,)`` integers (prior-context token
+        t is in cache block ``block_tables[t // block_size]`` at ``t % block_size``), mask
+        ``(seq_q, num_active_blocks * block_size + seq_q)`` bool (True = attend) or integers
+        (nonzero = attend), its context columns already reordered with
+        :func:`reorder_context_mask`. Returns a new ``(1, n_heads, seq_q, d)`` array of query's
+        dtype.
+
+    Semantics: for query i of head h (kv head ``h // (n_heads // n_kv_heads)``), softmax over the
+    prior context followed by the new tokens of ``softmax_scale * q·k`` where the mask is set and
+    ``-9984.0`` where it is not (so a fully masked padding row averages V), times V. As in the NKI
+    kernel, blocks of ``min(seq_q, 512)`` new-token columns wholly right of a 128-row query
+    tile's first row are never computed (they score -9984): causal masks never see this.
+
+    Args:
+        softmax_scale: multiplies q; default ``1 / sqrt(d)``.
+        mixed_precision: bf16 tensor-engine operands (q·scale, K, V and P rounded to nearest
+            even) with float32 accumulation and softmax statistics, output rounded to bf16. False:
+            float32 throughout (the NKI kernel computes in the input dtype: the same for float32
+            inputs; for bfloat16 inputs tilelab keeps the statistics in float32).
+        LARGE_TILE_SZ: prior-context tokens per large tile: a multiple of 512 in [512, 8192] and
+            of block_size, with LARGE_TILE_SZ / block_size a power of two.
+        schedule: ``"cpu"`` (tuned for x86) or ``"tile"`` (the NeuronCore tiling); the same
+            algorithm and rounding points.
+
+    Constraints (the NKI kernel's): d <= 128; seq_q a multiple of 128 (of 512 above 512, of 2048
+    above 4096); block_size a power of two <= 256; ``num_active_blocks * block_size`` a positive
+    multiple of LARGE_TILE_SZ; block table entries in ``[0, num_blocks)``; all attention tensors
+    share one dtype.
+
+    Raises:
+        TypeError: an argument is not a numpy array or has a wrong dtype.
+        ValueError: a violated constraint; the message names the argument and the reason.
+    """
+    return _core.nki.flash_paged_attention(
+        query,
+        key,
+        value,
+        kv_cache,
+        _as_int32(block_tables, "block_tables"),
+        _as_int32(mask, "mask", allow_bool=True),
+        softmax_scale=softmax_scale,
+        mixed_precision=bool(mixed_precision),
+        LARGE_TILE_SZ=int(LARGE_TILE_SZ),
+        schedule=schedule,
+    )
+
+
+def reorder_context_mask(mask: np.ndarray, LARGE_TILE_SZ: int, block_size: int) -> np.ndarray:  # noqa: N803
+    """The mask with its context columns in the order the kernel consumes them (new array, same
+    dtype as ``mask``).
+
+    ``mask`` is ``(seq_q, context_len + seq_q)``. Within each group of ``128 * tiled_block_size``
+    context columns, column ``tb * 128 + p`` takes original column ``p * tiled_block_size + tb``
+    (``tiled_block_size = LARGE_TILE_SZ // max(128, LARGE_TILE_SZ // block_size)``): one
+    128-partition KV load puts a piece of a block on each partition and the tensor engine
+    consumes a column of partitions at a time. The new tokens' columns are unchanged.
+    ValueError when context_len is not a multiple of LARGE_TILE_SZ or the sizes do not tile.
+    """
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"mask: expected a numpy.ndarray, got {type(mask).__name__}")
+    reordered = _core.nki.reorder_context_mask(
+        _as_int32(mask, "mask", allow_bool=True), int(LARGE_TILE_SZ), int(block_size)
+    )
+    return reordered.astype(mask.dtype, copy=False)
+
+
+def reshape_and_cache(
+    key: np.ndarray, value: np.ndarray, kv_cache: np.ndarray, slot_mapping: np.ndarray
+) -> None:
+    """Writes ``key[t]`` and ``value[t]`` (``(num_tokens, n_kv_heads, d)``) into ``kv_cache``
+    (``(2, num_blocks, n_kv_heads, block_size, d)``, updated in place) at slot
+    ``slot_mapping[t]``: block ``slot // block_size``, offset ``slot % block_size``. Negative slots
+    (vLLM's padding slot -1) are skipped; a repeated slot keeps the later token. key, value and
+    kv_cache share one dtype (float32, float16 or bfloat16); kv_cache must be writable with
+    non-negative element strides. ValueError for slots ``>= num_blocks * block_size``."""
+    _core.nki.reshape_and_cache(key, value, kv_cache, _as_int32(slot_mapping, "slot_mapping"))

@@ -1,0 +1,254 @@
+// tilelab::nki::flash_paged_attention: validation (the NKI kernel's constraints via
+// PagedAttentionSchedule), dtype conversion around the generated kernels, the kernel call.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtype_convert.hpp"
+#include "halide_glue.hpp"
+#include "nki_validate.hpp"
+#include "paged_cpu_fp32.h"
+#include "paged_cpu_mixed.h"
+#include "paged_tile_fp32.h"
+#include "paged_tile_mixed.h"
+#include "schedules/paged_attention_schedule.hpp"
+#include "tilelab/error.hpp"
+#include "tilelab/nki.hpp"
+
+namespace tilelab::nki {
+namespace {
+
+using arguments::overlaps;
+using arguments::require_dtype;
+using arguments::require_shape;
+using arguments::shape_of;
+using schedules::PagedAttentionSchedule;
+using tilelab::detail::HalideView;
+
+// Element `offset` (in elements) of a float-like view as float.
+float load(const TensorView& view, std::int64_t offset) {
+  switch (view.dtype()) {
+    case DType::f32:
+      return static_cast<const float*>(view.data())[offset];
+    case DType::bf16:
+      return detail::bf16_bits_to_float(static_cast<const std::uint16_t*>(view.data())[offset]);
+    case DType::f16:
+      return detail::f16_bits_to_float(static_cast<const std::uint16_t*>(view.data())[offset]);
+    case DType::i32:
+      break;
+  }
+  return 0.0f;
+}
+
+void store(const TensorView& view, std::int64_t offset, float value) {
+  switch (view.dtype()) {
+    case DType::f32:
+      static_cast<float*>(view.data())[offset] = value;
+      return;
+    case DType::bf16:
+      static_cast<std::uint16_t*>(view.data())[offset] = detail::float_to_bf16_bits(value);
+      return;
+    case DType::f16:
+      static_cast<std::uint16_t*>(view.data())[offset] = detail::float_to_f16_bits(value);
+      return;
+    case DType::i32:
+      return;
+  }
+}
+
+// Offset of the element at row-major linear index `linear` of `view`.
+std::int64_t offset_of(const TensorView& view, std::int64_t linear) {
+  std::int64_t offset = 0;
+  for (int d = view.rank() - 1; d >= 0; --d) {
+    offset += (linear % view.dim(d)) * view.stride(d);
+    linear /= view.dim(d);
+  }
+  return offset;
+}
+
+// A contiguous tensor owned here, for inputs converted to the kernel's dtype.
+struct OwnedTensor {
+  std::vector<std::uint32_t> storage;  // 4-byte units keep every dtype aligned
+  TensorView view;
+
+  OwnedTensor(DType dtype, const std::vector<std::int64_t>& shape) {
+    std::int64_t count = 1;
+    std::vector<std::int64_t> strides(shape.size());
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      strides[d] = count;
+      count *= shape[d];
+    }
+    storage.resize(static_cast<std::size_t>((count * dtype_size(dtype) + 3) / 4 + 1));
+    view = TensorView(storage.data(), dtype, static_cast<int>(shape.size()), shape.data(),
+                      strides.data());
+  }
+};
+
+std::vector<std::int64_t> shape_vector(const TensorView& view) {
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(view.rank()));
+  for (int d = 0; d < view.rank(); ++d) shape[d] = view.dim(d);
+  return shape;
+}
+
+// Copies `from` into `to` (same shape), converting (rounding to nearest even) between dtypes.
+void convert(const TensorView& from, const TensorView& to) {
+  const std::int64_t count = from.numel();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t linear = 0; linear < count; ++linear) {
+    store(to, offset_of(to, linear), load(from, offset_of(from, linear)));
+  }
+}
+
+OwnedTensor converted(const TensorView& from, DType dtype) {
+  OwnedTensor result(dtype, shape_vector(from));
+  convert(from, result.view);
+  return result;
+}
+
+using PagedKernel = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
+                            halide_buffer_t*, halide_buffer_t*, float, int32_t, halide_buffer_t*);
+
+PagedKernel pick_kernel(PagedSchedule schedule, bool mixed_precision) {
+  if (schedule == PagedSchedule::tile) return mixed_precision ? paged_tile_mixed : paged_tile_fp32;
+  return mixed_precision ? paged_cpu_mixed : paged_cpu_fp32;
+}
+
+}  // namespace
+
+void flash_paged_attention(const TensorView& query, const TensorView& key, const TensorView& value,
+                           const TensorView& kv_cache, const TensorView& block_tables,
+                           const TensorView& mask, const TensorView& out,
+                           const FlashPagedAttentionOptions& options) {
+  // Shapes, from query and kv_cache.
+  require_shape(query, "query", "[1, n_heads, d, seq_q]", {1, -1, -1, -1});
+  require_shape(kv_cache, "kv_cache", "[2, num_blocks, n_kv_heads, block_size, d]",
+                {2, -1, -1, -1, query.dim(2)});
+  const std::int64_t num_heads = query.dim(1), head_dim = query.dim(2), seq_q = query.dim(3);
+  const std::int64_t num_blocks = kv_cache.dim(1), num_kv_heads = kv_cache.dim(2);
+  const std::int64_t block_size = kv_cache.dim(3);
+  require_shape(key, "key", "[1, n_kv_heads, d, seq_q]", {1, num_kv_heads, head_dim, seq_q});
+  require_shape(value, "value", "[1, n_kv_heads, seq_q, d]", {1, num_kv_heads, seq_q, head_dim});
+  require_shape(block_tables, "block_tables", "[num_active_blocks]", {-1});
+  const std::int64_t num_active_blocks = block_tables.dim(0);
+  const std::int64_t context_len = num_active_blocks * block_size;
+  require_shape(mask, "mask", "[seq_q, num_active_blocks * block_size + seq_q]",
+                {seq_q, context_len + seq_q});
+  require_shape(out, "out", "[1, n_heads, seq_q, d]", {1, num_heads, seq_q, head_dim});
+
+  // dtypes: one float dtype for every tensor, int32 for the table and the mask.
+  const DType dtype = query.dtype();
+  TILELAB_REQUIRE_TYPE(dtype == DType::f32 || dtype == DType::bf16)
+      << "query: expected dtype float32 or bfloat16, got " << dtype_name(dtype);
+  require_dtype(key, "key", dtype);
+  require_dtype(value, "value", dtype);
+  require_dtype(kv_cache, "kv_cache", dtype);
+  require_dtype(out, "out", dtype);
+  require_dtype(block_tables, "block_tables", DType::i32);
+  require_dtype(mask, "mask", DType::i32);
+
+  // The NKI kernel's constraints, with their reasons.
+  PagedAttentionSchedule schedule;
+  schedule.large_tile_size = options.large_tile_size;
+  schedule.block_size = block_size;
+  schedule.mixed_precision = options.mixed_precision;
+  schedules::PagedAttentionShape shape;
+  shape.num_heads = num_heads;
+  shape.num_kv_heads = num_kv_heads;
+  shape.head_dim = head_dim;
+  shape.query_len = seq_q;
+  shape.num_active_blocks = num_active_blocks;
+  TILELAB_REQUIRE(num_blocks >= 1)
+      << "kv_cache: expected at least one block, got shape " << shape_of(kv_cache);
+  schedule.validate(shape);
+
+  const float scale = options.softmax_scale
+                          ? *options.softmax_scale
+                          : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  TILELAB_REQUIRE(std::isfinite(scale)) << "softmax_scale: expected a finite value, got " << scale;
+  for (std::int64_t n = 0; n < num_active_blocks; ++n) {
+    const std::int32_t entry =
+        static_cast<const std::int32_t*>(block_tables.data())[n * block_tables.stride(0)];
+    TILELAB_REQUIRE(entry >= 0 && entry < num_blocks)
+        << "block_tables: expected entries in [0, " << num_blocks << ") (kv_cache blocks), got "
+        << entry << " at index " << n;
+  }
+  for (const auto& [view, name] : {std::pair{&query, "query"},
+                                   {&key, "key"},
+                                   {&value, "value"},
+                                   {&kv_cache, "kv_cache"},
+                                   {&block_tables, "block_tables"},
+                                   {&mask, "mask"}}) {
+    TILELAB_REQUIRE(!overlaps(out, *view)) << "out: must not overlap " << name;
+  }
+  TILELAB_REQUIRE(detail::offsets_fit_int32(mask) && detail::offsets_fit_int32(query) &&
+                  detail::offsets_fit_int32(out))
+      << "mask: expected fewer than 2^31 elements per tensor, got " << mask.describe();
+
+  // The kernels take bf16 (mixed precision) or fp32 tensors. Other dtypes, and caches too large
+  // for int32 offsets, are converted: the cache is compacted to the active blocks in table order,
+  // so the copy costs what the kernel reads anyway.
+  const DType kernel_dtype = options.mixed_precision ? DType::bf16 : DType::f32;
+  const bool convert_inputs = dtype != kernel_dtype;
+  const bool compact_cache = convert_inputs || !detail::offsets_fit_int32(kv_cache);
+  std::vector<OwnedTensor> copies;
+  copies.reserve(5);
+  auto as_kernel_dtype = [&](const TensorView& view) -> TensorView {
+    if (!convert_inputs) return view;
+    copies.push_back(converted(view, kernel_dtype));
+    return copies.back().view;
+  };
+  const TensorView q_in = as_kernel_dtype(query), k_in = as_kernel_dtype(key);
+  const TensorView v_in = as_kernel_dtype(value);
+  TensorView cache_in = kv_cache, table_in = block_tables;
+  std::vector<std::int32_t> compact_table;
+  if (compact_cache) {
+    copies.emplace_back(kernel_dtype, std::vector<std::int64_t>{2, num_active_blocks, num_kv_heads,
+                                                                block_size, head_dim});
+    const TensorView compact = copies.back().view;
+    const std::int64_t per_block = num_kv_heads * block_size * head_dim;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (std::int64_t kv = 0; kv < 2; ++kv) {
+      for (std::int64_t n = 0; n < num_active_blocks; ++n) {
+        const std::int64_t block =
+            static_cast<const std::int32_t*>(block_tables.data())[n * block_tables.stride(0)];
+        for (std::int64_t e = 0; e < per_block; ++e) {
+          const std::int64_t hk = e / (block_size * head_dim), t = e / head_dim % block_size;
+          const std::int64_t d = e % head_dim;
+          const std::int64_t from = kv * kv_cache.stride(0) + block * kv_cache.stride(1) +
+                                    hk * kv_cache.stride(2) + t * kv_cache.stride(3) +
+                                    d * kv_cache.stride(4);
+          store(compact, (kv * num_active_blocks + n) * per_block + e, load(kv_cache, from));
+        }
+      }
+    }
+    cache_in = compact;
+    compact_table.resize(static_cast<std::size_t>(num_active_blocks));
+    for (std::int64_t n = 0; n < num_active_blocks; ++n) {
+      compact_table[static_cast<std::size_t>(n)] = static_cast<std::int32_t>(n);
+    }
+    table_in = TensorView(compact_table.data(), DType::i32, {num_active_blocks});
+  }
+  std::optional<OwnedTensor> out_copy;
+  TensorView out_in = out;
+  if (convert_inputs) {
+    out_copy.emplace(kernel_dtype, shape_vector(out));
+    out_in = out_copy->view;
+  }
+  TILELAB_REQUIRE(detail::offsets_fit_int32(q_in) && detail::offsets_fit_int32(k_in) &&
+                  detail::offsets_fit_int32(v_in) && detail::offsets_fit_int32(cache_in))
+      << "query: expected fewer than 2^31 elements per tensor, got " << query.describe();
+
+  detail::install_halide_hooks();
+  HalideView hq(q_in), hk(k_in), hv(v_in), hcache(cache_in), htable(table_in), hmask(mask),
+      hout(out_in);
+  detail::halide_error_message_of_thread().clear();
+  const int status = pick_kernel(options.schedule, options.mixed_precision)(
+      hq.get(), hk.get(), hv.get(), hcache.get(), htable.get(), hmask.get(), scale,
+      static_cast<int32_t>(options.large_tile_size), hout.get());
+  TILELAB_CHECK(status == 0) << "generated paged attention kernel failed (status " << status
+                             << "): " << detail::halide_error_message_of_thread();
+  if (convert_inputs) convert(out_in, out);
+}
+
+}  // namespace tilelab::nki
