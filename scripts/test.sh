@@ -6,6 +6,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/bootstrap.sh"
 cd "$root"
 build_dir="${TILELAB_BUILD_DIR:-build}"
+# numpy's OpenBLAS threads (the fp64 references) keep spinning after a call and take the cores
+# from tilelab's OpenMP pool.
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 status=0
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" || status=1
 PYTHONPATH="$root/$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \

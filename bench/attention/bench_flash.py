@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import platform
 import statistics
@@ -20,7 +21,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+# Before numpy loads: its OpenBLAS threads would spin on the cores the kernels run on.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
