@@ -10,6 +10,7 @@
 
 #include "array_view.hpp"
 #include "nki_bindings.hpp"
+#include "sim_bindings.hpp"
 #include "tilelab/tilelab.hpp"
 
 namespace py = pybind11;
@@ -176,4 +177,5 @@ PYBIND11_MODULE(_core, module) {
       py::arg("array"),
       "Testing hook: whether flash_attention reads `array` in place (True) or copies it first.");
   register_nki_bindings(module);
+  register_sim_bindings(module);
 }

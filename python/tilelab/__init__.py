@@ -13,6 +13,7 @@ import numpy as np
 
 from . import _core
 from . import nki  # tilelab.nki: NKI-compatible flash paged attention
+from . import sim  # tilelab.sim: the simulator's exploration API
 from ._version import __version__
 
 __all__ = [

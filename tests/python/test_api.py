@@ -98,8 +98,21 @@ def core_signature(function):
     """Parameter names from pybind11's docstring signature line."""
     line = function.__doc__.splitlines()[0]
     inside = line[line.index("(") + 1 : line.rindex(")")]
+    # Split at top-level commas only: annotations like tuple[str, object] contain commas.
+    parts, depth, current = [], 0, ""
+    for char in inside:
+        if char in "[(":
+            depth += 1
+        elif char in "])":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
     positional, keyword_only, seen_star = [], [], False
-    for part in (p.strip() for p in inside.split(",") if p.strip()):
+    for part in (p.strip() for p in parts if p.strip()):
         if part == "*":
             seen_star = True
             continue

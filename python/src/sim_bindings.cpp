@@ -1,0 +1,744 @@
+// tilelab._core sim_* functions: build the NKI-style flash paged attention tile program from a
+// PagedAttentionSchedule and a batch (or NKI-layout arrays), simulate it, and hand the report,
+// timeline and HTML/trace writers to python/tilelab/sim.py; sweeps run in parallel (OpenMP).
+#include "sim_bindings.hpp"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "schedules/paged_attention_schedule.hpp"
+#include "sim/functional.hpp"
+#include "sim/kernels/flash_paged_attention.hpp"
+#include "sim/kernels/registry.hpp"
+#include "sim/machine.hpp"
+#include "sim/program.hpp"
+#include "sim/report.hpp"
+#include "sim/report_html.hpp"
+#include "sim/timing.hpp"
+#include "tilelab/error.hpp"
+
+namespace py = pybind11;
+
+namespace tilelab::python {
+namespace {
+
+using schedules::PagedAttentionSchedule;
+
+// The kernel name the CLI registers; reports of both front ends carry it.
+constexpr const char* kKernelName = "paged-attention";
+constexpr const char* kRunCapsuleName = "tilelab.sim_run";
+
+// One simulated run: the program, its timing and the report. Kept alive by a capsule so that
+// Report.save_html / save_trace / timeline can read the program after the call returned.
+struct SimRun {
+  sim::Program program;
+  sim::TimingResult timing;
+  sim::Report report;
+};
+
+// A shape-based simulation point: the schedule, the batch and the kernel-only knobs.
+struct PagedPoint {
+  std::string schedule_json;
+  std::vector<sim::PagedAttentionRequest> requests;
+  int64_t num_heads = 32;
+  int64_t num_kv_heads = 8;
+  int64_t head_dim = 128;
+  std::string dtype = "bf16";
+  int64_t tiling_factor = 0;  // 0: the schedule's block_size_tiling_factor()
+  int64_t seed = 1;
+  double softmax_scale = 0;  // 0: 1 / sqrt(head_dim)
+  size_t machine = 0;        // index into the sweep's machines
+};
+
+sim::DType parse_dtype(const std::string& name) {
+  if (name == "bf16") return sim::DType::bf16;
+  if (name == "fp16") return sim::DType::fp16;
+  if (name == "fp32") return sim::DType::fp32;
+  throw Error("dtype: expected 'bf16', 'fp16' or 'fp32', got '" + name + "'");
+}
+
+std::string join_requests(const std::vector<sim::PagedAttentionRequest>& requests, bool prefill) {
+  std::string out;
+  for (const auto& r : requests) {
+    if ((r.query_len > 1) != prefill) continue;
+    if (!out.empty()) out += ",";
+    out += prefill ? std::to_string(r.query_len) + ":" + std::to_string(r.context_len)
+                   : std::to_string(r.context_len);
+  }
+  return out;
+}
+
+// The report's parameters, named as the CLI's (`tilelab sim paged-attention KEY=VALUE`).
+sim::KernelParameters report_parameters(const sim::FlashPagedAttentionConfig& config,
+                                        int64_t tiling_factor) {
+  const PagedAttentionSchedule& s = config.schedule;
+  return {{"num_heads", std::to_string(config.shape.num_heads)},
+          {"num_kv_heads", std::to_string(config.shape.num_kv_heads)},
+          {"head_dim", std::to_string(config.shape.head_dim)},
+          {"dtype", std::string(sim::dtype_name(config.dtype))},
+          {"block_size", std::to_string(s.block_size)},
+          {"large_tile_size", std::to_string(s.large_tile_size)},
+          {"mixed_precision", s.mixed_precision ? "true" : "false"},
+          {"transpose", schedules::transpose_method_name(s.transpose)},
+          {"kv_buffers", std::to_string(s.kv_buffers)},
+          {"tiling_factor", tiling_factor == 0 ? "auto" : std::to_string(tiling_factor)},
+          {"query_len", std::to_string(config.shape.query_len)},
+          {"num_active_blocks", std::to_string(config.shape.num_active_blocks)}};
+}
+
+struct ResolvedPoint {
+  sim::FlashPagedAttentionConfig config;
+  sim::KernelParameters parameters;
+};
+
+// Schedule JSON is parsed (and validated) here: a bad knob is an Error naming the field.
+ResolvedPoint resolve_point(const PagedPoint& point) {
+  ResolvedPoint r;
+  r.config.schedule = PagedAttentionSchedule::from_json(point.schedule_json);
+  const PagedAttentionSchedule& s = r.config.schedule;
+  TILELAB_REQUIRE(!point.requests.empty()) << "prefill, decode: no requests given";
+  for (const auto& request : point.requests)
+    TILELAB_REQUIRE(request.query_len >= 1 && request.context_len >= 0)
+        << "prefill, decode: expected query_len >= 1 and context_len >= 0, got "
+        << request.query_len << ":" << request.context_len;
+  TILELAB_REQUIRE(point.seed >= 0 && point.seed <= UINT32_MAX)
+      << "seed: expected 0 <= seed < 2**32, got " << point.seed;
+  const sim::PagedAttentionBatch batch =
+      sim::make_paged_attention_batch(point.requests, s.block_size, s.large_tile_size,
+                                      s.partition_tile, static_cast<uint32_t>(point.seed));
+  r.config.shape.num_heads = point.num_heads;
+  r.config.shape.num_kv_heads = point.num_kv_heads;
+  r.config.shape.head_dim = point.head_dim;
+  r.config.shape.query_len = batch.query_len;
+  r.config.shape.num_active_blocks = batch.num_active_blocks;
+  r.config.num_cache_blocks = batch.num_cache_blocks;
+  r.config.dtype = parse_dtype(point.dtype);
+  r.config.softmax_scale = static_cast<float>(point.softmax_scale);
+  r.config.tiling_factor = point.tiling_factor;
+  r.parameters = report_parameters(r.config, point.tiling_factor);
+  r.parameters["prefill"] = join_requests(point.requests, true);
+  r.parameters["decode"] = join_requests(point.requests, false);
+  r.parameters["seed"] = std::to_string(point.seed);
+  return r;
+}
+
+std::shared_ptr<SimRun> time_program(sim::Program program, const sim::KernelParameters& parameters,
+                                     bool record_dma_pieces, size_t max_critical_path_segments) {
+  auto run = std::make_shared<SimRun>();
+  run->program = std::move(program);
+  sim::TimingOptions timing_options;
+  timing_options.record_dma_pieces = record_dma_pieces;
+  run->timing = sim::simulate_timing(run->program, timing_options);
+  sim::ReportOptions report_options;
+  report_options.kernel = kKernelName;
+  report_options.parameters = parameters;
+  report_options.max_critical_path_segments = max_critical_path_segments;
+  run->report = sim::make_report(run->program, run->timing, report_options);
+  return run;
+}
+
+// --- flat summary: one number per key, the same keys for Report attributes and sweep columns ---
+
+using Summary = std::vector<std::pair<std::string, double>>;
+
+// Every engine and DMA kind appears, with zeros when unused, so that sweep tables have fixed
+// columns whatever the point.
+Summary flat_summary(const sim::Report& r) {
+  Summary s;
+  auto add = [&s](std::string key, double value) { s.emplace_back(std::move(key), value); };
+  add("total_time_ns", r.total_time_ns);
+  add("total_time_us", r.total_time_ns / 1e3);
+  add("total_cycles", r.total_cycles);
+  add("instruction_count", double(r.instruction_count));
+  for (int e = 0; e < sim::kEngineCount; ++e) {
+    const std::string name(sim::engine_name(static_cast<sim::Engine>(e)));
+    const sim::EngineSummary* found = nullptr;
+    for (const auto& engine : r.engines)
+      if (engine.name == name) found = &engine;
+    add(name + "_instructions", found ? double(found->instructions) : 0.0);
+    add(name + "_active_time_ns", found ? found->active_time_ns : 0.0);
+    add(name + "_active_time_percent", found ? found->active_time_percent : 0.0);
+    add(name + "_idle_time_ns", found ? found->idle_time_ns : r.total_time_ns);
+  }
+  add("dma_active_time_ns", r.dma_active_time_ns);
+  add("dma_active_time_percent", r.dma_active_time_percent);
+  add("dma_transfer_count", double(r.dma_transfer_count));
+  add("dma_transfer_total_bytes", double(r.dma_transfer_total_bytes));
+  add("dma_transfer_average_bytes", r.dma_transfer_average_bytes);
+  add("dma_achieved_gbps", r.dma_achieved_gbps);
+  add("dma_peak_gbps", r.dma_peak_gbps);
+  add("dma_utilization_percent", r.dma_utilization_percent);
+  add("hbm_read_bytes", double(r.hbm_read_bytes));
+  add("hbm_write_bytes", double(r.hbm_write_bytes));
+  add("hbm_peak_gbps", r.hbm_peak_gbps);
+  add("mbu_estimated_percent", r.mbu_estimated_percent);
+  for (sim::Opcode kind : {sim::Opcode::dma_copy, sim::Opcode::dma_gather,
+                           sim::Opcode::dma_transpose}) {
+    const std::string name(sim::opcode_name(kind));
+    const sim::DmaKindSummary* found = nullptr;
+    for (const auto& k : r.dma_by_kind)
+      if (k.kind == name) found = &k;
+    add(name + "_transfers", found ? double(found->transfers) : 0.0);
+    add(name + "_bytes", found ? double(found->bytes) : 0.0);
+    add(name + "_average_bytes_per_partition",
+        found ? found->average_bytes_per_partition : 0.0);
+    add(name + "_active_time_ns", found ? found->active_time_ns : 0.0);
+    add(name + "_achieved_gbps", found ? found->achieved_gbps : 0.0);
+    add(name + "_utilization_percent", found ? found->utilization_percent : 0.0);
+    add(name + "_engines_used", found ? double(found->engines_used) : 0.0);
+  }
+  add("hardware_flops", r.hardware_flops);
+  add("transpose_flops", r.transpose_flops);
+  add("peak_flops_per_s", r.peak_flops_per_s);
+  add("hfu_percent", r.hfu_percent);
+  add("mfu_percent", r.mfu_percent);
+  add("peak_sbuf_bytes_per_partition", double(r.peak_sbuf_bytes_per_partition));
+  add("sbuf_bytes_per_partition", double(r.sbuf_bytes_per_partition));
+  add("peak_sbuf_percent", r.sbuf_bytes_per_partition
+                               ? 100.0 * double(r.peak_sbuf_bytes_per_partition) /
+                                     double(r.sbuf_bytes_per_partition)
+                               : 0.0);
+  add("peak_psum_bytes_per_partition", double(r.peak_psum_bytes_per_partition));
+  add("psum_bytes_per_partition", double(r.psum_bytes_per_partition));
+  add("peak_psum_percent", r.psum_bytes_per_partition
+                               ? 100.0 * double(r.peak_psum_bytes_per_partition) /
+                                     double(r.psum_bytes_per_partition)
+                               : 0.0);
+  add("critical_path_instructions", double(r.critical_path_instructions));
+  for (const char* unit : {"tensor", "vector", "scalar", "gpsimd", "sync", "dma"}) {
+    const auto it = r.critical_path_ns_by_unit.find(unit);
+    add(std::string("critical_path_") + unit + "_ns",
+        it == r.critical_path_ns_by_unit.end() ? 0.0 : it->second);
+  }
+  return s;
+}
+
+py::dict summary_dict(const Summary& summary) {
+  py::dict out;
+  for (const auto& [key, value] : summary) out[py::str(key)] = value;
+  return out;
+}
+
+// --- capsules ------------------------------------------------------------------------------
+
+py::capsule wrap_run(std::shared_ptr<SimRun> run) {
+  return py::capsule(new std::shared_ptr<SimRun>(std::move(run)), kRunCapsuleName,
+                     [](void* pointer) { delete static_cast<std::shared_ptr<SimRun>*>(pointer); });
+}
+
+const SimRun& unwrap_run(const py::handle& handle, const char* argument) {
+  const char* name = py::isinstance<py::capsule>(handle)
+                         ? py::reinterpret_borrow<py::capsule>(handle).name()
+                         : nullptr;
+  if (name == nullptr || std::string(name) != kRunCapsuleName) {
+    throw Error(std::string(argument) + ": expected a simulation run handle, got " +
+                    py::str(py::type::handle_of(handle).attr("__name__")).cast<std::string>(),
+                ErrorKind::invalid_type);
+  }
+  return **py::reinterpret_borrow<py::capsule>(handle).get_pointer<std::shared_ptr<SimRun>>();
+}
+
+// --- machines --------------------------------------------------------------------------------
+
+sim::Machine load_machine_spec(const std::string& source, const std::vector<std::string>& overrides) {
+  return sim::load_machine(source, overrides);
+}
+
+py::dict machine_dict(const std::string& source, const std::vector<std::string>& overrides) {
+  const sim::Machine m = load_machine_spec(source, overrides);
+  py::dict d;
+#define TILELAB_MACHINE_FIELD(field) d[#field] = m.field
+  TILELAB_MACHINE_FIELD(name);
+  TILELAB_MACHINE_FIELD(description);
+  TILELAB_MACHINE_FIELD(nc_version);
+  TILELAB_MACHINE_FIELD(partitions);
+  TILELAB_MACHINE_FIELD(sbuf_bytes_per_partition);
+  TILELAB_MACHINE_FIELD(psum_bytes_per_partition);
+  TILELAB_MACHINE_FIELD(psum_banks);
+  TILELAB_MACHINE_FIELD(psum_bank_bytes_per_partition);
+  TILELAB_MACHINE_FIELD(tensor_clock_ghz);
+  TILELAB_MACHINE_FIELD(vector_clock_ghz);
+  TILELAB_MACHINE_FIELD(scalar_clock_ghz);
+  TILELAB_MACHINE_FIELD(gpsimd_clock_ghz);
+  TILELAB_MACHINE_FIELD(sync_clock_ghz);
+  TILELAB_MACHINE_FIELD(tensor_peak_bf16_tflops);
+  TILELAB_MACHINE_FIELD(matmul_max_contraction);
+  TILELAB_MACHINE_FIELD(matmul_max_stationary_free);
+  TILELAB_MACHINE_FIELD(matmul_max_moving_free);
+  TILELAB_MACHINE_FIELD(engine_max_free_elements_sbuf);
+  TILELAB_MACHINE_FIELD(engine_max_free_elements_psum);
+  TILELAB_MACHINE_FIELD(matmul_stationary_floor_cycles);
+  TILELAB_MACHINE_FIELD(matmul_fp32_cost_multiplier);
+  TILELAB_MACHINE_FIELD(transpose_free_floor_cycles);
+  TILELAB_MACHINE_FIELD(min_ii_cycles);
+  TILELAB_MACHINE_FIELD(activation_reduce_extra_cycles);
+  TILELAB_MACHINE_FIELD(gpsimd_start_overhead_cycles);
+  TILELAB_MACHINE_FIELD(stride_penalty_threshold_bytes);
+  TILELAB_MACHINE_FIELD(stride_penalty_factor);
+  TILELAB_MACHINE_FIELD(engine_access_overhead_cycles);
+  TILELAB_MACHINE_FIELD(engine_access_overhead_applied);
+  TILELAB_MACHINE_FIELD(vector_16bit_copy_speedup_contiguous);
+  TILELAB_MACHINE_FIELD(vector_16bit_copy_speedup_other);
+  TILELAB_MACHINE_FIELD(vector_tensor_tensor_16bit_sbuf_speedup);
+  TILELAB_MACHINE_FIELD(vector_gpsimd_share_sbuf_port);
+  TILELAB_MACHINE_FIELD(vector_scalar_share_psum_port);
+  TILELAB_MACHINE_FIELD(semaphore_wait_cycles);
+  TILELAB_MACHINE_FIELD(dma_engines);
+  TILELAB_MACHINE_FIELD(dma_queues_per_engine);
+  TILELAB_MACHINE_FIELD(dma_partitions_per_engine);
+  TILELAB_MACHINE_FIELD(dma_bytes_per_ns_per_engine);
+  TILELAB_MACHINE_FIELD(dma_fixed_cost_ns_per_piece);
+  TILELAB_MACHINE_FIELD(dma_start_latency_ns);
+  TILELAB_MACHINE_FIELD(dma_trigger_cycles);
+  TILELAB_MACHINE_FIELD(dma_transpose_supported);
+  TILELAB_MACHINE_FIELD(dma_transpose_efficiency_hbm_to_sbuf);
+  TILELAB_MACHINE_FIELD(dma_transpose_efficiency_sbuf_to_sbuf);
+  TILELAB_MACHINE_FIELD(swdge_descriptor_fixed_cycles);
+  TILELAB_MACHINE_FIELD(swdge_descriptor_cycles_per_partition);
+  TILELAB_MACHINE_FIELD(hbm_bytes_per_ns);
+  TILELAB_MACHINE_FIELD(source_of_key);
+#undef TILELAB_MACHINE_FIELD
+  py::list curve;
+  for (const auto& point : m.dma_efficiency_curve)
+    curve.append(py::make_tuple(point.bytes_per_partition, point.efficiency));
+  d["dma_efficiency_curve"] = curve;
+  return d;
+}
+
+// --- points ----------------------------------------------------------------------------------
+
+PagedPoint parse_point(const py::dict& d) {
+  PagedPoint p;
+  p.schedule_json = d["schedule_json"].cast<std::string>();
+  for (const auto& [query_len, context_len] :
+       d["requests"].cast<std::vector<std::pair<int64_t, int64_t>>>())
+    p.requests.push_back({query_len, context_len});
+  p.num_heads = d["num_heads"].cast<int64_t>();
+  p.num_kv_heads = d["num_kv_heads"].cast<int64_t>();
+  p.head_dim = d["head_dim"].cast<int64_t>();
+  p.dtype = d["dtype"].cast<std::string>();
+  p.tiling_factor = d["tiling_factor"].cast<int64_t>();
+  p.seed = d["seed"].cast<int64_t>();
+  p.softmax_scale = d["softmax_scale"].cast<double>();
+  if (d.contains("machine")) p.machine = d["machine"].cast<size_t>();
+  return p;
+}
+
+py::capsule simulate_point(const std::string& machine_source,
+                           const std::vector<std::string>& machine_overrides, const py::dict& point,
+                           bool record_dma_pieces) {
+  const PagedPoint parsed = parse_point(point);
+  const sim::Machine machine = load_machine_spec(machine_source, machine_overrides);
+  std::shared_ptr<SimRun> run;
+  {
+    py::gil_scoped_release release;
+    const ResolvedPoint resolved = resolve_point(parsed);
+    run = time_program(sim::build_flash_paged_attention(machine, resolved.config),
+                       resolved.parameters, record_dma_pieces, 200);
+  }
+  return wrap_run(std::move(run));
+}
+
+// Runs every point on OpenMP threads with the GIL released. Each point builds and times its own
+// program (timing only, no DMA pieces); a point whose schedule or shape is invalid gets the
+// Error's message instead of a summary. Errors other than tilelab::Error (internal faults) are
+// rethrown after the loop.
+// `machines` is a list of (source, overrides) pairs; taken as py::list so that the signature line
+// stays free of nested type names (tests/python/test_api.py parses it against _core.pyi).
+py::list sweep(const py::list& machine_specs, const py::list& points) {
+  std::vector<sim::Machine> machines;
+  for (const auto& [source, overrides] :
+       machine_specs.cast<std::vector<std::pair<std::string, std::vector<std::string>>>>())
+    machines.push_back(load_machine_spec(source, overrides));
+  std::vector<PagedPoint> parsed;
+  for (const py::handle& point : points) {
+    parsed.push_back(parse_point(py::reinterpret_borrow<py::dict>(point)));
+    if (parsed.back().machine >= machines.size())
+      throw Error("points: machine index " + std::to_string(parsed.back().machine) +
+                  " out of range (" + std::to_string(machines.size()) + " machines)");
+  }
+  const int64_t count = static_cast<int64_t>(parsed.size());
+  std::vector<Summary> summaries(parsed.size());
+  std::vector<std::string> errors(parsed.size());
+  std::exception_ptr internal_error;
+  std::atomic<bool> failed{false};
+  {
+    py::gil_scoped_release release;
+    // dynamic: points differ in cost by orders of magnitude (block size, context length).
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; ++i) {
+      if (failed.load()) continue;
+      const PagedPoint& point = parsed[static_cast<size_t>(i)];
+      try {
+        const ResolvedPoint resolved = resolve_point(point);
+        const sim::Program program =
+            sim::build_flash_paged_attention(machines[point.machine], resolved.config);
+        const sim::TimingResult timing = sim::simulate_timing(program);
+        sim::ReportOptions options;
+        options.kernel = kKernelName;
+        options.max_critical_path_segments = 0;  // the per-unit totals are enough for a table
+        summaries[static_cast<size_t>(i)] =
+            flat_summary(sim::make_report(program, timing, options));
+      } catch (const Error& error) {
+        if (error.kind() == ErrorKind::internal) {
+#pragma omp critical(tilelab_sweep_error)
+          if (!internal_error) internal_error = std::current_exception();
+          failed.store(true);
+        } else {
+          errors[static_cast<size_t>(i)] = error.what();
+        }
+      } catch (...) {
+#pragma omp critical(tilelab_sweep_error)
+        if (!internal_error) internal_error = std::current_exception();
+        failed.store(true);
+      }
+    }
+  }
+  if (internal_error) std::rethrow_exception(internal_error);
+  py::list out;
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    if (errors[i].empty())
+      out.append(summary_dict(summaries[i]));
+    else
+      out.append(py::str(errors[i]));
+  }
+  return out;
+}
+
+// --- array-based (functional) entry ----------------------------------------------------------
+
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+std::string shape_text(const py::array& array) {
+  std::string out = "(";
+  for (py::ssize_t i = 0; i < array.ndim(); ++i)
+    out += (i ? ", " : "") + std::to_string(array.shape(i));
+  return out + (array.ndim() == 1 ? ",)" : ")");
+}
+
+void require_shape(const py::array& array, const char* name, std::vector<py::ssize_t> expected,
+                   const char* layout) {
+  bool same = array.ndim() == static_cast<py::ssize_t>(expected.size());
+  for (size_t i = 0; same && i < expected.size(); ++i)
+    same = expected[i] < 0 || array.shape(static_cast<py::ssize_t>(i)) == expected[i];
+  if (!same)
+    throw Error(std::string(name) + ": expected shape " + layout + ", got " + shape_text(array));
+}
+
+std::span<const float> span_of(const FloatArray& array) {
+  return {array.data(), static_cast<size_t>(array.size())};
+}
+
+py::tuple simulate_arrays(const std::string& machine_source,
+                          const std::vector<std::string>& machine_overrides,
+                          const std::string& schedule_json, const py::array& query_array,
+                          const py::array& key_array, const py::array& value_array,
+                          const py::array& kv_cache_array, const py::array& block_tables_array,
+                          const py::array& mask_array, const std::string& dtype,
+                          double softmax_scale, int64_t tiling_factor) {
+  // Plain py::array parameters keep the signature line simple (the stub test parses it); the
+  // facade already passes C-contiguous float32 / int32, so these casts do not copy.
+  const FloatArray query = FloatArray::ensure(query_array), key = FloatArray::ensure(key_array),
+                   value = FloatArray::ensure(value_array),
+                   kv_cache = FloatArray::ensure(kv_cache_array);
+  const IntArray block_tables = IntArray::ensure(block_tables_array),
+                 mask = IntArray::ensure(mask_array);
+  TILELAB_REQUIRE(query && key && value && kv_cache && block_tables && mask)
+      << "query, key, value, kv_cache, block_tables, mask: expected numeric arrays";
+  sim::FlashPagedAttentionConfig config;
+  config.schedule = PagedAttentionSchedule::from_json(schedule_json);
+  require_shape(query, "query", {1, -1, -1, -1}, "(1, n_heads, d, seq_q)");
+  const py::ssize_t n_heads = query.shape(1), d = query.shape(2), seq_q = query.shape(3);
+  require_shape(key, "key", {1, -1, d, seq_q}, "(1, n_kv_heads, d, seq_q)");
+  const py::ssize_t n_kv_heads = key.shape(1);
+  require_shape(value, "value", {1, n_kv_heads, seq_q, d}, "(1, n_kv_heads, seq_q, d)");
+  require_shape(kv_cache, "kv_cache", {2, -1, n_kv_heads, -1, d},
+                "(2, num_blocks, n_kv_heads, block_size, d)");
+  TILELAB_REQUIRE(kv_cache.shape(3) == config.schedule.block_size)
+      << "kv_cache: block_size (dimension 3) is " << kv_cache.shape(3)
+      << " but the schedule's block_size is " << config.schedule.block_size;
+  require_shape(block_tables, "block_tables", {-1}, "(num_active_blocks,)");
+  const py::ssize_t num_blocks = kv_cache.shape(1), active = block_tables.shape(0);
+  const py::ssize_t context = active * config.schedule.block_size;
+  require_shape(mask, "mask", {seq_q, context + seq_q},
+                "(seq_q, num_active_blocks * block_size + seq_q)");
+  for (py::ssize_t i = 0; i < active; ++i)
+    TILELAB_REQUIRE(block_tables.data()[i] >= 0 && block_tables.data()[i] < num_blocks)
+        << "block_tables: entry " << i << " is " << block_tables.data()[i]
+        << ", expected a cache block in [0, " << num_blocks << ")";
+
+  config.shape.num_heads = n_heads;
+  config.shape.num_kv_heads = n_kv_heads;
+  config.shape.head_dim = d;
+  config.shape.query_len = seq_q;
+  config.shape.num_active_blocks = active;
+  config.num_cache_blocks = num_blocks;
+  config.dtype = parse_dtype(dtype);
+  config.softmax_scale = static_cast<float>(softmax_scale);
+  config.tiling_factor = tiling_factor;
+  const sim::Machine machine = load_machine_spec(machine_source, machine_overrides);
+
+  std::vector<float> block_table_values(block_tables.data(), block_tables.data() + active);
+  // The mask comes reordered for the schedule's own tiling factor (the NKI convention of
+  // reorder_context_mask); a forced tiling_factor consumes columns in another order, so the
+  // context columns are put back in token order and reordered for the forced layout.
+  std::vector<uint8_t> mask_values(mask.data(), mask.data() + mask.size());
+  for (uint8_t& v : mask_values) v = v != 0;
+  std::shared_ptr<SimRun> run;
+  FloatArray output({py::ssize_t(1), n_heads, seq_q, d});
+  {
+    py::gil_scoped_release release;
+    const sim::KvTileLayout layout = sim::kv_tile_layout(config);
+    sim::FlashPagedAttentionConfig auto_config = config;
+    auto_config.tiling_factor = 0;
+    const sim::KvTileLayout auto_layout = sim::kv_tile_layout(auto_config);
+    const int64_t large = config.schedule.large_tile_size;
+    if (layout.tiled_block_size != auto_layout.tiled_block_size && context % large == 0) {
+      const std::vector<int64_t> token = sim::context_token_of_column(auto_layout, large);
+      const int64_t width = context + seq_q;
+      std::vector<uint8_t> natural = mask_values;
+      for (int64_t row = 0; row < seq_q; ++row)
+        for (int64_t tile = 0; tile < context / large; ++tile)
+          for (int64_t column = 0; column < large; ++column)
+            natural[size_t(row * width + tile * large + token[size_t(column)])] =
+                mask_values[size_t(row * width + tile * large + column)];
+      mask_values = sim::reorder_context_mask(natural, seq_q, context, layout, large);
+    }
+    std::vector<float> mask_floats(mask_values.begin(), mask_values.end());
+
+    sim::Program program = sim::build_flash_paged_attention(machine, config);
+    sim::FunctionalExecutor executor(program);
+    executor.set_tensor("query", span_of(query));
+    executor.set_tensor("key", span_of(key));
+    executor.set_tensor("value", span_of(value));
+    executor.set_tensor("kv_cache", span_of(kv_cache));
+    executor.set_tensor("block_tables", block_table_values);
+    executor.set_tensor("mask", mask_floats);
+    executor.run();
+    const std::vector<float> result = executor.tensor("output");
+    TILELAB_CHECK(result.size() == static_cast<size_t>(output.size()))
+        << "output: " << result.size() << " elements, expected " << output.size();
+    std::copy(result.begin(), result.end(), output.mutable_data());
+    run = time_program(std::move(program), report_parameters(config, tiling_factor), true, 200);
+  }
+  return py::make_tuple(wrap_run(std::move(run)), output);
+}
+
+// --- reports ---------------------------------------------------------------------------------
+
+// The critical path as report.cpp walks it (from the last instruction to finish, through the
+// instruction that bound each start), as a per-instruction flag for timeline plots.
+std::vector<uint8_t> critical_flags(const SimRun& run) {
+  const auto& t = run.timing.instructions;
+  std::vector<uint8_t> flags(t.size(), 0);
+  uint32_t current = sim::kNone;
+  double latest = -1;
+  for (uint32_t i = 0; i < t.size(); ++i)
+    if (t[i].end_ns > latest) {
+      latest = t[i].end_ns;
+      current = i;
+    }
+  while (current != sim::kNone && !flags[current]) {
+    flags[current] = 1;
+    const sim::InstructionTiming& it = t[current];
+    uint32_t next = sim::kNone;
+    if (run.program.instructions[current].dma != sim::kNone &&
+        it.transfer_reason == sim::WaitReason::dma_engine && it.transfer_wait_on != sim::kNone) {
+      next = it.transfer_wait_on;
+    } else if (it.wait_on != sim::kNone) {
+      next = it.wait_on;
+    } else if (it.engine_previous != sim::kNone &&
+               it.start_ns <= t[it.engine_previous].issue_end_ns + 1e-9) {
+      next = it.engine_previous;
+    }
+    current = next;
+  }
+  return flags;
+}
+
+const char* wait_reason_name(sim::WaitReason reason) {
+  switch (reason) {
+    case sim::WaitReason::none:
+      return "none";
+    case sim::WaitReason::dependency:
+      return "dependency";
+    case sim::WaitReason::port:
+      return "port";
+    case sim::WaitReason::dma_engine:
+      return "dma_engine";
+    case sim::WaitReason::hbm:
+      return "hbm";
+    case sim::WaitReason::dma_trigger:
+      return "dma_trigger";
+  }
+  return "?";
+}
+
+template <typename T>
+py::array_t<T> to_array(const std::vector<T>& values) {
+  py::array_t<T> out(static_cast<py::ssize_t>(values.size()));
+  std::copy(values.begin(), values.end(), out.mutable_data());
+  return out;
+}
+
+// Column arrays of the timeline (one row per instruction, program order) plus the code tables
+// of its categorical columns; sim.py assembles the numpy structured array.
+py::dict timeline(const py::handle& handle) {
+  const SimRun& run = unwrap_run(handle, "handle");
+  const size_t n = run.program.instructions.size();
+  std::vector<uint8_t> engine(n), opcode(n), wait_reason(n), transfer_reason(n), is_dma(n);
+  std::vector<double> start(n), issue_end(n), end(n), transfer_start(n);
+  std::vector<int64_t> wait_on(n), dma_queue(n);
+  std::vector<uint64_t> dma_bytes(n);
+  for (size_t i = 0; i < n; ++i) {
+    const sim::Instruction& instr = run.program.instructions[i];
+    const sim::InstructionTiming& t = run.timing.instructions[i];
+    engine[i] = static_cast<uint8_t>(instr.engine);
+    opcode[i] = static_cast<uint8_t>(instr.opcode);
+    start[i] = t.start_ns;
+    issue_end[i] = t.issue_end_ns;
+    end[i] = t.end_ns;
+    transfer_start[i] = t.transfer_start_ns;
+    wait_reason[i] = static_cast<uint8_t>(t.wait_reason);
+    transfer_reason[i] = static_cast<uint8_t>(t.transfer_reason);
+    wait_on[i] = t.wait_on == sim::kNone ? -1 : int64_t(t.wait_on);
+    is_dma[i] = instr.dma != sim::kNone;
+    dma_queue[i] = is_dma[i] ? run.program.dmas[instr.dma].queue : -1;
+    dma_bytes[i] = is_dma[i] ? run.program.dmas[instr.dma].bytes() : 0;
+  }
+  py::list engine_names, opcode_names, reason_names;
+  for (int e = 0; e < sim::kEngineCount; ++e)
+    engine_names.append(std::string(sim::engine_name(static_cast<sim::Engine>(e))));
+  for (int o = 0; o < sim::kOpcodeCount; ++o)
+    opcode_names.append(std::string(sim::opcode_name(static_cast<sim::Opcode>(o))));
+  for (auto reason : {sim::WaitReason::none, sim::WaitReason::dependency, sim::WaitReason::port,
+                      sim::WaitReason::dma_engine, sim::WaitReason::hbm,
+                      sim::WaitReason::dma_trigger})
+    reason_names.append(wait_reason_name(reason));
+  py::dict d;
+  d["engine"] = to_array(engine);
+  d["opcode"] = to_array(opcode);
+  d["start_ns"] = to_array(start);
+  d["issue_end_ns"] = to_array(issue_end);
+  d["end_ns"] = to_array(end);
+  d["transfer_start_ns"] = to_array(transfer_start);
+  d["wait_reason"] = to_array(wait_reason);
+  d["transfer_wait_reason"] = to_array(transfer_reason);
+  d["wait_on"] = to_array(wait_on);
+  d["is_dma"] = to_array(is_dma);
+  d["dma_queue"] = to_array(dma_queue);
+  d["dma_bytes"] = to_array(dma_bytes);
+  d["on_critical_path"] = to_array(critical_flags(run));
+  d["engine_names"] = engine_names;
+  d["opcode_names"] = opcode_names;
+  d["wait_reason_names"] = reason_names;
+  return d;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out) throw Error("path: cannot write '" + path + "'");
+  out << text;
+  if (!out) throw Error("path: error writing '" + path + "'");
+}
+
+void save_html(const py::handle& handle, const std::string& path,
+               const std::vector<std::pair<std::string, py::object>>& comparisons,
+               const std::string& title, const std::string& baseline_label) {
+  const SimRun& run = unwrap_run(handle, "handle");
+  sim::HtmlOptions options;
+  options.title = title;
+  if (!baseline_label.empty()) options.baseline_label = baseline_label;
+  for (const auto& [label, other] : comparisons)
+    options.comparisons.push_back({label, unwrap_run(other, "compare").report});
+  std::string html;
+  {
+    py::gil_scoped_release release;
+    html = sim::report_html(run.program, run.timing, run.report, options);
+  }
+  write_text(path, html);
+}
+
+void save_trace(const py::handle& handle, const std::string& path, size_t max_events) {
+  const SimRun& run = unwrap_run(handle, "handle");
+  std::string text;
+  {
+    py::gil_scoped_release release;
+    text = sim::chrome_trace(run.program, run.timing, max_events).dump() + "\n";
+  }
+  write_text(path, text);
+}
+
+}  // namespace
+
+void register_sim_bindings(py::module_& core) {
+  core.def("sim_machine_presets", &sim::machine_preset_names,
+           "Names of the built-in machine presets (schedules/machines/*.json).");
+  core.def(
+      "sim_default_requests",
+      [] {
+        std::vector<std::pair<int64_t, int64_t>> out;
+        for (const auto& r : sim::default_paged_attention_requests())
+          out.emplace_back(r.query_len, r.context_len);
+        return out;
+      },
+      "The default batch of `tilelab sim paged-attention` as (query_len, context_len) pairs.");
+  core.def("sim_machine", &machine_dict, py::arg("source"), py::arg("overrides"),
+           "Loads a machine (preset name or JSON path) with KEY=VALUE overrides; returns its "
+           "fields as a dict.");
+  core.def(
+      "sim_schedule",
+      [](const std::string& json) { return PagedAttentionSchedule::from_json(json).to_json(); },
+      py::arg("json"),
+      "Parses and validates a PagedAttentionSchedule JSON; returns the normalized JSON with its "
+      "derived values.");
+  core.def("sim_simulate", &simulate_point, py::arg("machine_source"),
+           py::arg("machine_overrides"), py::arg("point"), py::arg("record_dma_pieces") = true,
+           "Builds and times the paged attention kernel for one shape-based point; returns a run "
+           "handle.");
+  core.def("sim_simulate_arrays", &simulate_arrays, py::arg("machine_source"),
+           py::arg("machine_overrides"), py::arg("schedule_json"), py::arg("query"),
+           py::arg("key"), py::arg("value"), py::arg("kv_cache"), py::arg("block_tables"),
+           py::arg("mask"), py::arg("dtype"), py::arg("softmax_scale"), py::arg("tiling_factor"),
+           "Runs the paged attention kernel functionally on NKI-layout arrays and times it; "
+           "returns (run handle, float32 output).");
+  core.def("sim_sweep", &sweep, py::arg("machines"), py::arg("points"),
+           "Simulates many shape-based points in parallel (OpenMP, GIL released); returns per "
+           "point a summary dict or the reason the point is invalid.");
+  core.def(
+      "sim_summary", [](const py::handle& handle) {
+        return summary_dict(flat_summary(unwrap_run(handle, "handle").report));
+      },
+      py::arg("handle"), "The flat summary of a run (one number per key).");
+  core.def(
+      "sim_report_json",
+      [](const py::handle& handle) {
+        return sim::report_json(unwrap_run(handle, "handle").report).dump();
+      },
+      py::arg("handle"), "The run's report as JSON text (schema tilelab.sim_report).");
+  core.def(
+      "sim_report_text",
+      [](const py::handle& handle) { return sim::report_text(unwrap_run(handle, "handle").report); },
+      py::arg("handle"), "The run's report as a text table.");
+  core.def("sim_timeline", &timeline, py::arg("handle"),
+           "Per-instruction timing columns of a run.");
+  core.def("sim_save_html", &save_html, py::arg("handle"), py::arg("path"),
+           py::arg("comparisons"), py::arg("title"), py::arg("baseline_label"),
+           "Writes the self-contained HTML report of a run.");
+  core.def("sim_save_trace", &save_trace, py::arg("handle"), py::arg("path"),
+           py::arg("max_events"), "Writes the Chrome/Perfetto trace of a run.");
+}
+
+}  // namespace tilelab::python

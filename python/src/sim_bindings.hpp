@@ -1,0 +1,13 @@
+// tilelab._core sim_* functions: the simulator's paged attention kernel, machines, schedules,
+// reports and parallel sweeps for the Python facade python/tilelab/sim.py.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace tilelab::python {
+
+// Adds the sim_* functions to `core`. Runs and their programs travel to Python as opaque capsules
+// (no classes, so _core's surface stays a flat list of functions with stubs in _core.pyi).
+void register_sim_bindings(pybind11::module_& core);
+
+}  // namespace tilelab::python

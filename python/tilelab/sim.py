@@ -1,0 +1,863 @@
+"""tilelab.sim: explore schedules of the NKI-style flash paged attention kernel on the simulated
+NeuronCore-like tile machine, from Python or a notebook.
+
+- :class:`Machine`: a machine description (``Machine.preset("trn1")``), fields readable and
+  overridable (``m.dma_bytes_per_ns_per_engine = 20``).
+- :class:`PagedAttentionSchedule`: the kernel's knobs, validated when built.
+- :func:`simulate_paged_attention_batch`: simulate a batch described by its request lengths
+  (timing only, fast) -> :class:`Report`.
+- :func:`simulate_flash_paged_attention`: the arguments of
+  :func:`tilelab.nki.flash_paged_attention` (NKI-layout arrays) plus machine and schedule; runs the
+  tile program on the numbers and returns ``(report, output)``.
+- :func:`sweep`: many configurations in parallel (OpenMP, GIL released) -> a table.
+
+Times are in ns, sizes in bytes (per partition where the name says so), rates in GB/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "Machine",
+    "PagedAttentionSchedule",
+    "Report",
+    "default_batch",
+    "simulate_flash_paged_attention",
+    "simulate_paged_attention_batch",
+    "sweep",
+]
+
+_SCHEDULE_SCHEMA = "tilelab.paged_attention_schedule"
+_SCHEDULE_SCHEMA_VERSION = 1
+# Machine fields that describe the machine rather than configure it.
+_MACHINE_READ_ONLY = ("name", "description", "source_of_key")
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+# --- Machine ---------------------------------------------------------------------------------
+
+
+class Machine:
+    """A NeuronCore-like machine: a preset or JSON file plus ``key=value`` overrides.
+
+    Every number the simulator uses is an attribute named as in the machine JSON (units in the
+    names: ``dma_bytes_per_ns_per_engine``, ``sbuf_bytes_per_partition``, ...). Assigning one
+    overrides it and re-validates the machine (ValueError naming the key when out of range):
+
+        m = Machine.preset("trn1")
+        m.dma_bytes_per_ns_per_engine = 20.0
+        faster = m.with_overrides(tensor_clock_ghz=3.0)   # a changed copy
+    """
+
+    __slots__ = ("_source", "_overrides", "_fields")
+
+    def __init__(self, source: str, overrides: Mapping[str, Any] | None = None):
+        """Prefer :meth:`preset` and :meth:`from_json`. ``source`` is a preset name or a path."""
+        if not isinstance(source, str):
+            raise TypeError(f"source: expected a preset name or path (str), got {_type_name(source)}")
+        object.__setattr__(self, "_source", source)
+        object.__setattr__(self, "_overrides", {})
+        object.__setattr__(self, "_fields", {})
+        self._apply(dict(overrides or {}))
+
+    @staticmethod
+    def presets() -> list[str]:
+        """The built-in preset names (``["trn1", "trn2"]``)."""
+        return list(_core.sim_machine_presets())
+
+    @classmethod
+    def preset(cls, name: str) -> Machine:
+        """A built-in machine: ``"trn1"`` (NeuronCore-v2) or ``"trn2"`` (NeuronCore-v3)."""
+        names = cls.presets()
+        if name not in names:
+            allowed = ", ".join(repr(n) for n in names)
+            raise ValueError(f"name: expected one of {allowed}, got {name!r}")
+        return cls(name)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> Machine:
+        """A machine from a JSON file (schema ``tilelab.machine``; see schedules/machines/)."""
+        path = os.path.abspath(os.fspath(path))
+        if not os.path.isfile(path):
+            raise ValueError(f"path: no machine JSON file at '{path}'")
+        return cls(path)
+
+    def _apply(self, changes: Mapping[str, Any]) -> None:
+        overrides = dict(self._overrides)
+        for key, value in changes.items():
+            if key in _MACHINE_READ_ONLY:
+                raise ValueError(f"{key}: describes the machine and cannot be overridden")
+            if isinstance(value, np.generic):
+                value = value.item()
+            overrides[key] = value
+        assignments = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
+        fields = _core.sim_machine(self._source, assignments)
+        object.__setattr__(self, "_overrides", overrides)
+        object.__setattr__(self, "_fields", fields)
+
+    def __getattr__(self, name: str) -> Any:
+        fields = object.__getattribute__(self, "_fields")
+        if name in fields:
+            value = fields[name]
+            return list(value) if isinstance(value, list) else value
+        raise AttributeError(f"Machine has no field {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._fields:
+            raise AttributeError(f"Machine has no field {name!r}")
+        self._apply({name: value})
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._fields))
+
+    def with_overrides(self, **values: Any) -> Machine:
+        """A copy with these fields changed (this machine is left as it is)."""
+        copy = Machine(self._source, self._overrides)
+        copy._apply(values)
+        return copy
+
+    @property
+    def source(self) -> str:
+        """The preset name or JSON path this machine was loaded from."""
+        return self._source
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The fields changed from the preset or file."""
+        return dict(self._overrides)
+
+    @property
+    def fields(self) -> list[str]:
+        """Names of every field (attribute) of the machine."""
+        return [k for k in self._fields if k != "source_of_key"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field and its value (``source_of_key`` maps each key to where its number comes
+        from)."""
+        return dict(self._fields)
+
+    def _spec(self) -> tuple[str, tuple[str, ...]]:
+        return self._source, tuple(f"{k}={json.dumps(v)}" for k, v in self._overrides.items())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Machine) and self._fields == other._fields
+
+    def __hash__(self) -> int:
+        return hash(self._spec())
+
+    def __repr__(self) -> str:
+        if not self._overrides:
+            return f"Machine({self.name!r})"
+        changed = ", ".join(f"{k}={v!r}" for k, v in self._overrides.items())
+        return f"Machine({self.name!r}, {changed})"
+
+
+def _as_machine(machine: Machine | str | os.PathLike | None, argument: str = "machine") -> Machine:
+    if machine is None:
+        return Machine.preset("trn1")
+    if isinstance(machine, Machine):
+        return machine
+    if isinstance(machine, (str, os.PathLike)):
+        text = os.fspath(machine)
+        return Machine.preset(text) if text in Machine.presets() else Machine.from_json(text)
+    raise TypeError(
+        f"{argument}: expected a Machine, a preset name or a JSON path, got {_type_name(machine)}"
+    )
+
+
+# --- PagedAttentionSchedule ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedAttentionSchedule:
+    """The tiling of the flash paged attention kernel (the shared schedule description of
+    schedules/paged_attention_schedule.hpp, read by the CPU kernels and the simulator).
+
+    Fields (named as in vLLM's NKI kernel where it has them):
+        partition_tile: B_P_SIZE, query rows per tile = SBUF partitions (128).
+        free_tile: B_F_SIZE, score columns per matmul = one PSUM bank of fp32 (512).
+        large_tile_size: LARGE_TILE_SZ, prior-context tokens per large tile (one K/V gather, one
+            softmax merge): a multiple of free_tile in [512, 8192].
+        block_size: tokens per KV-cache block, a power of two <= 256 dividing large_tile_size.
+        mixed_precision: bf16 tensor-engine inputs with fp32 accumulation.
+        transpose: ``"pe"`` (identity matmul) or ``"dma"`` (DMA transpose, NeuronCore-v3 only).
+        kv_buffers: K/V large-tile buffers in SBUF (1 serializes gather and compute, 2 double
+            buffers, up to 4).
+
+    Construction validates; ValueError names the field, the value and the constraint. Derived
+    values (``block_size_tiling_factor``, ``tiled_block_size``, ...) are attributes.
+    """
+
+    partition_tile: int = 128
+    free_tile: int = 512
+    large_tile_size: int = 2048
+    block_size: int = 32
+    mixed_precision: bool = True
+    transpose: Literal["pe", "dma"] = "pe"
+    kv_buffers: int = 2
+    _derived: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("partition_tile", "free_tile", "large_tile_size", "block_size", "kv_buffers"):
+            value = getattr(self, name)
+            if isinstance(value, np.integer):
+                object.__setattr__(self, name, int(value))
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}: expected an int, got {_type_name(value)}")
+        if isinstance(self.mixed_precision, np.bool_):
+            object.__setattr__(self, "mixed_precision", bool(self.mixed_precision))
+        if not isinstance(self.mixed_precision, bool):
+            raise TypeError(f"mixed_precision: expected a bool, got {_type_name(self.mixed_precision)}")
+        if self.transpose not in ("pe", "dma"):
+            raise ValueError(f"transpose: expected 'pe' or 'dma', got {self.transpose!r}")
+        normalized = json.loads(_core.sim_schedule(json.dumps(self._payload())))
+        object.__setattr__(self, "_derived", normalized["derived"])
+
+    def _payload(self) -> dict[str, Any]:
+        return {
+            "schema": _SCHEDULE_SCHEMA,
+            "schema_version": _SCHEDULE_SCHEMA_VERSION,
+            **self.to_dict(),
+        }
+
+    @property
+    def num_blocks_per_large_tile(self) -> int:
+        """Cache blocks per large tile: large_tile_size / block_size."""
+        return self._derived["num_blocks_per_large_tile"]
+
+    @property
+    def block_size_tiling_factor(self) -> int:
+        """Pieces each block is cut into so one vectorized K/V load spans partition_tile
+        partitions (1 when a large tile has at least partition_tile blocks)."""
+        return self._derived["block_size_tiling_factor"]
+
+    @property
+    def tiled_block_size(self) -> int:
+        """Tokens each partition holds per load: block_size / block_size_tiling_factor."""
+        return self._derived["tiled_block_size"]
+
+    @property
+    def loads_per_large_tile(self) -> int:
+        """128-partition loads per large tile, for K and for V each."""
+        return self._derived["loads_per_large_tile"]
+
+    @property
+    def reduction_tile(self) -> int:
+        """Score columns whose exp-sums are reduced together (the kernel's REDUCTION_TILE)."""
+        return self._derived["reduction_tile"]
+
+    def replace(self, **changes: Any) -> PagedAttentionSchedule:
+        """A copy with these fields changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields (not the derived values)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+    def to_json(self) -> str:
+        """JSON text of schema ``tilelab.paged_attention_schedule`` (derived values included under
+        "derived", ignored when read back)."""
+        return _core.sim_schedule(json.dumps(self._payload()))
+
+    @classmethod
+    def from_json(cls, text: str) -> PagedAttentionSchedule:
+        """Parses :meth:`to_json` text (or a file path ending in .json). Unknown keys, a wrong
+        schema and wrong value types are ValueErrors naming the key."""
+        if text.strip().endswith(".json") and os.path.isfile(text.strip()):
+            with open(text.strip(), encoding="utf-8") as file:
+                text = file.read()
+        normalized = json.loads(_core.sim_schedule(text))
+        return cls(**{f.name: normalized[f.name] for f in dataclasses.fields(cls) if f.init})
+
+
+def _schedule_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(PagedAttentionSchedule) if f.init)
+
+
+# --- Report ----------------------------------------------------------------------------------
+
+
+class Report:
+    """The report of one simulated run.
+
+    Every summary field is an attribute (``report.total_time_ns``, ``report.dma_utilization_percent``,
+    ``report.tensor_active_time_percent``, ``report.dma_gather_average_bytes_per_partition``, ...;
+    :attr:`summary_fields` lists them, the same keys as :func:`sweep`'s columns). The nested
+    report (schema ``tilelab.sim_report``, docs/sim_report.schema.json) is :meth:`to_json`;
+    :attr:`timeline` has one row per instruction.
+    """
+
+    __slots__ = ("_handle", "_summary", "_json", "_timeline")
+
+    def __init__(self, handle: Any):
+        """Reports come from the simulate functions; do not build one directly."""
+        self._handle = handle
+        self._summary = dict(_core.sim_summary(handle))
+        self._json: dict | None = None
+        self._timeline: np.ndarray | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        summary = object.__getattribute__(self, "_summary")
+        if name in summary:
+            return summary[name]
+        raise AttributeError(f"Report has no field {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._summary))
+
+    @property
+    def summary_fields(self) -> list[str]:
+        """Names of the summary fields (attributes, :meth:`to_dict` keys)."""
+        return list(self._summary)
+
+    @property
+    def kernel(self) -> str:
+        return self.to_json()["kernel"]
+
+    @property
+    def machine(self) -> str:
+        """The machine's name."""
+        return self.to_json()["machine"]
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        """The kernel parameters of the run, named as `tilelab sim paged-attention` names them."""
+        return dict(self.to_json()["parameters"])
+
+    @property
+    def engines(self) -> list[dict[str, Any]]:
+        """Per engine: active time, instructions, idle time and its blame (what it waited on)."""
+        return self.to_json()["engines"]
+
+    @property
+    def idle_blame(self) -> dict[str, list[dict[str, Any]]]:
+        """Engine name -> idle time attributed to what it waited on (largest first)."""
+        return {engine["name"]: engine["idle_blame"] for engine in self.engines}
+
+    @property
+    def critical_path(self) -> list[dict[str, Any]]:
+        """Critical path segments (unit, start_ns, end_ns, contributed_ns, first_instruction)."""
+        return self.to_json()["critical_path"]["segments"]
+
+    @property
+    def dma_by_kind(self) -> list[dict[str, Any]]:
+        """Per DMA opcode: transfers, bytes, bytes per partition, achieved GB/s, utilization."""
+        return self.to_json()["dma"]["by_kind"]
+
+    def to_dict(self) -> dict[str, float]:
+        """The summary fields as a flat dict (one number each)."""
+        return dict(self._summary)
+
+    def to_json(self) -> dict[str, Any]:
+        """The full nested report (schema ``tilelab.sim_report``)."""
+        if self._json is None:
+            self._json = json.loads(_core.sim_report_json(self._handle))
+        return self._json
+
+    def to_dataframe(self):
+        """The summary as a one-row pandas DataFrame (ImportError when pandas is missing)."""
+        try:
+            import pandas
+        except ImportError as error:
+            raise ImportError("Report.to_dataframe needs pandas (pip install pandas)") from error
+        return pandas.DataFrame([self._summary])
+
+    @property
+    def timeline(self) -> np.ndarray:
+        """One row per instruction in program order, a numpy structured array with fields
+        ``instruction``, ``unit`` ("dma" for DMA transfers, else the engine), ``engine`` (the
+        engine queue that issues it), ``opcode``, ``start_ns``, ``issue_end_ns``, ``end_ns``,
+        ``transfer_start_ns`` (DMA: first byte moves), ``is_dma``, ``dma_queue`` (-1 for compute),
+        ``dma_bytes``, ``wait_reason`` (what bound the start: none, dependency, port, dma_engine,
+        hbm, dma_trigger), ``wait_on`` (the instruction waited on, -1 if none) and
+        ``on_critical_path``."""
+        if self._timeline is None:
+            self._timeline = _make_timeline(_core.sim_timeline(self._handle))
+        return self._timeline
+
+    def save_html(
+        self,
+        path: str | os.PathLike,
+        *,
+        compare: Mapping[str, Report] | None = None,
+        title: str | None = None,
+        label: str | None = None,
+    ) -> None:
+        """Writes the self-contained HTML report (inline SVG charts: engine and DMA-engine
+        timeline, DMA bandwidth, bytes-per-partition histogram, SBUF/PSUM occupancy).
+        ``compare`` maps a label to another report shown beside this one (``label``)."""
+        comparisons = []
+        for name, other in (compare or {}).items():
+            if not isinstance(other, Report):
+                raise TypeError(f"compare[{name!r}]: expected a Report, got {_type_name(other)}")
+            comparisons.append((str(name), other._handle))
+        _core.sim_save_html(self._handle, os.fspath(path), comparisons, title or "", label or "")
+
+    def save_trace(self, path: str | os.PathLike, *, max_events: int = 500_000) -> None:
+        """Writes a Chrome/Perfetto trace (one track per engine and DMA queue)."""
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"max_events: expected a positive int, got {max_events!r}")
+        _core.sim_save_trace(self._handle, os.fspath(path), max_events)
+
+    def save_json(self, path: str | os.PathLike) -> None:
+        """Writes the nested report as JSON (schema ``tilelab.sim_report``)."""
+        with open(os.fspath(path), "w", encoding="utf-8") as file:
+            json.dump(self.to_json(), file, indent=2)
+            file.write("\n")
+
+    def __str__(self) -> str:
+        return _core.sim_report_text(self._handle)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Report {self.kernel} on {self.machine}: {self.total_time_ns / 1e3:.1f} us, "
+            f"DMA utilization {self.dma_utilization_percent:.1f}%, "
+            f"TensorE {self.tensor_active_time_percent:.1f}% active>"
+        )
+
+
+_TIMELINE_DTYPE = np.dtype(
+    [
+        ("instruction", np.uint32),
+        ("unit", "U6"),
+        ("engine", "U6"),
+        ("opcode", "U16"),
+        ("start_ns", np.float64),
+        ("issue_end_ns", np.float64),
+        ("end_ns", np.float64),
+        ("transfer_start_ns", np.float64),
+        ("is_dma", np.bool_),
+        ("dma_queue", np.int16),
+        ("dma_bytes", np.uint64),
+        ("wait_reason", "U11"),
+        ("wait_on", np.int64),
+        ("on_critical_path", np.bool_),
+    ]
+)
+
+
+def _make_timeline(columns: dict) -> np.ndarray:
+    n = len(columns["start_ns"])
+    table = np.empty(n, dtype=_TIMELINE_DTYPE)
+    engines = np.array(columns["engine_names"])
+    table["instruction"] = np.arange(n)
+    table["engine"] = engines[columns["engine"]]
+    is_dma = columns["is_dma"].astype(bool)
+    table["unit"] = np.where(is_dma, "dma", table["engine"])
+    table["opcode"] = np.array(columns["opcode_names"])[columns["opcode"]]
+    for name in ("start_ns", "issue_end_ns", "end_ns", "transfer_start_ns", "dma_queue",
+                 "dma_bytes", "wait_on"):
+        table[name] = columns[name]
+    table["is_dma"] = is_dma
+    table["wait_reason"] = np.array(columns["wait_reason_names"])[columns["wait_reason"]]
+    table["on_critical_path"] = columns["on_critical_path"].astype(bool)
+    return table
+
+
+# --- simulation entries ----------------------------------------------------------------------
+
+
+def default_batch() -> tuple[list[tuple[int, int]], list[int]]:
+    """The default batch of `tilelab sim paged-attention`: ``(prefill, decode)`` with prefill
+    ``(query_len, context_len)`` pairs and decode context lengths (one new token each)."""
+    requests = _core.sim_default_requests()
+    prefill = [(q, c) for q, c in requests if q > 1]
+    decode = [c for q, c in requests if q == 1]
+    return prefill, decode
+
+
+def _requests(prefill, decode) -> list[tuple[int, int]]:
+    if prefill is None and decode is None:
+        prefill, decode = default_batch()
+    requests = []
+    for i, pair in enumerate(prefill or ()):
+        try:
+            query_len, context_len = pair
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"prefill[{i}]: expected a (query_len, context_len) pair, got {pair!r}"
+            ) from None
+        requests.append((_int(query_len, f"prefill[{i}]"), _int(context_len, f"prefill[{i}]")))
+    for i, context_len in enumerate(decode or ()):
+        requests.append((1, _int(context_len, f"decode[{i}]")))
+    if not requests:
+        raise ValueError("prefill, decode: expected at least one request, got none")
+    return requests
+
+
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {_type_name(value)}")
+    return int(value)
+
+
+def _tiling_factor(value: Any) -> int:
+    """None / "auto" -> 0 (the schedule's own factor); a power of two is checked by the kernel."""
+    if value is None or value == "auto":
+        return 0
+    factor = _int(value, "tiling_factor")
+    if factor < 1:
+        raise ValueError(f"tiling_factor: expected 'auto' or a power of two >= 1, got {factor}")
+    return factor
+
+
+def _resolve_schedule(schedule: PagedAttentionSchedule | None, **fields: Any) -> PagedAttentionSchedule:
+    if schedule is None:
+        return PagedAttentionSchedule(**{k: v for k, v in fields.items() if v is not None})
+    if not isinstance(schedule, PagedAttentionSchedule):
+        raise TypeError(f"schedule: expected a PagedAttentionSchedule, got {_type_name(schedule)}")
+    for name, value in fields.items():
+        if value is not None and value != getattr(schedule, name):
+            raise ValueError(
+                f"{name}: {value!r} disagrees with schedule.{name} = {getattr(schedule, name)!r};"
+                " give one or the other"
+            )
+    return schedule
+
+
+def _point(
+    schedule_payload: Mapping[str, Any],
+    *,
+    prefill=None,
+    decode=None,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: str = "bf16",
+    tiling_factor: int | str | None = None,
+    seed: int = 1,
+    softmax_scale: float | None = None,
+) -> dict[str, Any]:
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype: expected 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+    return {
+        "schedule_json": json.dumps(dict(schedule_payload)),
+        "requests": _requests(prefill, decode),
+        "num_heads": _int(num_heads, "num_heads"),
+        "num_kv_heads": _int(num_kv_heads, "num_kv_heads"),
+        "head_dim": _int(head_dim, "head_dim"),
+        "dtype": dtype,
+        "tiling_factor": _tiling_factor(tiling_factor),
+        "seed": _int(seed, "seed"),
+        "softmax_scale": 0.0 if softmax_scale is None else float(softmax_scale),
+    }
+
+
+def simulate_paged_attention_batch(
+    *,
+    prefill: Sequence[tuple[int, int]] | None = None,
+    decode: Sequence[int] | None = None,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16",
+    schedule: PagedAttentionSchedule | None = None,
+    machine: Machine | str | None = None,
+    tiling_factor: int | Literal["auto"] | None = None,
+    seed: int = 1,
+    softmax_scale: float | None = None,
+) -> Report:
+    """Simulates the flash paged attention kernel on a continuous batch (timing only: no data).
+
+    The batch is given by its requests, as `tilelab sim paged-attention` takes them: ``prefill``
+    ``(query_len, context_len)`` pairs and ``decode`` context lengths (one new token each); both
+    None: the default batch (:func:`default_batch`: 4 prefill + 12 decode requests, 512 query
+    rows, 16384 context tokens). Queries are concatenated and padded to whole 128-row tiles; each
+    request's context sits in its own cache blocks (placement shuffled by ``seed``), the block
+    table padded to whole large tiles.
+
+    Args:
+        num_heads, num_kv_heads, head_dim: query heads, kv heads (the kernel's grid; num_heads a
+            multiple), d <= 128.
+        dtype: of query, key, value, kv_cache and output.
+        schedule: the kernel's tiling (default :class:`PagedAttentionSchedule()`).
+        machine: a :class:`Machine`, a preset name or a machine JSON path (default "trn1").
+        tiling_factor: pieces each cache block is cut into for the vectorized K/V gather. None or
+            "auto": the schedule's ``block_size_tiling_factor``; a power of two forces it (1 turns
+            the block-size tiling trick off). Simulator-only for now.
+        softmax_scale: default 1/sqrt(head_dim).
+
+    Returns a :class:`Report`. ValueError names the argument or schedule field that does not fit
+    (e.g. head_dim > 128, a transpose the machine lacks).
+    """
+    resolved = _resolve_schedule(schedule)
+    point = _point(
+        resolved._payload(),
+        prefill=prefill,
+        decode=decode,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        tiling_factor=tiling_factor,
+        seed=seed,
+        softmax_scale=softmax_scale,
+    )
+    source, overrides = _as_machine(machine)._spec()
+    return Report(_core.sim_simulate(source, list(overrides), point, True))
+
+
+_DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def simulate_flash_paged_attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    kv_cache: np.ndarray,
+    block_tables: np.ndarray,
+    mask: np.ndarray,
+    softmax_scale: float | None = None,
+    mixed_precision: bool | None = None,
+    LARGE_TILE_SZ: int | None = None,  # noqa: N803 (the NKI kernel's name)
+    *,
+    machine: Machine | str | None = None,
+    schedule: PagedAttentionSchedule | None = None,
+    tiling_factor: int | Literal["auto"] | None = None,
+) -> tuple[Report, np.ndarray]:
+    """Runs the tile program of :func:`tilelab.nki.flash_paged_attention` on the simulator, on
+    these numbers (functional mode), and times it. Returns ``(report, output)``.
+
+    The arrays are those of :func:`tilelab.nki.flash_paged_attention`: query
+    ``(1, n_heads, d, seq_q)``, key ``(1, n_kv_heads, d, seq_q)``, value
+    ``(1, n_kv_heads, seq_q, d)``, kv_cache ``(2, num_blocks, n_kv_heads, block_size, d)``,
+    block_tables ``(num_active_blocks,)`` integers, mask ``(seq_q, num_active_blocks * block_size
+    + seq_q)`` bool or integers (nonzero = attend) with its context columns reordered by
+    :func:`tilelab.nki.reorder_context_mask`. Attention tensors share one dtype: float32, float16
+    or ``ml_dtypes.bfloat16``; the output ``(1, n_heads, seq_q, d)`` has that dtype.
+
+    ``mixed_precision`` and ``LARGE_TILE_SZ`` default to the schedule's (or True and 2048 without
+    one); when both a schedule and one of them are given they must agree. The schedule's
+    block_size must equal kv_cache's dimension 3 (default: taken from kv_cache). ``machine`` and
+    ``tiling_factor`` as in :func:`simulate_paged_attention_batch`; with a forced tiling_factor
+    the mask is still given in the NKI order and reordered for the forced layout here.
+
+    The functional executor interprets every instruction: use small shapes (seconds for a
+    few thousand context tokens).
+    """
+    arrays = {"query": query, "key": key, "value": value, "kv_cache": kv_cache}
+    for name, array in arrays.items():
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"{name}: expected a numpy.ndarray, got {_type_name(array)}")
+    dtype_name = _DTYPE_NAMES.get(query.dtype.name)
+    if dtype_name is None:
+        raise TypeError(f"query: expected dtype float32, float16 or bfloat16, got {query.dtype}")
+    for name, array in arrays.items():
+        if array.dtype != query.dtype:
+            raise TypeError(f"{name}: expected dtype {query.dtype} (query's), got {array.dtype}")
+    for name, array in (("block_tables", block_tables), ("mask", mask)):
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"{name}: expected a numpy.ndarray, got {_type_name(array)}")
+        if array.dtype.kind not in ("biu" if name == "mask" else "iu"):
+            raise TypeError(f"{name}: expected an integer array, got dtype {array.dtype}")
+    if kv_cache.ndim != 5:
+        raise ValueError(
+            "kv_cache: expected shape (2, num_blocks, n_kv_heads, block_size, d), got "
+            f"{kv_cache.shape}"
+        )
+    if schedule is None:
+        schedule = PagedAttentionSchedule(
+            large_tile_size=2048 if LARGE_TILE_SZ is None else _int(LARGE_TILE_SZ, "LARGE_TILE_SZ"),
+            block_size=int(kv_cache.shape[3]),
+            mixed_precision=True if mixed_precision is None else bool(mixed_precision),
+        )
+    else:
+        schedule = _resolve_schedule(
+            schedule, large_tile_size=LARGE_TILE_SZ, mixed_precision=mixed_precision
+        )
+    source, overrides = _as_machine(machine)._spec()
+
+    def floats(array: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+    handle, output = _core.sim_simulate_arrays(
+        source,
+        list(overrides),
+        json.dumps(schedule._payload()),
+        floats(query),
+        floats(key),
+        floats(value),
+        floats(kv_cache),
+        np.ascontiguousarray(block_tables, dtype=np.int32),
+        np.ascontiguousarray(mask != 0, dtype=np.int32),
+        dtype_name,
+        0.0 if softmax_scale is None else float(softmax_scale),
+        _tiling_factor(tiling_factor),
+    )
+    return Report(handle), output.astype(query.dtype)
+
+
+# --- sweep -----------------------------------------------------------------------------------
+
+_PROBLEM_KEYS = (
+    "prefill",
+    "decode",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "dtype",
+    "tiling_factor",
+    "seed",
+    "softmax_scale",
+)
+
+
+def _column_value(value: Any) -> Any:
+    if isinstance(value, Machine):
+        return value.name if not value.overrides else repr(value)
+    if isinstance(value, PagedAttentionSchedule):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return str(value)
+    return value
+
+
+class _Progress:
+    """A one-line counter on stderr (\\r), shown once a sweep has run for `delay` seconds."""
+
+    def __init__(self, total: int, enabled: bool | None, delay: float = 2.0):
+        self.total, self.enabled, self.delay = total, enabled, delay
+        self.start = time.perf_counter()
+        self.shown = False
+
+    def update(self, done: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        if self.enabled is False or (self.enabled is None and elapsed < self.delay):
+            return
+        rate = done / elapsed if elapsed > 0 else 0.0
+        sys.stderr.write(f"\rsweep: {done}/{self.total} points, {rate:.0f} points/s")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def sweep(
+    base: Mapping[str, Any] | None = None,
+    grid: Mapping[str, Iterable[Any]] | None = None,
+    *,
+    machine: Machine | str | None = None,
+    progress: bool | None = None,
+    as_dataframe: bool | None = None,
+):
+    """Simulates every combination of ``grid`` over ``base`` in parallel and returns a table.
+
+    ``base`` holds keyword arguments of :func:`simulate_paged_attention_batch` (``prefill``,
+    ``decode``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``dtype``, ``tiling_factor``,
+    ``seed``, ``softmax_scale``, ``schedule``) and, flat, any :class:`PagedAttentionSchedule`
+    field (``block_size=16``). ``grid`` maps any of those names, ``"machine"`` (Machines or
+    preset names) or ``"machine.<field>"`` (a machine override, e.g.
+    ``"machine.dma_bytes_per_ns_per_engine"``) to the values to try; points are the Cartesian
+    product in the grid's key order.
+
+    Points run on tilelab's OpenMP threads (:func:`tilelab.set_num_threads`) with the GIL
+    released, timing only. A point whose schedule or shape is invalid is not simulated: its row
+    has ``valid`` False, the reason in ``error`` and NaN in the summary columns. ``progress``:
+    True shows a counter on stderr, False never, None once the sweep has run for 2 s.
+
+    Returns one row per point (grid values, ``valid``, ``error``, then every :class:`Report`
+    summary field): a pandas DataFrame when pandas is importable (``as_dataframe=None``) or
+    requested (True), else a list of dicts.
+    """
+    base = dict(base or {})
+    grid = {key: list(values) for key, values in (grid or {}).items()}
+    schedule_fields = _schedule_fields()
+    allowed = set(_PROBLEM_KEYS) | set(schedule_fields) | {"schedule"}
+    for key in base:
+        if key not in allowed:
+            raise ValueError(f"base: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}")
+    for key, values in grid.items():
+        if key not in allowed | {"machine"} and not key.startswith("machine."):
+            raise ValueError(
+                f"grid: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}, 'machine', "
+                "'machine.<field>'"
+            )
+        if not values:
+            raise ValueError(f"grid[{key!r}]: expected at least one value, got none")
+    if as_dataframe is not False:
+        try:
+            import pandas
+        except ImportError:
+            if as_dataframe:
+                raise ImportError("sweep(as_dataframe=True) needs pandas (pip install pandas)") from None
+            pandas = None
+    else:
+        pandas = None
+
+    base_machine = _as_machine(machine)
+    base_schedule = base.pop("schedule", None) or PagedAttentionSchedule()
+    if not isinstance(base_schedule, PagedAttentionSchedule):
+        raise TypeError(f"base['schedule']: expected a PagedAttentionSchedule, got {_type_name(base_schedule)}")
+
+    machine_specs: list[tuple[str, list[str]]] = []
+    machine_index: dict[tuple[str, tuple[str, ...]], int] = {}
+    points, rows = [], []
+    keys = list(grid)
+    for combination in itertools.product(*(grid[key] for key in keys)):
+        chosen = dict(zip(keys, combination))
+        settings = {**base, **{k: v for k, v in chosen.items() if not k.startswith("machine")}}
+        point_machine = _as_machine(chosen.get("machine", base_machine), "grid['machine']")
+        machine_overrides = {k[len("machine."):]: v for k, v in chosen.items() if k.startswith("machine.")}
+        if machine_overrides:
+            point_machine = point_machine.with_overrides(**machine_overrides)
+        spec = point_machine._spec()
+        if spec not in machine_index:
+            machine_index[spec] = len(machine_specs)
+            machine_specs.append((spec[0], list(spec[1])))
+        schedule = settings.pop("schedule", base_schedule)
+        if not isinstance(schedule, PagedAttentionSchedule):
+            raise TypeError(f"grid['schedule']: expected PagedAttentionSchedules, got {_type_name(schedule)}")
+        payload = schedule._payload()
+        for name in schedule_fields:
+            if name in settings:
+                value = settings.pop(name)
+                payload[name] = value.item() if isinstance(value, np.generic) else value
+        point = _point(payload, **settings)
+        point["machine"] = machine_index[spec]
+        points.append(point)
+        rows.append({key: _column_value(value) for key, value in chosen.items()})
+
+    results: list[Any] = []
+    chunk = max(16, 8 * _core.num_threads())
+    meter = _Progress(len(points), progress)
+    try:
+        for begin in range(0, len(points), chunk):
+            results.extend(_core.sim_sweep(machine_specs, points[begin : begin + chunk]))
+            meter.update(len(results))
+    finally:
+        meter.close()
+
+    summary_keys: list[str] = []
+    for result in results:
+        if isinstance(result, dict):
+            summary_keys = list(result)
+            break
+    table = []
+    for row, result in zip(rows, results):
+        valid = isinstance(result, dict)
+        row = {**row, "valid": valid, "error": None if valid else result}
+        for key in summary_keys:
+            row[key] = result[key] if valid else math.nan
+        table.append(row)
+    if pandas is not None:
+        return pandas.DataFrame(table)
+    return table
