@@ -17,6 +17,7 @@
 #include <string>
 
 #include "Halide.h"
+#include "schedules/tile/footprint.hpp"
 #include "schedules/tile/paged_attention.hpp"
 #include "schedules/x86/paged_attention.hpp"
 
@@ -47,7 +48,12 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
   // bf16 inputs and output, bf16 tensor-engine operands with fp32 accumulation; else all fp32.
   GeneratorParam<bool> mixed_precision{"mixed_precision", true};
   // "tile" (mirrors the NeuronCore tiling) or "cpu" (tuned for x86).
-  GeneratorParam<std::string> schedule{"schedule", "cpu"};
+  GeneratorParam<std::string> schedule_name{"schedule", "cpu"};
+  // The machine's capacity the tile schedule must fit (0: not checked; CMake passes the numbers
+  // of schedules/machines/trn1.json), and where its footprint is written (empty: not written).
+  GeneratorParam<int> sbuf_bytes_per_partition{"sbuf_bytes_per_partition", 0};
+  GeneratorParam<int> psum_bytes_per_partition{"psum_bytes_per_partition", 0};
+  GeneratorParam<std::string> footprint_json{"footprint_json", ""};
 
   // Indexed by i (query token), d, h, b: NKI layout (1, n_heads, d, seq_q).
   Input<Buffer<void, 4>> query{"query"};
@@ -79,7 +85,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
 
   void generate() {
     // Algorithm
-    const bool tile = std::string(schedule) == "tile";
+    const bool tile = std::string(schedule_name) == "tile";
     tilelab::schedules::PagedAttentionStages s;
     s.query_tile = tile ? kPartitions : tilelab::schedules::kPagedCpuQueryTile;
     s.mixed_precision = mixed_precision;
@@ -231,6 +237,21 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     } else {
       tilelab::schedules::schedule_paged_attention_x86(s, get_target());
     }
+  }
+
+  // The footprint check reads the lowered pipeline (get_pipeline() is available here only).
+  void schedule() {
+    if (std::string(schedule_name) != "tile") return;
+    if (std::string(footprint_json).empty() && sbuf_bytes_per_partition == 0 &&
+        psum_bytes_per_partition == 0) {
+      return;
+    }
+    tilelab::schedules::FootprintConfig config;
+    config.mixed_precision = mixed_precision;
+    config.sbuf_bytes_per_partition = sbuf_bytes_per_partition;
+    config.psum_bytes_per_partition = psum_bytes_per_partition;
+    config.json_path = footprint_json;
+    tilelab::schedules::add_tile_footprint_check(get_pipeline(), config);
   }
 };
 

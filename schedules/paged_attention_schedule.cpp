@@ -22,13 +22,23 @@ const char* transpose_method_name(TransposeMethod method) {
   return method == TransposeMethod::dma ? "dma" : "pe";
 }
 
-std::int64_t PagedAttentionSchedule::block_size_tiling_factor() const {
+std::int64_t PagedAttentionSchedule::derived_block_size_tiling_factor() const {
   const std::int64_t blocks = num_blocks_per_large_tile();
   return blocks < partition_tile && blocks > 0 ? partition_tile / blocks : 1;
 }
 
+std::int64_t PagedAttentionSchedule::block_size_tiling_factor() const {
+  return block_size_tiling_factor_override != 0 ? block_size_tiling_factor_override
+                                                : derived_block_size_tiling_factor();
+}
+
+std::int64_t PagedAttentionSchedule::partitions_per_load() const {
+  return std::min(partition_tile, num_blocks_per_large_tile() * block_size_tiling_factor());
+}
+
 std::int64_t PagedAttentionSchedule::loads_per_large_tile() const {
-  return std::max<std::int64_t>(1, num_blocks_per_large_tile() / partition_tile);
+  return std::max<std::int64_t>(
+      1, num_blocks_per_large_tile() * block_size_tiling_factor() / partition_tile);
 }
 
 std::int64_t PagedAttentionSchedule::reduction_tile() const {
@@ -54,6 +64,16 @@ void PagedAttentionSchedule::validate() const {
       << "large_tile_size / block_size: expected a power of two (blocks per large tile are "
          "spread over the 128 partitions of a vectorized load), got "
       << large_tile_size << " / " << block_size << " = " << num_blocks_per_large_tile();
+  if (block_size_tiling_factor_override != 0) {
+    const std::int64_t factor = block_size_tiling_factor_override;
+    TILELAB_REQUIRE(is_power_of_two(factor) && block_size % factor == 0 &&
+                    (factor == 1 || num_blocks_per_large_tile() * factor <= partition_tile))
+        << "block_size_tiling_factor_override: expected 0 (derived) or a power of two dividing "
+           "block_size ("
+        << block_size << ") with blocks per large tile (" << num_blocks_per_large_tile()
+        << ") x factor <= " << partition_tile
+        << " partitions (one vectorized load spans at most the partitions), got " << factor;
+  }
   TILELAB_REQUIRE(block_size % block_size_tiling_factor() == 0)
       << "block_size: expected a multiple of the block size tiling factor "
       << block_size_tiling_factor() << " (= " << partition_tile
@@ -106,9 +126,11 @@ std::string PagedAttentionSchedule::to_json() const {
   json["mixed_precision"] = mixed_precision;
   json["transpose"] = transpose_method_name(transpose);
   json["kv_buffers"] = kv_buffers;
+  json["block_size_tiling_factor_override"] = block_size_tiling_factor_override;
   json["derived"] = {{"num_blocks_per_large_tile", num_blocks_per_large_tile()},
                      {"block_size_tiling_factor", block_size_tiling_factor()},
                      {"tiled_block_size", tiled_block_size()},
+                     {"partitions_per_load", partitions_per_load()},
                      {"loads_per_large_tile", loads_per_large_tile()},
                      {"reduction_tile", reduction_tile()}};
   return json.dump(2);
@@ -149,6 +171,8 @@ PagedAttentionSchedule PagedAttentionSchedule::from_json(const std::string& text
       integer(key, schedule.block_size);
     } else if (key == "kv_buffers") {
       integer(key, schedule.kv_buffers);
+    } else if (key == "block_size_tiling_factor_override") {
+      integer(key, schedule.block_size_tiling_factor_override);
     } else if (key == "mixed_precision") {
       TILELAB_REQUIRE(value.is_boolean())
           << key << ": expected true or false, got " << value.dump();
@@ -161,7 +185,8 @@ PagedAttentionSchedule PagedAttentionSchedule::from_json(const std::string& text
     } else {
       throw Error("paged attention schedule: unknown key \"" + key +
                   "\" (known: partition_tile, free_tile, large_tile_size, block_size, "
-                  "mixed_precision, transpose, kv_buffers)");
+                  "mixed_precision, transpose, kv_buffers, "
+                  "block_size_tiling_factor_override)");
     }
   }
   schedule.validate();

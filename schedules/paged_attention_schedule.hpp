@@ -47,13 +47,23 @@ struct PagedAttentionSchedule {
   // K/V large-tile buffers in SBUF: 1 serializes gather and compute, 2 overlaps the next gather
   // with this tile's compute (double buffering), up to 4.
   int kv_buffers = 2;
+  // 0: block_size_tiling_factor() is derived (128 / blocks per large tile when that exceeds 1).
+  // Otherwise forces it: a power of two dividing block_size with blocks per large tile × factor
+  // <= partition_tile (or 1, which turns the tiling trick off; loads then span fewer partitions).
+  // The simulator honours any valid value; the generated CPU kernels derive the factor from
+  // their runtime shapes and reject a value other than the derived one.
+  std::int64_t block_size_tiling_factor_override = 0;
 
   // Derived, valid after validate():
   // Cache blocks per large tile (a power of two).
   std::int64_t num_blocks_per_large_tile() const { return large_tile_size / block_size; }
   // Pieces each block is cut into so that one vectorized load spans `partition_tile` partitions
-  // (1 when a large tile has at least partition_tile blocks).
+  // (1 when a large tile has at least partition_tile blocks), unless overridden.
   std::int64_t block_size_tiling_factor() const;
+  // The factor block_size_tiling_factor() derives when not overridden.
+  std::int64_t derived_block_size_tiling_factor() const;
+  // Partitions one vectorized load spans: min(partition_tile, blocks per tile × tiling factor).
+  std::int64_t partitions_per_load() const;
   // Tokens each partition holds per load: block_size / block_size_tiling_factor.
   std::int64_t tiled_block_size() const { return block_size / block_size_tiling_factor(); }
   // 128-partition loads per large tile, for K and for V each.

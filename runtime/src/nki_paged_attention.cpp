@@ -152,6 +152,7 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
   schedule.large_tile_size = options.large_tile_size;
   schedule.block_size = block_size;
   schedule.mixed_precision = options.mixed_precision;
+  schedule.block_size_tiling_factor_override = options.block_size_tiling_factor_override;
   schedules::PagedAttentionShape shape;
   shape.num_heads = num_heads;
   shape.num_kv_heads = num_kv_heads;
@@ -161,6 +162,12 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
   TILELAB_REQUIRE(num_blocks >= 1)
       << "kv_cache: expected at least one block, got shape " << shape_of(kv_cache);
   schedule.validate(shape);
+  TILELAB_REQUIRE(schedule.block_size_tiling_factor() ==
+                  schedule.derived_block_size_tiling_factor())
+      << "block_size_tiling_factor_override: the generated kernels derive the block size tiling "
+         "factor from large_tile_size and block_size; expected 0 or "
+      << schedule.derived_block_size_tiling_factor() << ", got "
+      << options.block_size_tiling_factor_override;
 
   const float scale = options.softmax_scale
                           ? *options.softmax_scale

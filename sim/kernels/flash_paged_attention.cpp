@@ -20,10 +20,6 @@ namespace {
 // exp(-inf - -inf).
 constexpr float kMaskedScore = -9984.0f;
 
-bool is_power_of_two(int64_t x) {
-  return x > 0 && (x & (x - 1)) == 0;
-}
-
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
@@ -68,7 +64,10 @@ enum StatColumn : int64_t {
 class Builder {
  public:
   Builder(const Machine& machine, const FlashPagedAttentionConfig& config)
-      : m_(machine), c_(config), s_(config.schedule), b_(machine, "flash_paged_attention") {}
+      : m_(machine),
+        c_(config),
+        s_(effective_schedule(config)),
+        b_(machine, "flash_paged_attention") {}
 
   Program build();
 
@@ -110,7 +109,7 @@ class Builder {
 
   const Machine& m_;
   const FlashPagedAttentionConfig& c_;
-  const schedules::PagedAttentionSchedule& s_;
+  const schedules::PagedAttentionSchedule s_;  // with the tiling factor applied
   ProgramBuilder b_;
   KvTileLayout layout_;
 
@@ -602,21 +601,27 @@ std::vector<int64_t> parse_list(const std::string& text, const std::string& name
 
 }  // namespace
 
+schedules::PagedAttentionSchedule effective_schedule(const FlashPagedAttentionConfig& config) {
+  schedules::PagedAttentionSchedule s = config.schedule;
+  if (config.tiling_factor != 0) {
+    TILELAB_REQUIRE(s.block_size_tiling_factor_override == 0 ||
+                    s.block_size_tiling_factor_override == config.tiling_factor)
+        << "tiling_factor: " << config.tiling_factor
+        << " contradicts schedule.block_size_tiling_factor_override ("
+        << s.block_size_tiling_factor_override << "); set only the schedule field";
+    s.block_size_tiling_factor_override = config.tiling_factor;
+  }
+  s.validate();
+  return s;
+}
+
 KvTileLayout kv_tile_layout(const FlashPagedAttentionConfig& config) {
-  const auto& s = config.schedule;
-  const int64_t blocks = s.num_blocks_per_large_tile();
+  const schedules::PagedAttentionSchedule s = effective_schedule(config);
   KvTileLayout layout;
-  layout.tiling_factor =
-      config.tiling_factor == 0 ? s.block_size_tiling_factor() : config.tiling_factor;
-  const int64_t f = layout.tiling_factor;
-  TILELAB_REQUIRE(is_power_of_two(f) && s.block_size % f == 0 &&
-                  (f == 1 || blocks * f <= s.partition_tile))
-      << "tiling_factor: expected a power of two dividing block_size (" << s.block_size
-      << ") with blocks per large tile (" << blocks << ") x tiling_factor <= " << s.partition_tile
-      << " partitions, got " << f;
-  layout.tiled_block_size = s.block_size / f;
-  layout.rows_per_load = std::min(s.partition_tile, blocks * f);
-  layout.loads = blocks * f / layout.rows_per_load;
+  layout.tiling_factor = s.block_size_tiling_factor();
+  layout.tiled_block_size = s.tiled_block_size();
+  layout.rows_per_load = s.partitions_per_load();
+  layout.loads = s.loads_per_large_tile();
   return layout;
 }
 
@@ -770,9 +775,11 @@ ResolvedPaged resolve_paged(const KernelParameters& p) {
   shape.num_kv_heads = parameter_int(p, "num_kv_heads", 1, 4096);
   shape.head_dim = parameter_int(p, "head_dim", 1, 1 << 20);
   r.config.dtype = parameter_dtype(p, "dtype");
+  // The CLI's tiling_factor sets the schedule field (validated with the schedule below).
   const std::string factor = p.at("tiling_factor");
-  r.config.tiling_factor =
+  s.block_size_tiling_factor_override =
       factor == "auto" ? 0 : parameter_int(p, "tiling_factor", 1, s.partition_tile);
+  s.validate();
   const int64_t seed = parameter_int(p, "seed", 0, UINT32_MAX);
   r.batch = make_paged_attention_batch(requests_from(p), s.block_size, s.large_tile_size,
                                        s.partition_tile, static_cast<uint32_t>(seed));

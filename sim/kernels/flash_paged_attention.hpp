@@ -19,10 +19,14 @@ struct FlashPagedAttentionConfig {
   int64_t num_cache_blocks = 1;  // blocks in kv_cache; every block table entry is below it
   DType dtype = DType::bf16;     // query, key, value, kv_cache and output
   float softmax_scale = 0;       // 0: 1 / sqrt(head_dim)
-  // Pieces each cache block is cut into for the vectorized gather. 0: the schedule's
-  // block_size_tiling_factor(); any other power of two forces it (1 turns the trick off).
+  // Deprecated alias of schedule.block_size_tiling_factor_override (the knob lives in the shared
+  // schedule; kept for existing callers). 0: the schedule decides; otherwise it sets the schedule
+  // field, and an Error when the schedule already overrides the factor with another value.
   int64_t tiling_factor = 0;
 };
+
+// config.schedule with `tiling_factor` applied and validated: the schedule the kernel runs.
+schedules::PagedAttentionSchedule effective_schedule(const FlashPagedAttentionConfig& config);
 
 // How one large KV tile is gathered and in which order its tokens reach the score columns.
 struct KvTileLayout {
@@ -32,7 +36,8 @@ struct KvTileLayout {
   int64_t loads = 1;             // gathers per large tile, for K and for V each
 };
 
-// Validates the tiling factor against the schedule (Error names `tiling_factor`).
+// The gather layout of effective_schedule(config) (Error names
+// `block_size_tiling_factor_override` for a factor that does not fit).
 KvTileLayout kv_tile_layout(const FlashPagedAttentionConfig& config);
 
 // For kernel score column c of a large tile (the order the tensor engine consumes keys), the

@@ -281,6 +281,14 @@ TEST_CASE("nki: invalid arguments raise an Error naming them, and nothing is wri
       },
       "kv_cache", tilelab::ErrorKind::invalid_type);
   expect_error([](TV& q, TV&, TV&, TV&, TV&, TV&, TV& out, Options&) { out = q; }, "out");
+  // 32 blocks of 16 per large tile of 512: the kernels derive a factor of 4; forcing 2 (which
+  // the simulator could run) is refused, naming the field and the accepted values.
+  expect_error([](TV&, TV&, TV&, TV&, TV&, TV&, TV&,
+                  Options& o) { o.block_size_tiling_factor_override = 2; },
+               "block_size_tiling_factor_override: the generated kernels derive");
+  expect_error([](TV&, TV&, TV&, TV&, TV&, TV&, TV&,
+                  Options& o) { o.block_size_tiling_factor_override = 3; },
+               "block_size_tiling_factor_override: expected 0 (derived) or a power of two");
 }
 
 TEST_CASE("nki: reorder_context_mask and reshape_and_cache against plain loops", "[nki]") {
@@ -346,6 +354,24 @@ TEST_CASE("nki: PagedAttentionSchedule derives the tiling and rejects what the k
   CHECK(s.loads_per_large_tile() == 16);
   CHECK(s.reduction_tile() == 1024);
 
+  // The forced factor (the simulator's tiling_factor): fewer partitions per load, not more.
+  s.block_size = 32;
+  s.block_size_tiling_factor_override = 1;
+  s.validate();
+  CHECK(s.block_size_tiling_factor() == 1);
+  CHECK(s.derived_block_size_tiling_factor() == 2);
+  CHECK(s.partitions_per_load() == 64);
+  CHECK(s.loads_per_large_tile() == 1);
+  CHECK(s.tiled_block_size() == 32);
+  CHECK(PagedAttentionSchedule::from_json(s.to_json()) == s);
+  for (const std::int64_t bad : {3, 4, 64, -2}) {
+    PagedAttentionSchedule forced = s;
+    forced.block_size_tiling_factor_override = bad;  // 4: 64 blocks x 4 > 128 partitions
+    CHECK_THROWS_WITH(forced.validate(),
+                      Catch::Contains("block_size_tiling_factor_override: expected 0 (derived)"));
+  }
+  s.block_size_tiling_factor_override = 0;
+
   auto rejects = [](PagedAttentionSchedule bad, const std::string& needle) {
     CHECK_THROWS_WITH(bad.validate(), Catch::Contains(needle));
   };
@@ -409,6 +435,7 @@ TEST_CASE("nki: PagedAttentionSchedule derives the tiling and rejects what the k
   custom.kv_buffers = 3;
   CHECK(PagedAttentionSchedule::from_json(custom.to_json()) == custom);
   CHECK(custom.to_json().find("\"block_size_tiling_factor\": 4") != std::string::npos);
+  CHECK(custom.to_json().find("\"block_size_tiling_factor_override\": 0") != std::string::npos);
   const std::string header =
       R"({"schema": "tilelab.paged_attention_schedule", "schema_version": 1, )";
   CHECK_THROWS_WITH(PagedAttentionSchedule::from_json(header + R"("large_tile": 512})"),

@@ -46,7 +46,7 @@ Prepared prepare(const Case& c) {
   p.config.shape = {c.heads, c.kv_heads, c.head_dim, p.batch.query_len, p.batch.num_active_blocks};
   p.config.num_cache_blocks = p.batch.num_cache_blocks;
   p.config.dtype = c.dtype;
-  p.config.tiling_factor = c.tiling_factor;
+  s.block_size_tiling_factor_override = c.tiling_factor;
   return p;
 }
 
@@ -293,10 +293,20 @@ TEST_CASE("flash paged attention: bad schedule parameters are clear errors",
   Case odd_factor = c;
   odd_factor.tiling_factor = 3;
   CHECK_THAT(error_of(build(trn1(), odd_factor)),
-             Catch::Contains("tiling_factor: expected a power of two") && Catch::Contains("got 3"));
+             Catch::Contains("block_size_tiling_factor_override: expected 0 (derived) or a power "
+                             "of two") &&
+                 Catch::Contains("got 3"));
   Case wide_factor = c;
   wide_factor.tiling_factor = 4;  // 64 blocks x 4 > 128 partitions
-  CHECK_THAT(error_of(build(trn1(), wide_factor)), Catch::Contains("<= 128 partitions, got 4"));
+  CHECK_THAT(error_of(build(trn1(), wide_factor)), Catch::Contains("<= 128 partitions"));
+  // The deprecated config alias sets the schedule field and may not contradict it.
+  Prepared aliased = prepare(c);
+  aliased.config.schedule.block_size_tiling_factor_override = 1;
+  aliased.config.tiling_factor = 2;
+  CHECK_THAT(error_of([&] { build_flash_paged_attention(trn1(), aliased.config); }),
+             Catch::Contains("contradicts schedule.block_size_tiling_factor_override"));
+  aliased.config.tiling_factor = 1;
+  CHECK(effective_schedule(aliased.config).block_size_tiling_factor() == 1);
   Case dma = c;
   dma.transpose = schedules::TransposeMethod::dma;
   CHECK_THAT(error_of(build(trn1(), dma)), Catch::Contains("transpose: 'dma' needs"));

@@ -27,6 +27,10 @@ struct FlashPagedAttentionOptions {
   // block_size, with large_tile_size / block_size a power of two.
   std::int64_t large_tile_size = 2048;
   PagedSchedule schedule = PagedSchedule::cpu;
+  // PagedAttentionSchedule::block_size_tiling_factor_override. The generated kernels derive the
+  // tiling factor from large_tile_size and block_size (the simulator can force another one to
+  // show the tiling trick), so only 0 or the derived factor is accepted here.
+  std::int64_t block_size_tiling_factor_override = 0;
 };
 
 // The NKI kernel's masked-score fill: a masked (query, key) pair scores -9984 (not -inf), so a

@@ -1,0 +1,242 @@
+// Footprint pass of the tile schedule (see footprint.hpp). Mapping of Halide allocations to the
+// machine, per stage (Func name, Halide's uniquifying suffix stripped):
+//   SBUF, 128 partitions (the query rows ii, or the gather partitions p): key_loaded,
+//     value_loaded, masked, prob, prob_t (partition = key column within a 128-column chunk),
+//     block_max and its rfactor intermediate, running_max, rescale, block_sum, state, final_*,
+//     active_limit, prob_f32 when stored
+//   SBUF, head_dim partitions (d is the contraction dim): key_t, query_t
+//   PSUM, 128 partitions: score (one 128 × 512 fp32 bank), block_pv (the (128, d) P·V bank)
+// Bytes per partition = elements / partitions × the bytes the machine stores the element in:
+// stages holding tensor-engine operands are bf16 with mixed precision (Halide keeps their
+// bf16-rounded values in fp32 lanes; the machine stores 2 bytes), the rest fp32. Allocations
+// outside the task (compute_root: the output) are HBM and not counted.
+#include "schedules/tile/footprint.hpp"
+
+#include <fstream>
+#include <optional>
+#include <vector>
+
+namespace tilelab::schedules {
+namespace {
+
+using namespace Halide;
+using namespace Halide::Internal;
+
+struct StageMemory {
+  const char* memory;  // "sbuf" / "psum"
+  bool head_dim_partitions;
+  bool kernel_dtype;  // bf16 with mixed precision
+};
+
+bool stage_of(const std::string& name, StageMemory& stage) {
+  const std::string base = name.substr(0, name.find_first_of("$."));
+  static const std::map<std::string, StageMemory> stages = {
+      {"key_loaded", {"sbuf", false, true}},
+      {"value_loaded", {"sbuf", false, true}},
+      {"key_t", {"sbuf", true, true}},
+      {"query_t", {"sbuf", true, true}},
+      {"value_t", {"sbuf", false, true}},
+      {"masked", {"sbuf", false, false}},
+      {"prob", {"sbuf", false, true}},
+      {"prob_t", {"sbuf", false, true}},
+      {"prob_f32", {"sbuf", false, false}},
+      {"block_max", {"sbuf", false, false}},
+      {"block_max_intm", {"sbuf", false, false}},
+      {"running_max", {"sbuf", false, false}},
+      {"rescale", {"sbuf", false, false}},
+      {"block_sum", {"sbuf", false, false}},
+      {"state", {"sbuf", false, false}},
+      {"final_max", {"sbuf", false, false}},
+      {"final_sum", {"sbuf", false, false}},
+      {"active_limit", {"sbuf", false, false}},
+      {"score", {"psum", false, false}},
+      {"block_pv", {"psum", false, false}},
+  };
+  auto it = stages.find(base);
+  if (it == stages.end()) {
+    // rfactor intermediates are named after their Func with a suffix.
+    if (base.rfind("block_max", 0) == 0) it = stages.find("block_max");
+    if (it == stages.end()) return false;
+  }
+  stage = it->second;
+  return true;
+}
+
+// Replaces _halide_buffer_get_extent/min(X.buffer, dim) and the variables X.extent.dim /
+// X.min.dim / large_tile_size by the figures of the footprint configuration, in their own types.
+class BufferQueries : public IRMutator {
+ public:
+  explicit BufferQueries(const std::map<std::string, int64_t>& known) : known_(known) {}
+
+ protected:
+  using IRMutator::visit;
+  Expr visit(const Call* op) override {
+    const bool extent = op->name == "_halide_buffer_get_extent";
+    if ((extent || op->name == "_halide_buffer_get_min") && op->args.size() == 2) {
+      const Variable* buffer = op->args[0].as<Variable>();
+      const std::optional<int64_t> dim = as_const_int(op->args[1]);
+      if (buffer && dim) {
+        // The output is out$1 in the lowered IR.
+        const std::string name = buffer->name.substr(0, buffer->name.find_first_of("$."));
+        const auto it = known_.find(name + (extent ? ".extent." : ".min.") + std::to_string(*dim));
+        if (it != known_.end()) return make_const(op->type, it->second);
+      }
+    }
+    return IRMutator::visit(op);
+  }
+  Expr visit(const Variable* op) override {
+    const auto it = known_.find(op->name);
+    return it == known_.end() ? Expr(op) : make_const(op->type, it->second);
+  }
+
+ private:
+  const std::map<std::string, int64_t>& known_;
+};
+
+class FootprintPass : public IRMutator {
+ public:
+  explicit FootprintPass(FootprintConfig config) : config_(std::move(config)) {
+    const FootprintConfig& c = config_;
+    const int blocks = c.context_len / c.block_size;
+    known_ = {{"large_tile_size", c.large_tile_size},
+              {"query.extent.0", c.seq_q},
+              {"query.extent.1", c.head_dim},
+              {"query.extent.2", c.num_heads},
+              {"key.extent.0", c.seq_q},
+              {"key.extent.1", c.head_dim},
+              {"key.extent.2", c.num_kv_heads},
+              {"value.extent.0", c.head_dim},
+              {"value.extent.1", c.seq_q},
+              {"value.extent.2", c.num_kv_heads},
+              {"kv_cache.extent.0", c.head_dim},
+              {"kv_cache.extent.1", c.block_size},
+              {"kv_cache.extent.2", c.num_kv_heads},
+              {"kv_cache.extent.3", blocks},
+              {"block_tables.extent.0", blocks},
+              {"mask.extent.0", c.context_len + c.seq_q},
+              {"mask.extent.1", c.seq_q},
+              {"out.extent.0", c.head_dim},
+              {"out.extent.1", c.seq_q},
+              {"out.extent.2", c.num_heads}};
+    for (const char* buffer :
+         {"query", "key", "value", "kv_cache", "block_tables", "mask", "out"}) {
+      for (int dim = 0; dim < 5; ++dim) {
+        known_[std::string(buffer) + ".min." + std::to_string(dim)] = 0;
+      }
+    }
+  }
+
+  // Lowering calls this once per target with the whole pipeline; the IR is left unchanged.
+  Stmt mutate(const Stmt& s) override {
+    if (depth_ > 0) return IRMutator::mutate(s);
+    buffers_.clear();
+    unmapped_.clear();
+    live_.clear();
+    peak_.clear();
+    ++depth_;
+    IRMutator::mutate(s);
+    --depth_;
+    finish();
+    return s;
+  }
+  using IRMutator::mutate;
+
+ protected:
+  using IRMutator::visit;
+
+  Stmt visit(const LetStmt* op) override {
+    lets_.emplace_back(op->name, op->value);
+    IRMutator::visit(op);
+    lets_.pop_back();
+    return op;
+  }
+
+  Stmt visit(const Allocate* op) override {
+    StageMemory stage;
+    if (!stage_of(op->name, stage)) {
+      unmapped_.push_back(op->name);
+      return IRMutator::visit(op);
+    }
+    Expr elements = make_const(Int(64), 1);
+    for (const Expr& extent : op->extents) elements = elements * cast<int64_t>(extent);
+    for (auto it = lets_.rbegin(); it != lets_.rend(); ++it) {
+      elements = substitute(it->first, it->second, elements);
+    }
+    elements = simplify(BufferQueries(known_).mutate(elements));
+    const std::optional<int64_t> count = as_const_int(elements);
+    _halide_user_assert(count) << "tile footprint: the size of allocation " << op->name
+                               << " is not constant at the footprint configuration: " << elements;
+    const int partitions = stage.head_dim_partitions ? config_.head_dim : 128;
+    const int element_bytes = stage.kernel_dtype && config_.mixed_precision ? 2 : 4;
+    const long long bytes = *count / partitions * element_bytes;
+    const std::string memory = stage.memory;
+    buffers_.push_back({op->name, memory, partitions, *count / partitions, bytes});
+    live_[memory] += bytes;
+    peak_[memory] = std::max(peak_[memory], live_[memory]);
+    IRMutator::visit(op);
+    live_[memory] -= bytes;
+    return op;
+  }
+
+ private:
+  struct BufferFigure {
+    std::string name, memory;
+    int partitions;
+    long long elements_per_partition, bytes_per_partition;
+  };
+
+  void finish() {
+    const long long sbuf = peak_["sbuf"], psum = peak_["psum"];
+    if (!config_.json_path.empty()) {
+      std::ofstream out(config_.json_path);
+      out << "{\n  \"schema\": \"tilelab.tile_footprint\",\n";
+      out << "  \"configuration\": {\"large_tile_size\": " << config_.large_tile_size
+          << ", \"head_dim\": " << config_.head_dim << ", \"block_size\": " << config_.block_size
+          << ", \"seq_q\": " << config_.seq_q << ", \"context_len\": " << config_.context_len
+          << ", \"mixed_precision\": " << (config_.mixed_precision ? "true" : "false") << "},\n";
+      out << "  \"peak_sbuf_bytes_per_partition\": " << sbuf << ",\n";
+      out << "  \"peak_psum_bytes_per_partition\": " << psum << ",\n";
+      out << "  \"sbuf_bytes_per_partition\": " << config_.sbuf_bytes_per_partition << ",\n";
+      out << "  \"psum_bytes_per_partition\": " << config_.psum_bytes_per_partition << ",\n";
+      out << "  \"buffers\": [";
+      for (size_t i = 0; i < buffers_.size(); ++i) {
+        const BufferFigure& b = buffers_[i];
+        out << (i ? ",\n" : "\n") << "    {\"name\": \"" << b.name << "\", \"memory\": \""
+            << b.memory << "\", \"partitions\": " << b.partitions
+            << ", \"elements_per_partition\": " << b.elements_per_partition
+            << ", \"bytes_per_partition\": " << b.bytes_per_partition << "}";
+      }
+      out << "\n  ],\n  \"not_counted\": [";
+      for (size_t i = 0; i < unmapped_.size(); ++i) {
+        out << (i ? ", " : "") << "\"" << unmapped_[i] << "\"";
+      }
+      out << "]\n}\n";
+    }
+    _halide_user_assert(config_.sbuf_bytes_per_partition == 0 ||
+                        sbuf <= config_.sbuf_bytes_per_partition)
+        << "tile schedule: SBUF footprint " << sbuf << " bytes per partition exceeds the machine's "
+        << config_.sbuf_bytes_per_partition << " (LARGE_TILE_SZ " << config_.large_tile_size
+        << ", d " << config_.head_dim << ")";
+    _halide_user_assert(config_.psum_bytes_per_partition == 0 ||
+                        psum <= config_.psum_bytes_per_partition)
+        << "tile schedule: PSUM footprint " << psum << " bytes per partition exceeds the machine's "
+        << config_.psum_bytes_per_partition << " (LARGE_TILE_SZ " << config_.large_tile_size
+        << ", d " << config_.head_dim << ")";
+  }
+
+  FootprintConfig config_;
+  std::map<std::string, int64_t> known_;
+  std::vector<std::pair<std::string, Expr>> lets_;
+  std::vector<BufferFigure> buffers_;
+  std::vector<std::string> unmapped_;
+  std::map<std::string, long long> live_, peak_;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+void add_tile_footprint_check(Pipeline pipeline, const FootprintConfig& config) {
+  pipeline.add_custom_lowering_pass(new FootprintPass(config));
+}
+
+}  // namespace tilelab::schedules
