@@ -125,7 +125,7 @@ ResolvedPoint resolve_point(const PagedPoint& point) {
   r.config.num_cache_blocks = batch.num_cache_blocks;
   r.config.dtype = parse_dtype(point.dtype);
   r.config.softmax_scale = static_cast<float>(point.softmax_scale);
-  r.config.tiling_factor = point.tiling_factor;
+  r.config.schedule.block_size_tiling_factor_override = point.tiling_factor;
   r.parameters = report_parameters(r.config, point.tiling_factor);
   r.parameters["prefill"] = join_requests(point.requests, true);
   r.parameters["decode"] = join_requests(point.requests, false);
@@ -183,16 +183,15 @@ Summary flat_summary(const sim::Report& r) {
   add("hbm_write_bytes", double(r.hbm_write_bytes));
   add("hbm_peak_gbps", r.hbm_peak_gbps);
   add("mbu_estimated_percent", r.mbu_estimated_percent);
-  for (sim::Opcode kind : {sim::Opcode::dma_copy, sim::Opcode::dma_gather,
-                           sim::Opcode::dma_transpose}) {
+  for (sim::Opcode kind :
+       {sim::Opcode::dma_copy, sim::Opcode::dma_gather, sim::Opcode::dma_transpose}) {
     const std::string name(sim::opcode_name(kind));
     const sim::DmaKindSummary* found = nullptr;
     for (const auto& k : r.dma_by_kind)
       if (k.kind == name) found = &k;
     add(name + "_transfers", found ? double(found->transfers) : 0.0);
     add(name + "_bytes", found ? double(found->bytes) : 0.0);
-    add(name + "_average_bytes_per_partition",
-        found ? found->average_bytes_per_partition : 0.0);
+    add(name + "_average_bytes_per_partition", found ? found->average_bytes_per_partition : 0.0);
     add(name + "_active_time_ns", found ? found->active_time_ns : 0.0);
     add(name + "_achieved_gbps", found ? found->achieved_gbps : 0.0);
     add(name + "_utilization_percent", found ? found->utilization_percent : 0.0);
@@ -205,16 +204,16 @@ Summary flat_summary(const sim::Report& r) {
   add("mfu_percent", r.mfu_percent);
   add("peak_sbuf_bytes_per_partition", double(r.peak_sbuf_bytes_per_partition));
   add("sbuf_bytes_per_partition", double(r.sbuf_bytes_per_partition));
-  add("peak_sbuf_percent", r.sbuf_bytes_per_partition
-                               ? 100.0 * double(r.peak_sbuf_bytes_per_partition) /
-                                     double(r.sbuf_bytes_per_partition)
-                               : 0.0);
+  add("peak_sbuf_percent",
+      r.sbuf_bytes_per_partition
+          ? 100.0 * double(r.peak_sbuf_bytes_per_partition) / double(r.sbuf_bytes_per_partition)
+          : 0.0);
   add("peak_psum_bytes_per_partition", double(r.peak_psum_bytes_per_partition));
   add("psum_bytes_per_partition", double(r.psum_bytes_per_partition));
-  add("peak_psum_percent", r.psum_bytes_per_partition
-                               ? 100.0 * double(r.peak_psum_bytes_per_partition) /
-                                     double(r.psum_bytes_per_partition)
-                               : 0.0);
+  add("peak_psum_percent",
+      r.psum_bytes_per_partition
+          ? 100.0 * double(r.peak_psum_bytes_per_partition) / double(r.psum_bytes_per_partition)
+          : 0.0);
   add("critical_path_instructions", double(r.critical_path_instructions));
   for (const char* unit : {"tensor", "vector", "scalar", "gpsimd", "sync", "dma"}) {
     const auto it = r.critical_path_ns_by_unit.find(unit);
@@ -251,7 +250,8 @@ const SimRun& unwrap_run(const py::handle& handle, const char* argument) {
 
 // --- machines --------------------------------------------------------------------------------
 
-sim::Machine load_machine_spec(const std::string& source, const std::vector<std::string>& overrides) {
+sim::Machine load_machine_spec(const std::string& source,
+                               const std::vector<std::string>& overrides) {
   return sim::load_machine(source, overrides);
 }
 
@@ -487,7 +487,7 @@ py::tuple simulate_arrays(const std::string& machine_source,
   config.num_cache_blocks = num_blocks;
   config.dtype = parse_dtype(dtype);
   config.softmax_scale = static_cast<float>(softmax_scale);
-  config.tiling_factor = tiling_factor;
+  config.schedule.block_size_tiling_factor_override = tiling_factor;
   const sim::Machine machine = load_machine_spec(machine_source, machine_overrides);
 
   std::vector<float> block_table_values(block_tables.data(), block_tables.data() + active);
@@ -502,7 +502,7 @@ py::tuple simulate_arrays(const std::string& machine_source,
     py::gil_scoped_release release;
     const sim::KvTileLayout layout = sim::kv_tile_layout(config);
     sim::FlashPagedAttentionConfig auto_config = config;
-    auto_config.tiling_factor = 0;
+    auto_config.schedule.block_size_tiling_factor_override = 0;
     const sim::KvTileLayout auto_layout = sim::kv_tile_layout(auto_config);
     const int64_t large = config.schedule.large_tile_size;
     if (layout.tiled_block_size != auto_layout.tiled_block_size && context % large == 0) {
@@ -623,9 +623,9 @@ py::dict timeline(const py::handle& handle) {
     engine_names.append(std::string(sim::engine_name(static_cast<sim::Engine>(e))));
   for (int o = 0; o < sim::kOpcodeCount; ++o)
     opcode_names.append(std::string(sim::opcode_name(static_cast<sim::Opcode>(o))));
-  for (auto reason : {sim::WaitReason::none, sim::WaitReason::dependency, sim::WaitReason::port,
-                      sim::WaitReason::dma_engine, sim::WaitReason::hbm,
-                      sim::WaitReason::dma_trigger})
+  for (auto reason :
+       {sim::WaitReason::none, sim::WaitReason::dependency, sim::WaitReason::port,
+        sim::WaitReason::dma_engine, sim::WaitReason::hbm, sim::WaitReason::dma_trigger})
     reason_names.append(wait_reason_name(reason));
   py::dict d;
   d["engine"] = to_array(engine);
@@ -704,21 +704,22 @@ void register_sim_bindings(py::module_& core) {
       py::arg("json"),
       "Parses and validates a PagedAttentionSchedule JSON; returns the normalized JSON with its "
       "derived values.");
-  core.def("sim_simulate", &simulate_point, py::arg("machine_source"),
-           py::arg("machine_overrides"), py::arg("point"), py::arg("record_dma_pieces") = true,
+  core.def("sim_simulate", &simulate_point, py::arg("machine_source"), py::arg("machine_overrides"),
+           py::arg("point"), py::arg("record_dma_pieces") = true,
            "Builds and times the paged attention kernel for one shape-based point; returns a run "
            "handle.");
   core.def("sim_simulate_arrays", &simulate_arrays, py::arg("machine_source"),
-           py::arg("machine_overrides"), py::arg("schedule_json"), py::arg("query"),
-           py::arg("key"), py::arg("value"), py::arg("kv_cache"), py::arg("block_tables"),
-           py::arg("mask"), py::arg("dtype"), py::arg("softmax_scale"), py::arg("tiling_factor"),
+           py::arg("machine_overrides"), py::arg("schedule_json"), py::arg("query"), py::arg("key"),
+           py::arg("value"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("mask"),
+           py::arg("dtype"), py::arg("softmax_scale"), py::arg("tiling_factor"),
            "Runs the paged attention kernel functionally on NKI-layout arrays and times it; "
            "returns (run handle, float32 output).");
   core.def("sim_sweep", &sweep, py::arg("machines"), py::arg("points"),
            "Simulates many shape-based points in parallel (OpenMP, GIL released); returns per "
            "point a summary dict or the reason the point is invalid.");
   core.def(
-      "sim_summary", [](const py::handle& handle) {
+      "sim_summary",
+      [](const py::handle& handle) {
         return summary_dict(flat_summary(unwrap_run(handle, "handle").report));
       },
       py::arg("handle"), "The flat summary of a run (one number per key).");
@@ -730,15 +731,17 @@ void register_sim_bindings(py::module_& core) {
       py::arg("handle"), "The run's report as JSON text (schema tilelab.sim_report).");
   core.def(
       "sim_report_text",
-      [](const py::handle& handle) { return sim::report_text(unwrap_run(handle, "handle").report); },
+      [](const py::handle& handle) {
+        return sim::report_text(unwrap_run(handle, "handle").report);
+      },
       py::arg("handle"), "The run's report as a text table.");
   core.def("sim_timeline", &timeline, py::arg("handle"),
            "Per-instruction timing columns of a run.");
-  core.def("sim_save_html", &save_html, py::arg("handle"), py::arg("path"),
-           py::arg("comparisons"), py::arg("title"), py::arg("baseline_label"),
+  core.def("sim_save_html", &save_html, py::arg("handle"), py::arg("path"), py::arg("comparisons"),
+           py::arg("title"), py::arg("baseline_label"),
            "Writes the self-contained HTML report of a run.");
-  core.def("sim_save_trace", &save_trace, py::arg("handle"), py::arg("path"),
-           py::arg("max_events"), "Writes the Chrome/Perfetto trace of a run.");
+  core.def("sim_save_trace", &save_trace, py::arg("handle"), py::arg("path"), py::arg("max_events"),
+           "Writes the Chrome/Perfetto trace of a run.");
 }
 
 }  // namespace tilelab::python

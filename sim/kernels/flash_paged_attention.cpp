@@ -602,17 +602,8 @@ std::vector<int64_t> parse_list(const std::string& text, const std::string& name
 }  // namespace
 
 schedules::PagedAttentionSchedule effective_schedule(const FlashPagedAttentionConfig& config) {
-  schedules::PagedAttentionSchedule s = config.schedule;
-  if (config.tiling_factor != 0) {
-    TILELAB_REQUIRE(s.block_size_tiling_factor_override == 0 ||
-                    s.block_size_tiling_factor_override == config.tiling_factor)
-        << "tiling_factor: " << config.tiling_factor
-        << " contradicts schedule.block_size_tiling_factor_override ("
-        << s.block_size_tiling_factor_override << "); set only the schedule field";
-    s.block_size_tiling_factor_override = config.tiling_factor;
-  }
-  s.validate();
-  return s;
+  config.schedule.validate();
+  return config.schedule;
 }
 
 KvTileLayout kv_tile_layout(const FlashPagedAttentionConfig& config) {

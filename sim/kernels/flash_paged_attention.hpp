@@ -19,13 +19,9 @@ struct FlashPagedAttentionConfig {
   int64_t num_cache_blocks = 1;  // blocks in kv_cache; every block table entry is below it
   DType dtype = DType::bf16;     // query, key, value, kv_cache and output
   float softmax_scale = 0;       // 0: 1 / sqrt(head_dim)
-  // Deprecated alias of schedule.block_size_tiling_factor_override (the knob lives in the shared
-  // schedule; kept for existing callers). 0: the schedule decides; otherwise it sets the schedule
-  // field, and an Error when the schedule already overrides the factor with another value.
-  int64_t tiling_factor = 0;
 };
 
-// config.schedule with `tiling_factor` applied and validated: the schedule the kernel runs.
+// config.schedule, validated: the schedule the kernel runs.
 schedules::PagedAttentionSchedule effective_schedule(const FlashPagedAttentionConfig& config);
 
 // How one large KV tile is gathered and in which order its tokens reach the score columns.

@@ -299,14 +299,6 @@ TEST_CASE("flash paged attention: bad schedule parameters are clear errors",
   Case wide_factor = c;
   wide_factor.tiling_factor = 4;  // 64 blocks x 4 > 128 partitions
   CHECK_THAT(error_of(build(trn1(), wide_factor)), Catch::Contains("<= 128 partitions"));
-  // The deprecated config alias sets the schedule field and may not contradict it.
-  Prepared aliased = prepare(c);
-  aliased.config.schedule.block_size_tiling_factor_override = 1;
-  aliased.config.tiling_factor = 2;
-  CHECK_THAT(error_of([&] { build_flash_paged_attention(trn1(), aliased.config); }),
-             Catch::Contains("contradicts schedule.block_size_tiling_factor_override"));
-  aliased.config.tiling_factor = 1;
-  CHECK(effective_schedule(aliased.config).block_size_tiling_factor() == 1);
   Case dma = c;
   dma.transpose = schedules::TransposeMethod::dma;
   CHECK_THAT(error_of(build(trn1(), dma)), Catch::Contains("transpose: 'dma' needs"));
