@@ -4,7 +4,7 @@ and triad bandwidth measured in the same run (by tilelab_machine_peak).
 
     python bench/attention/bench_flash.py [--build-dir build] [--threads 2] [--quick] [--json f]
 
-Times are medians over --repeats calls after --warmup calls. Machines are noisy: the ratio
+Times are medians over --repeats calls after --warmup calls, ours and PyTorch's alternating. Machines are noisy: the ratio
 torch/ours and the fraction of peak are the figures to compare across runs, not absolute times.
 """
 
@@ -132,15 +132,19 @@ def import_torch(threads: int):
     return torch
 
 
-def median_seconds(call, warmup: int, repeats: int) -> float:
+def median_seconds(calls, warmup: int, repeats: int) -> list[float]:
+    """Median wall time of each of `calls`, timed in alternation (call 0, call 1, call 0, ...) so
+    that every call sees the same drift of a shared machine; the ratio is then fair."""
     for _ in range(warmup):
-        call()
-    samples = []
+        for call in calls:
+            call()
+    samples = [[] for _ in calls]
     for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        for call, times in zip(calls, samples):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    return [statistics.median(times) for times in samples]
 
 
 def make_inputs(workload: Workload, rng: np.random.Generator):
@@ -176,8 +180,23 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
     options = dict(causal=workload.causal)
     implementation = tilelab.flash_attention_implementation(q, k, v, **options)
     ours = tilelab.flash_attention(q, k, v, **options)
-    ours_s = median_seconds(lambda: tilelab.flash_attention(q, k, v, **options),
-                            args.warmup, args.repeats)
+
+    def ours_call():
+        return tilelab.flash_attention(q, k, v, **options)
+
+    torch_call = None
+    if torch is not None:
+        tq, tk, tv = (to_torch(torch, a) for a in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        gqa = workload.q_heads != workload.kv_heads
+
+        def torch_call():
+            with torch.inference_mode():
+                return sdpa(tq, tk, tv, is_causal=workload.causal, enable_gqa=gqa)
+
+    calls = [ours_call] if torch_call is None else [ours_call, torch_call]
+    medians = median_seconds(calls, args.warmup, args.repeats)
+    ours_s = medians[0]
     result = {
         "workload": workload.name,
         "shape": dataclasses.asdict(workload),
@@ -194,17 +213,9 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
         result["ours_kv_gb_per_s"] = kv_bytes / ours_s * 1e-9
         result["ours_fraction_of_triad"] = result["ours_kv_gb_per_s"] / peak[
             "triad_bandwidth_gb_per_s"]
-    if torch is not None:
-        tq, tk, tv = (to_torch(torch, a) for a in (q, k, v))
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        gqa = workload.q_heads != workload.kv_heads
-
-        def torch_call():
-            with torch.inference_mode():
-                return sdpa(tq, tk, tv, is_causal=workload.causal, enable_gqa=gqa)
-
+    if torch_call is not None:
         theirs = torch_call().float().numpy()
-        result["torch_median_s"] = median_seconds(torch_call, args.warmup, args.repeats)
+        result["torch_median_s"] = medians[1]
         result["torch_over_ours"] = result["torch_median_s"] / ours_s
         result["max_abs_difference_from_torch"] = float(
             np.max(np.abs(ours.astype(np.float32) - theirs)))
