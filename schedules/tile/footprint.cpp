@@ -13,6 +13,7 @@
 #include "schedules/tile/footprint.hpp"
 
 #include <fstream>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -151,6 +152,69 @@ class FootprintPass : public IRMutator {
     return op;
   }
 
+  Stmt visit(const For* op) override {
+    loops_.push_back({op->name, op->min, op->extent});
+    IRMutator::visit(op);
+    loops_.pop_back();
+    return op;
+  }
+
+  // `e` with the enclosing lets and the configuration's buffer sizes substituted, simplified.
+  Expr resolve(Expr e) const {
+    for (auto it = lets_.rbegin(); it != lets_.rend(); ++it)
+      e = substitute(it->first, it->second, e);
+    return simplify(BufferQueries(known_).mutate(e));
+  }
+
+  // The largest value `e` takes over the enclosing loops: some allocations (e.g. the gathered K
+  // of a large tile) are sized per iteration, like min(t·T + T, context) − t·T. At the footprint
+  // configuration every loop has a constant trip count, so the iterations are enumerated
+  // (outermost first, each loop's range evaluated at the outer loops' values); interval
+  // arithmetic would lose the correlation between the terms and bound by the whole context.
+  Expr max_over_loops(const Expr& e) const {
+    std::map<std::string, Expr> values;
+    std::optional<int64_t> best;
+    int64_t visited = 0;
+    const bool complete = enumerate(0, e, values, best, visited);
+    _halide_user_assert(complete && best)
+        << "tile footprint: cannot bound " << e << " over the enclosing loops";
+    return make_const(Int(64), *best);
+  }
+
+  bool enumerate(std::size_t depth, const Expr& e, std::map<std::string, Expr>& values,
+                 std::optional<int64_t>& best, int64_t& visited) const {
+    constexpr int64_t kMaxIterations = 1 << 20;
+    if (depth == loops_.size()) {
+      const std::optional<int64_t> value = as_const_int(simplify(substitute(values, e)));
+      if (!value) return false;
+      best = best ? std::max(*best, *value) : *value;
+      return ++visited <= kMaxIterations;
+    }
+    const Loop& loop = loops_[depth];
+    if (!expr_uses_var(e, loop.name) && !uses_inner_loop_vars(depth, e)) {
+      return enumerate(depth + 1, e, values, best, visited);
+    }
+    const std::optional<int64_t> min =
+        as_const_int(simplify(substitute(values, resolve(loop.min))));
+    const std::optional<int64_t> extent =
+        as_const_int(simplify(substitute(values, resolve(loop.extent))));
+    if (!min || !extent) return false;
+    for (int64_t i = *min; i < *min + *extent; ++i) {
+      values[loop.name] = make_const(Int(32), i);
+      if (!enumerate(depth + 1, e, values, best, visited)) return false;
+    }
+    values.erase(loop.name);
+    return true;
+  }
+
+  // Whether `e` uses a loop variable deeper than `depth` (whose range may depend on this loop).
+  bool uses_inner_loop_vars(std::size_t depth, const Expr& e) const {
+    for (std::size_t i = depth + 1; i < loops_.size(); ++i) {
+      if (expr_uses_var(e, loops_[i].name)) return true;
+    }
+    return false;
+  }
+
   Stmt visit(const Allocate* op) override {
     StageMemory stage;
     if (!stage_of(op->name, stage)) {
@@ -159,10 +223,8 @@ class FootprintPass : public IRMutator {
     }
     Expr elements = make_const(Int(64), 1);
     for (const Expr& extent : op->extents) elements = elements * cast<int64_t>(extent);
-    for (auto it = lets_.rbegin(); it != lets_.rend(); ++it) {
-      elements = substitute(it->first, it->second, elements);
-    }
-    elements = simplify(BufferQueries(known_).mutate(elements));
+    elements = resolve(elements);
+    if (!as_const_int(elements)) elements = max_over_loops(elements);
     const std::optional<int64_t> count = as_const_int(elements);
     _halide_user_assert(count) << "tile footprint: the size of allocation " << op->name
                                << " is not constant at the footprint configuration: " << elements;
@@ -227,6 +289,11 @@ class FootprintPass : public IRMutator {
   FootprintConfig config_;
   std::map<std::string, int64_t> known_;
   std::vector<std::pair<std::string, Expr>> lets_;
+  struct Loop {
+    std::string name;
+    Expr min, extent;
+  };
+  std::vector<Loop> loops_;
   std::vector<BufferFigure> buffers_;
   std::vector<std::string> unmapped_;
   std::map<std::string, long long> live_, peak_;
