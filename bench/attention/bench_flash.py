@@ -16,10 +16,8 @@ import json
 import os
 import pathlib
 import platform
-import statistics
 import subprocess
 import sys
-import time
 
 # Before numpy loads: its OpenBLAS threads would spin on the cores the kernels run on.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -27,6 +25,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+from timing import alternating_medians  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,21 +132,6 @@ def import_torch(threads: int):
     return torch
 
 
-def median_seconds(calls, warmup: int, repeats: int) -> list[float]:
-    """Median wall time of each of `calls`, timed in alternation (call 0, call 1, call 0, ...) so
-    that every call sees the same drift of a shared machine; the ratio is then fair."""
-    for _ in range(warmup):
-        for call in calls:
-            call()
-    samples = [[] for _ in calls]
-    for _ in range(repeats):
-        for call, times in zip(calls, samples):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-    return [statistics.median(times) for times in samples]
-
-
 def make_inputs(workload: Workload, rng: np.random.Generator):
     import ml_dtypes
 
@@ -195,7 +180,7 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
                 return sdpa(tq, tk, tv, is_causal=workload.causal, enable_gqa=gqa)
 
     calls = [ours_call] if torch_call is None else [ours_call, torch_call]
-    medians = median_seconds(calls, args.warmup, args.repeats)
+    medians = alternating_medians(calls, args.warmup, args.repeats)
     ours_s = medians[0]
     result = {
         "workload": workload.name,

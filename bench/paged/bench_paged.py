@@ -19,10 +19,8 @@ import argparse
 import os
 import pathlib
 import re
-import statistics
 import subprocess
 import sys
-import time
 
 # Before numpy loads: its OpenBLAS threads would spin on the cores the kernels run on.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -30,6 +28,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+from timing import alternating_medians  # noqa: E402
 
 # The simulator's default batch (sim/kernels/flash_paged_attention.cpp): (query, context) tokens.
 PREFILL = [(160, 2048), (96, 1024), (128, 3072), (116, 512)]
@@ -71,19 +71,6 @@ def build_batch(rng: np.random.Generator):
                                                                           HEAD_DIM)
     return dict(query=query, key=key, value=value, kv_cache=kv_cache, block_tables=block_tables,
                 mask=mask, gathered=gathered, seq_q=seq_q, context=context)
-
-
-def medians(calls, warmup: int, repeats: int) -> list[float]:
-    for _ in range(warmup):
-        for call in calls:
-            call()
-    samples = [[] for _ in calls]
-    for _ in range(repeats):
-        for call, times in zip(calls, samples):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in samples]
 
 
 def simulator_throughput(build_dir: pathlib.Path) -> str:
@@ -158,7 +145,7 @@ def main() -> None:
         torch_out = sdpa().float().numpy()
 
     ours = paged().astype(np.float32)
-    times = medians(calls, args.warmup, args.repeats)
+    times = alternating_medians(calls, args.warmup, args.repeats)
     flop = 4.0 * HEADS * seq_q * (context + seq_q) * HEAD_DIM
 
     print(f"batch: {len(PREFILL)} prefill + {len(DECODE_CONTEXTS)} decode requests, seq_q "
