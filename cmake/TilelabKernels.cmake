@@ -1,5 +1,5 @@
 # Halide AOT kernels: one shared Halide runtime, explicit target feature chains, STMT and ASSEMBLY
-# always emitted (cheap, and the first thing to read when a kernel is slow).
+# listings always emitted (cheap, and the first thing to read when a kernel is slow).
 
 # Multitarget: the first target the CPU supports runs. Feature flags do not imply their subsets,
 # so each chain is spelled out. Zen 4 / Sapphire Rapids class, then Haswell class, then baseline.
@@ -15,7 +15,8 @@ target_link_libraries(tilelab_kernels INTERFACE tilelab_halide_runtime)
 target_include_directories(tilelab_kernels INTERFACE "${PROJECT_BINARY_DIR}/kernels")
 
 # tilelab_add_kernel(<name> GENERATOR <generator> FROM <generator target> [PARAMS k=v ...])
-# adds the kernel <name> (function of the same name, header <name>.h) to tilelab_kernels.
+# adds the kernel <name> (function of the same name, header <name>.h) to tilelab_kernels, and its
+# lowered statement and assembly for the first (best) target as listings/<name>.{stmt,s}.
 function(tilelab_add_kernel name)
   cmake_parse_arguments(ARG "" "GENERATOR;FROM" "PARAMS" ${ARGN})
   add_halide_library(${name} FROM ${ARG_FROM}
@@ -23,8 +24,20 @@ function(tilelab_add_kernel name)
                      FUNCTION_NAME ${name}
                      TARGETS ${TILELAB_HALIDE_TARGETS}
                      PARAMS ${ARG_PARAMS}
-                     USE_RUNTIME tilelab_halide_runtime
-                     STMT ${name}_stmt
-                     ASSEMBLY ${name}_assembly)
+                     USE_RUNTIME tilelab_halide_runtime)
   target_link_libraries(tilelab_kernels INTERFACE ${name})
+
+  # For a multitarget library Halide writes one STMT/ASSEMBLY file per target but declares a
+  # single one, which would re-run the generator on every build; the listings get their own rule.
+  list(GET TILELAB_HALIDE_TARGETS 0 best_target)
+  set(listings "${CMAKE_CURRENT_BINARY_DIR}/listings")
+  add_custom_command(
+    OUTPUT "${listings}/${name}.stmt" "${listings}/${name}.s"
+    COMMAND ${CMAKE_COMMAND} -E make_directory "${listings}"
+    COMMAND $<TARGET_FILE:${ARG_FROM}> -g ${ARG_GENERATOR} -f ${name} -e stmt,assembly
+            -o "${listings}" target=${best_target}-no_runtime ${ARG_PARAMS}
+    DEPENDS ${ARG_FROM}
+    COMMENT "Listings of ${name} for ${best_target}"
+    VERBATIM)
+  add_custom_target(${name}_listings ALL DEPENDS "${listings}/${name}.stmt" "${listings}/${name}.s")
 endfunction()
