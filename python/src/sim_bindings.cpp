@@ -68,17 +68,6 @@ sim::DType parse_dtype(const std::string& name) {
   throw Error("dtype: expected 'bf16', 'fp16' or 'fp32', got '" + name + "'");
 }
 
-std::string join_requests(const std::vector<sim::PagedAttentionRequest>& requests, bool prefill) {
-  std::string out;
-  for (const auto& r : requests) {
-    if ((r.query_len > 1) != prefill) continue;
-    if (!out.empty()) out += ",";
-    out += prefill ? std::to_string(r.query_len) + ":" + std::to_string(r.context_len)
-                   : std::to_string(r.context_len);
-  }
-  return out;
-}
-
 // The report's parameters, named as the CLI's (`tilelab sim paged-attention KEY=VALUE`).
 sim::KernelParameters report_parameters(const sim::FlashPagedAttentionConfig& config,
                                         int64_t tiling_factor) {
@@ -127,8 +116,8 @@ ResolvedPoint resolve_point(const PagedPoint& point) {
   r.config.softmax_scale = static_cast<float>(point.softmax_scale);
   r.config.schedule.block_size_tiling_factor_override = point.tiling_factor;
   r.parameters = report_parameters(r.config, point.tiling_factor);
-  r.parameters["prefill"] = join_requests(point.requests, true);
-  r.parameters["decode"] = join_requests(point.requests, false);
+  r.parameters["prefill"] = sim::format_paged_attention_requests(point.requests, true);
+  r.parameters["decode"] = sim::format_paged_attention_requests(point.requests, false);
   r.parameters["seed"] = std::to_string(point.seed);
   return r;
 }

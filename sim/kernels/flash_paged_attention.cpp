@@ -711,9 +711,8 @@ std::vector<PagedAttentionRequest> default_paged_attention_requests() {
   return requests;
 }
 
-namespace {
-
-std::string join(const std::vector<PagedAttentionRequest>& requests, bool prefill) {
+std::string format_paged_attention_requests(const std::vector<PagedAttentionRequest>& requests,
+                                            bool prefill) {
   std::string out;
   for (const auto& r : requests) {
     if ((r.query_len > 1) != prefill) continue;
@@ -723,6 +722,8 @@ std::string join(const std::vector<PagedAttentionRequest>& requests, bool prefil
   }
   return out;
 }
+
+namespace {
 
 std::vector<PagedAttentionRequest> requests_from(const KernelParameters& p) {
   std::vector<PagedAttentionRequest> requests;
@@ -811,8 +812,10 @@ void tilelab_sim_register_flash_paged_attention(KernelRegistry& registry) {
       {"tiling_factor", "auto",
        "auto (= 128 / blocks per large tile when that is > 1) or a forced power of two; 1 "
        "turns the block-size tiling trick off"},
-      {"prefill", join(requests, true), "prefill requests QUERY_LEN:CONTEXT_LEN,..."},
-      {"decode", join(requests, false), "decode requests (1 new token each): CONTEXT_LEN,..."},
+      {"prefill", format_paged_attention_requests(requests, true),
+       "prefill requests QUERY_LEN:CONTEXT_LEN,..."},
+      {"decode", format_paged_attention_requests(requests, false),
+       "decode requests (1 new token each): CONTEXT_LEN,..."},
       {"seed", "1", "block placement in the cache (shuffled)"},
   };
   info.build = [](const Machine& machine, const KernelParameters& p) {

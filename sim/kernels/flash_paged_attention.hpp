@@ -84,4 +84,9 @@ PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionR
 // The default workload of `tilelab sim paged-attention` (see its --help).
 std::vector<PagedAttentionRequest> default_paged_attention_requests();
 
+// The CLI's request parameter values: "QUERY_LEN:CONTEXT_LEN,..." of the prefill requests
+// (prefill = true) or "CONTEXT_LEN,..." of the decode requests (query length 1).
+std::string format_paged_attention_requests(const std::vector<PagedAttentionRequest>& requests,
+                                            bool prefill);
+
 }  // namespace tilelab::sim
