@@ -9,7 +9,6 @@
 
 namespace tilelab::nki {
 
-using arguments::overlaps;
 using arguments::require_dtype;
 using arguments::require_shape;
 using arguments::shape_of;
@@ -23,7 +22,7 @@ void reorder_context_mask(const TensorView& mask, std::int64_t large_tile_size,
   require_shape(out, "out", "[seq_q, context_len + seq_q]", {mask.dim(0), mask.dim(1)});
   require_dtype(out, "out", DType::i32);
   require_shape(mask, "mask", "[seq_q, context_len + seq_q]", {-1, -1});
-  TILELAB_REQUIRE(!overlaps(mask, out)) << "out: must not overlap mask";
+  TILELAB_REQUIRE(!mask.overlaps(out)) << "out: must not overlap mask";
   TILELAB_REQUIRE(large_tile_size >= 128)
       << "LARGE_TILE_SZ: expected at least 128 (one 128-partition load), got " << large_tile_size;
   TILELAB_REQUIRE(block_size >= 1 && (block_size & (block_size - 1)) == 0)
@@ -72,7 +71,7 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
   require_dtype(slot_mapping, "slot_mapping", DType::i32);
   for (const auto& [view, name] :
        {std::pair{&key, "key"}, {&value, "value"}, {&slot_mapping, "slot_mapping"}}) {
-    TILELAB_REQUIRE(!overlaps(kv_cache, *view)) << "kv_cache: must not overlap " << name;
+    TILELAB_REQUIRE(!kv_cache.overlaps(*view)) << "kv_cache: must not overlap " << name;
   }
   const std::int64_t block_size = kv_cache.dim(3);
   const std::int64_t slots = kv_cache.dim(1) * block_size;

@@ -19,7 +19,6 @@
 namespace tilelab::nki {
 namespace {
 
-using arguments::overlaps;
 using arguments::require_dtype;
 using arguments::require_shape;
 using arguments::shape_of;
@@ -186,7 +185,7 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
                                    {&kv_cache, "kv_cache"},
                                    {&block_tables, "block_tables"},
                                    {&mask, "mask"}}) {
-    TILELAB_REQUIRE(!overlaps(out, *view)) << "out: must not overlap " << name;
+    TILELAB_REQUIRE(!out.overlaps(*view)) << "out: must not overlap " << name;
   }
   TILELAB_REQUIRE(detail::offsets_fit_int32(mask) && detail::offsets_fit_int32(query) &&
                   detail::offsets_fit_int32(out))

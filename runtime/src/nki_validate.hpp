@@ -44,9 +44,4 @@ inline void require_dtype(const TensorView& view, const char* name, DType dtype)
       << name << ": expected dtype " << dtype_name(dtype) << ", got " << dtype_name(view.dtype());
 }
 
-inline bool overlaps(const TensorView& a, const TensorView& b) {
-  const auto ra = a.byte_range(), rb = b.byte_range();
-  return ra[0] < ra[1] && rb[0] < rb[1] && ra[0] < rb[1] && rb[0] < ra[1];
-}
-
 }  // namespace tilelab::nki::arguments

@@ -119,6 +119,12 @@ std::array<std::uintptr_t, 2> TensorView::byte_range() const {
           base + static_cast<std::uintptr_t>((highest + 1) * element_bytes)};
 }
 
+bool TensorView::overlaps(const TensorView& other) const {
+  const auto [begin, end] = byte_range();
+  const auto [other_begin, other_end] = other.byte_range();
+  return begin < end && other_begin < other_end && begin < other_end && other_begin < end;
+}
+
 std::string TensorView::describe() const {
   std::ostringstream text;
   text << dtype_name(dtype_) << format_list(shape_.data(), rank_) << " strides "

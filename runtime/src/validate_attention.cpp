@@ -57,15 +57,9 @@ bool overlaps_itself(const TensorView& view) {
   return false;
 }
 
-bool ranges_intersect(const TensorView& a, const TensorView& b) {
-  const auto [a_begin, a_end] = a.byte_range();
-  const auto [b_begin, b_end] = b.byte_range();
-  return a_begin < b_end && b_begin < a_end;
-}
-
 void require_disjoint(const TensorView& written, const char* written_name, const TensorView& other,
                       const char* other_name) {
-  TILELAB_REQUIRE(!ranges_intersect(written, other))
+  TILELAB_REQUIRE(!written.overlaps(other))
       << written_name << ": expected memory disjoint from " << other_name << ", got "
       << written_name << " " << written.describe() << " overlapping " << other_name << " "
       << other.describe();

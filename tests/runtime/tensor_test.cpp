@@ -130,3 +130,18 @@ TEST_CASE("tensor: invalid views are rejected naming shape or strides", "[runtim
   CHECK(error_message([&] { TensorView(data, DType::f32, 0, shape, shape); }).rfind("shape:", 0) ==
         0);
 }
+
+TEST_CASE("tensor: views overlap when their byte ranges intersect", "[runtime][tensor]") {
+  float data[32] = {};
+  const TensorView first_half(data, DType::f32, {16});
+  const TensorView second_half(data + 16, DType::f32, {16});
+  const TensorView middle(data + 8, DType::f32, {16});
+  const TensorView every_other(data, DType::f32, {16}, {2});  // reaches data[30]
+  const TensorView empty(data + 4, DType::f32, {0});
+  CHECK_FALSE(first_half.overlaps(second_half));
+  CHECK(first_half.overlaps(middle));
+  CHECK(middle.overlaps(second_half));
+  CHECK(every_other.overlaps(second_half));  // by byte range, not by element
+  CHECK_FALSE(empty.overlaps(first_half));
+  CHECK_FALSE(first_half.overlaps(empty));
+}

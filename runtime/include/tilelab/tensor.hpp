@@ -18,7 +18,8 @@ const char* dtype_name(DType dtype);
 
 // A view of memory the caller owns; tilelab never frees or keeps it past the call that receives it.
 // Strides are in elements (not bytes) and may be any values, negative ones included; each
-// operation validates what it accepts (flash_attention: non-negative). Up to kMaxRank dimensions, outermost first (row-major order of the shape).
+// operation validates what it accepts (flash_attention: non-negative). Up to kMaxRank dimensions,
+// outermost first (row-major order of the shape).
 class TensorView {
  public:
   static constexpr int kMaxRank = 6;
@@ -43,6 +44,8 @@ class TensorView {
   bool is_contiguous() const;
   // [lowest, highest) byte addresses the view can touch; empty views give an empty range.
   std::array<std::uintptr_t, 2> byte_range() const;
+  // Whether the byte ranges of this view and `other` intersect (empty views overlap nothing).
+  bool overlaps(const TensorView& other) const;
   // "float32[2, 8, 128, 64] strides [65536, 8192, 64, 1]", for error messages.
   std::string describe() const;
 
