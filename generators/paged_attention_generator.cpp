@@ -17,6 +17,7 @@
 #include <string>
 
 #include "Halide.h"
+#include "schedules/paged/kv_tiling.hpp"
 #include "schedules/tile/footprint.hpp"
 #include "schedules/tile/paged_attention.hpp"
 #include "schedules/x86/paged_attention.hpp"
@@ -29,8 +30,10 @@ using namespace Halide;
 constexpr float kMaskedScore = -9984.0f;
 // Below any score: the start of a max reduction.
 constexpr float kLowest = std::numeric_limits<float>::lowest();
-// Partitions per vectorized KV load (B_P_SIZE) and PSUM bank width (B_F_SIZE).
-constexpr int kPartitions = 128, kLog2Partitions = 7, kFreeTile = 512;
+using tilelab::schedules::paged::kFreeTile;
+using tilelab::schedules::paged::kLog2PartitionTile;
+using tilelab::schedules::paged::kPartitionTile;
+using KvGatherTiling = tilelab::schedules::paged::KvGatherTiling<Expr>;
 
 // Rounds fp32 to the nearest bf16 (ties to even) and back, staying in fp32 lanes.
 Expr round_to_bf16(const Expr& x) {
@@ -87,7 +90,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     // Algorithm
     const bool tile = std::string(schedule_name) == "tile";
     tilelab::schedules::PagedAttentionStages s;
-    s.query_tile = tile ? kPartitions : tilelab::schedules::kPagedCpuQueryTile;
+    s.query_tile = tile ? kPartitionTile : tilelab::schedules::kPagedCpuQueryTile;
     s.mixed_precision = mixed_precision;
     s.kv_is_f32 = !mixed_precision;
     Var &c = s.c, &d = s.d, &ii = s.ii, &io = s.io, &hk = s.hk, &lt = s.lt;
@@ -108,12 +111,10 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     Expr context_len = num_active_blocks * block_size;
     Expr num_large_tiles = context_len / lts;
 
-    // Tiling of a large tile's gather, all powers of two (shifts, not divisions).
-    Expr log2_block = log2_of_power_of_two(block_size);
-    Expr log2_blocks_per_tile = log2_of_power_of_two(lts) - log2_block;
-    Expr log2_tiling = max(kLog2Partitions - log2_blocks_per_tile, 0);  // block_size_tiling_factor
-    Expr log2_tiled_block = log2_block - log2_tiling;                   // tiled_block_size
-    Expr log2_load_columns = kLog2Partitions + log2_tiled_block;        // columns per load
+    // Tiling of a large tile's gather (schedules/paged/kv_tiling.hpp), derived from the runtime
+    // shapes; all powers of two, so the generated code shifts.
+    const KvGatherTiling kv =
+        KvGatherTiling::derived(log2_of_power_of_two(lts), log2_of_power_of_two(block_size));
 
     // Rows: row (ii, io) of kv head hk is query i of head hk · group + g.
     Expr row = io * QT + ii;
@@ -122,28 +123,23 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     s.query_t(ii, d, io, hk) = kernel_round(
         cast<float>(query(row_query, clamp(d, 0, head_dim - 1), row_head, 0)) * softmax_scale);
 
-    // Prior context. Partition p of load ld holds tokens [sub · tiled, (sub + 1) · tiled) of cache
-    // block `block` of the large tile (sub = p mod tiling factor); the tensor engine consumes
-    // column c = ld · load_columns + tb · 128 + p, which is what the reordered mask indexes.
-    Expr tile_block =
-        (lt << log2_blocks_per_tile) + (ld << (kLog2Partitions - log2_tiling)) + (p >> log2_tiling);
+    // Prior context, gathered as KvGatherTiling lays it out: partition p of load ld, token tb of
+    // its piece; the reordered mask indexes the columns in the tensor engine's order.
+    Expr tile_block = (lt << kv.log2_blocks_per_large_tile) + kv.block_of(ld, p);
     Expr cache_block =
         clamp(block_tables(clamp(tile_block, 0, num_active_blocks - 1)), 0, num_blocks - 1);
-    Expr block_token =
-        clamp(((p & ((1 << log2_tiling) - 1)) << log2_tiled_block) + tb, 0, block_size - 1);
+    Expr block_token = clamp(kv.token_in_block_of(p, tb), 0, block_size - 1);
     Expr kv_head = clamp(hk, 0, num_kv_heads - 1), dim = clamp(d, 0, head_dim - 1);
     s.key_loaded(d, tb, p, ld, lt, hk) =
         kernel_round(cast<float>(kv_cache(dim, block_token, kv_head, cache_block, 0)));
     s.value_loaded(d, tb, p, ld, lt, hk) =
         kernel_round(cast<float>(kv_cache(dim, block_token, kv_head, cache_block, 1)));
     // (Clamps tell bounds inference what the bit arithmetic guarantees.)
-    Expr tiled_block = 1 << log2_tiled_block;
-    Expr loads = max(1, (1 << log2_blocks_per_tile) >> kLog2Partitions);
-    auto column_tb = [&](const Expr& col) {
-      return clamp((col / kPartitions) & (tiled_block - 1), 0, tiled_block - 1);
-    };
-    auto column_ld = [&](const Expr& col) { return clamp(col >> log2_load_columns, 0, loads - 1); };
-    Expr col_tb = column_tb(c), col_p = c % kPartitions, col_ld = column_ld(c);
+    Expr tiled_block = 1 << kv.log2_tiled_block_size();
+    Expr loads = 1 << kv.log2_loads_per_large_tile();
+    Expr col_tb = clamp(kv.piece_token_of_column(c), 0, tiled_block - 1);
+    Expr col_p = kv.partition_of_column(c);
+    Expr col_ld = clamp(kv.load_of_column(c), 0, loads - 1);
     s.context.key_t(c, d, lt, hk) = s.key_loaded(d, col_tb, col_p, col_ld, lt, hk);
 
     // New tokens: K arrives transposed already, V in rows.
@@ -156,7 +152,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     // right of the query tile's first row, as the NKI kernel does; for the causal masks of
     // continuous batching nothing visible is skipped. Columns below the limit are candidates.
     Expr active_block = min(seq_q, kFreeTile);
-    Expr tile_first_query = (row_query >> kLog2Partitions) << kLog2Partitions;
+    Expr tile_first_query = (row_query >> kLog2PartitionTile) << kLog2PartitionTile;
     s.active_limit(ii, io) = (tile_first_query / active_block + 1) * active_block;
     Expr mask_width = mask.dim(0).extent();
     auto mask_at = [&](const Expr& col) {

@@ -2,6 +2,7 @@
 #include "schedules/paged_attention_schedule.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -22,27 +23,51 @@ const char* transpose_method_name(TransposeMethod method) {
   return method == TransposeMethod::dma ? "dma" : "pe";
 }
 
+namespace {
+
+// log2 of a power of two (validate() checks the values; the derived getters are only meaningful
+// for valid schedules).
+std::int64_t log2_of(std::int64_t power_of_two) {
+  return power_of_two > 0 ? std::countr_zero(static_cast<std::uint64_t>(power_of_two)) : 0;
+}
+
+std::int64_t exp2_of(std::int64_t log2) {
+  return std::int64_t{1} << log2;
+}
+
+}  // namespace
+
+paged::KvGatherTiling<std::int64_t> PagedAttentionSchedule::kv_gather_tiling() const {
+  using Tiling = paged::KvGatherTiling<std::int64_t>;
+  const std::int64_t log2_tile = log2_of(large_tile_size), log2_block = log2_of(block_size);
+  return block_size_tiling_factor_override != 0
+             ? Tiling::forced(log2_tile, log2_block, log2_of(block_size_tiling_factor_override))
+             : Tiling::derived(log2_tile, log2_block);
+}
+
 std::int64_t PagedAttentionSchedule::derived_block_size_tiling_factor() const {
-  const std::int64_t blocks = num_blocks_per_large_tile();
-  return blocks < partition_tile && blocks > 0 ? partition_tile / blocks : 1;
+  return exp2_of(paged::KvGatherTiling<std::int64_t>::log2_derived_tiling_factor(
+      log2_of(num_blocks_per_large_tile())));
 }
 
 std::int64_t PagedAttentionSchedule::block_size_tiling_factor() const {
-  return block_size_tiling_factor_override != 0 ? block_size_tiling_factor_override
-                                                : derived_block_size_tiling_factor();
+  return exp2_of(kv_gather_tiling().log2_tiling_factor);
+}
+
+std::int64_t PagedAttentionSchedule::tiled_block_size() const {
+  return exp2_of(kv_gather_tiling().log2_tiled_block_size());
 }
 
 std::int64_t PagedAttentionSchedule::partitions_per_load() const {
-  return std::min(partition_tile, num_blocks_per_large_tile() * block_size_tiling_factor());
+  return exp2_of(kv_gather_tiling().log2_partitions_per_load());
 }
 
 std::int64_t PagedAttentionSchedule::loads_per_large_tile() const {
-  return std::max<std::int64_t>(
-      1, num_blocks_per_large_tile() * block_size_tiling_factor() / partition_tile);
+  return exp2_of(kv_gather_tiling().log2_loads_per_large_tile());
 }
 
 std::int64_t PagedAttentionSchedule::reduction_tile() const {
-  return std::min<std::int64_t>(2048, large_tile_size / 2);
+  return paged::reduction_tile<std::int64_t>(large_tile_size);
 }
 
 void PagedAttentionSchedule::validate() const {
@@ -97,8 +122,11 @@ void PagedAttentionSchedule::validate(const PagedAttentionShape& shape) const {
       << shape.query_len;
   if (shape.query_len > free_tile) {
     // The new tokens form one tile of query_len columns: transposed in free_tile pieces, its
-    // exp-sums reduced in pieces of min(2048, query_len / 2).
-    const std::int64_t piece = shape.query_len / 2 > 2048 ? 2048 : free_tile;
+    // exp-sums reduced in pieces of REDUCTION_TILE = min(2048, query_len / 2).
+    // (query_len is a multiple of its reduction tile while that is query_len / 2.)
+    const std::int64_t reduction = paged::reduction_tile<std::int64_t>(shape.query_len);
+    const std::int64_t piece =
+        reduction == shape.query_len / 2 ? free_tile : std::max(free_tile, reduction);
     TILELAB_REQUIRE(shape.query_len % piece == 0)
         << "seq_q: expected a multiple of " << piece << " when seq_q > " << free_tile
         << " (the new tokens' tile is transposed and reduced in pieces of " << piece << "), got "

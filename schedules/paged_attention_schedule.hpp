@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "schedules/paged/kv_tiling.hpp"
+
 namespace tilelab::schedules {
 
 // How the kernel transposes tiles (K after the gather, P before P·V).
@@ -54,7 +56,9 @@ struct PagedAttentionSchedule {
   // their runtime shapes and reject a value other than the derived one.
   std::int64_t block_size_tiling_factor_override = 0;
 
-  // Derived, valid after validate():
+  // Derived, valid after validate(); computed by paged::KvGatherTiling, the arithmetic the
+  // generated kernels share.
+  paged::KvGatherTiling<std::int64_t> kv_gather_tiling() const;
   // Cache blocks per large tile (a power of two).
   std::int64_t num_blocks_per_large_tile() const { return large_tile_size / block_size; }
   // Pieces each block is cut into so that one vectorized load spans `partition_tile` partitions
@@ -65,7 +69,7 @@ struct PagedAttentionSchedule {
   // Partitions one vectorized load spans: min(partition_tile, blocks per tile × tiling factor).
   std::int64_t partitions_per_load() const;
   // Tokens each partition holds per load: block_size / block_size_tiling_factor.
-  std::int64_t tiled_block_size() const { return block_size / block_size_tiling_factor(); }
+  std::int64_t tiled_block_size() const;
   // 128-partition loads per large tile, for K and for V each.
   std::int64_t loads_per_large_tile() const;
   // Score columns whose exp-sums are reduced together (the kernel's REDUCTION_TILE).

@@ -1,10 +1,12 @@
 // tilelab::nki helpers that need no generated kernel: reorder_context_mask and
 // reshape_and_cache (nki.hpp).
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
 #include "nki_validate.hpp"
+#include "schedules/paged/kv_tiling.hpp"
 #include "tilelab/nki.hpp"
 
 namespace tilelab::nki {
@@ -23,22 +25,25 @@ void reorder_context_mask(const TensorView& mask, std::int64_t large_tile_size,
   require_dtype(out, "out", DType::i32);
   require_shape(mask, "mask", "[seq_q, context_len + seq_q]", {-1, -1});
   TILELAB_REQUIRE(!mask.overlaps(out)) << "out: must not overlap mask";
-  TILELAB_REQUIRE(large_tile_size >= 128)
-      << "LARGE_TILE_SZ: expected at least 128 (one 128-partition load), got " << large_tile_size;
-  TILELAB_REQUIRE(block_size >= 1 && (block_size & (block_size - 1)) == 0)
-      << "block_size: expected a power of two, got " << block_size;
-  const std::int64_t tiled_blocks = std::max<std::int64_t>(128, large_tile_size / block_size);
-  TILELAB_REQUIRE(large_tile_size % block_size == 0 && large_tile_size % tiled_blocks == 0 &&
-                  tiled_blocks % 128 == 0)
-      << "LARGE_TILE_SZ: expected a multiple of block_size (" << block_size
-      << ") and of 128 blocks' worth of tiles, got " << large_tile_size;
+  TILELAB_REQUIRE(large_tile_size >= 128 &&
+                  std::has_single_bit(static_cast<std::uint64_t>(large_tile_size)))
+      << "LARGE_TILE_SZ: expected a power of two >= 128 (at least one 128-partition load of a "
+         "power-of-two number of cache blocks), got "
+      << large_tile_size;
+  TILELAB_REQUIRE(block_size >= 1 && block_size <= large_tile_size &&
+                  std::has_single_bit(static_cast<std::uint64_t>(block_size)))
+      << "block_size: expected a power of two <= LARGE_TILE_SZ (" << large_tile_size << "), got "
+      << block_size;
   const std::int64_t seq_q = mask.dim(0), context_len = mask.dim(1) - seq_q;
   TILELAB_REQUIRE(context_len >= 0 && context_len % large_tile_size == 0)
       << "mask: expected shape [seq_q, context_len + seq_q] with context_len a multiple of "
          "LARGE_TILE_SZ ("
       << large_tile_size << "), got shape " << shape_of(mask);
-  const std::int64_t tiled_block = large_tile_size / tiled_blocks;
-  const std::int64_t group = 128 * tiled_block;  // columns of one 128-partition load
+  // The columns of each large tile in the order the kernel's K/V gather lays them out.
+  using KvGatherTiling = schedules::paged::KvGatherTiling<std::int64_t>;
+  const KvGatherTiling tiling =
+      KvGatherTiling::derived(std::countr_zero(static_cast<std::uint64_t>(large_tile_size)),
+                              std::countr_zero(static_cast<std::uint64_t>(block_size)));
   const auto* from = static_cast<const std::int32_t*>(mask.data());
   auto* to = static_cast<std::int32_t*>(out.data());
 #pragma omp parallel for schedule(static)
@@ -46,8 +51,8 @@ void reorder_context_mask(const TensorView& mask, std::int64_t large_tile_size,
     for (std::int64_t col = 0; col < mask.dim(1); ++col) {
       std::int64_t source = col;
       if (col < context_len) {
-        const std::int64_t base = col / group * group, within = col % group;
-        source = base + (within % 128) * tiled_block + within / 128;
+        const std::int64_t tile_start = col / large_tile_size * large_tile_size;
+        source = tile_start + tiling.token_of_column(col - tile_start);
       }
       to[i * out.stride(0) + col * out.stride(1)] =
           from[i * mask.stride(0) + source * mask.stride(1)];
