@@ -59,7 +59,7 @@ std::int64_t PagedAttentionSchedule::tiled_block_size() const {
 }
 
 std::int64_t PagedAttentionSchedule::partitions_per_load() const {
-  return exp2_of(kv_gather_tiling().log2_partitions_per_load());
+  return exp2_of(kv_gather_tiling().log2_partitions_per_load);
 }
 
 std::int64_t PagedAttentionSchedule::loads_per_large_tile() const {

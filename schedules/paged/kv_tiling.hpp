@@ -8,8 +8,9 @@
 // fewer blocks than partitions, each block is cut into `tiling factor` pieces so that one load
 // still spans every partition (the NKI kernel's block-size tiling trick): partition p of load
 // `ld` holds tokens [sub · tiled, (sub + 1) · tiled) of block ld · (partitions / factor) + p /
-// factor, sub = p mod factor, tiled = block_size / factor. The tensor engine consumes the large
-// tile's columns load by load, piece token by piece token, partition by partition:
+// factor, sub = p mod factor, tiled = block_size / factor, partitions = the partitions one load
+// spans (all of them for the derived factor). The tensor engine consumes the large tile's
+// columns load by load, piece token by piece token, partition by partition:
 //   column = ld · load_columns + token_in_piece · partitions + p.
 #pragma once
 
@@ -40,6 +41,9 @@ struct KvGatherTiling {
   Int log2_block_size;
   Int log2_blocks_per_large_tile;
   Int log2_tiling_factor;
+  // Partitions one load spans: min(partitions, blocks per large tile × tiling factor); a
+  // constant for the derived factor, so that the generated code keeps constant masks.
+  Int log2_partitions_per_load;
 
   // The factor the kernel derives: partitions / blocks per large tile when that exceeds 1.
   static Int log2_derived_tiling_factor(const Int& log2_blocks_per_large_tile) {
@@ -48,37 +52,37 @@ struct KvGatherTiling {
   }
   static KvGatherTiling derived(const Int& log2_large_tile_size, const Int& log2_block_size) {
     const Int blocks = log2_large_tile_size - log2_block_size;
-    return {log2_block_size, blocks, log2_derived_tiling_factor(blocks)};
+    return {log2_block_size, blocks, log2_derived_tiling_factor(blocks), Int(kLog2PartitionTile)};
   }
   // A forced factor (the simulator's override; 0 is a factor of 1, the trick turned off).
   static KvGatherTiling forced(const Int& log2_large_tile_size, const Int& log2_block_size,
                                const Int& log2_tiling_factor) {
-    return {log2_block_size, log2_large_tile_size - log2_block_size, log2_tiling_factor};
+    using std::min;
+    const Int blocks = log2_large_tile_size - log2_block_size;
+    return {log2_block_size, blocks, log2_tiling_factor,
+            min(Int(kLog2PartitionTile), blocks + log2_tiling_factor)};
   }
 
   // Tokens each partition holds per load: block_size / tiling factor.
   Int log2_tiled_block_size() const { return log2_block_size - log2_tiling_factor; }
-  // Partitions one load spans: min(partitions, blocks per large tile × tiling factor).
-  Int log2_partitions_per_load() const {
-    using std::min;
-    return min(Int(kLog2PartitionTile), log2_blocks_per_large_tile + log2_tiling_factor);
-  }
   // Loads per large tile, for K and for V each (at least 1).
   Int log2_loads_per_large_tile() const {
     using std::max;
-    return max(log2_blocks_per_large_tile + log2_tiling_factor - Int(kLog2PartitionTile), Int(0));
+    return log2_blocks_per_large_tile + log2_tiling_factor - log2_partitions_per_load;
   }
-  // Cache blocks one full load covers: partitions / tiling factor.
-  Int log2_blocks_per_load() const { return Int(kLog2PartitionTile) - log2_tiling_factor; }
-  // Score columns one load feeds the tensor engine: partitions × tiled block size.
-  Int log2_load_columns() const { return Int(kLog2PartitionTile) + log2_tiled_block_size(); }
+  // Cache blocks one load covers: partitions per load / tiling factor.
+  Int log2_blocks_per_load() const { return log2_partitions_per_load - log2_tiling_factor; }
+  // Score columns one load feeds the tensor engine: partitions per load × tiled block size.
+  Int log2_load_columns() const { return log2_partitions_per_load + log2_tiled_block_size(); }
 
   // Where column `c` of a large tile lives: its load, its partition and its token within that
   // partition's piece.
   Int load_of_column(const Int& c) const { return c >> log2_load_columns(); }
-  Int partition_of_column(const Int& c) const { return c & Int(kPartitionTile - 1); }
+  Int partition_of_column(const Int& c) const {
+    return c & ((Int(1) << log2_partitions_per_load) - Int(1));
+  }
   Int piece_token_of_column(const Int& c) const {
-    return (c >> Int(kLog2PartitionTile)) & ((Int(1) << log2_tiled_block_size()) - Int(1));
+    return (c >> log2_partitions_per_load) & ((Int(1) << log2_tiled_block_size()) - Int(1));
   }
   // The block of the large tile (0 .. blocks per large tile - 1) partition `p` of load `ld` holds.
   Int block_of(const Int& ld, const Int& p) const {

@@ -258,11 +258,9 @@ TEST_CASE("nki: invalid arguments raise an Error naming them, and nothing is wri
                "multiple of large_tile_size");
   expect_error([](TV&, TV&, TV&, TV&, TV&, TV&, TV&, Options& o) { o.softmax_scale = INFINITY; },
                "softmax_scale");
-  expect_error(
-      [](TV& q, TV&, TV&, TV&, TV&, TV&, TV&, Options&) {
-        q = TV(q.data(), DType::f32, {1, 4, 16, 64});
-      },
-      "key");
+  expect_error([](TV& q, TV&, TV&, TV&, TV&, TV&, TV&,
+                  Options&) { q = TV(q.data(), DType::f32, {1, 4, 16, 64}); },
+               "key");
   expect_error(
       [](TV&, TV&, TV&, TV&, TV& table, TV&, TV&, Options&) {
         static std::int32_t bad[32] = {};
@@ -270,11 +268,9 @@ TEST_CASE("nki: invalid arguments raise an Error naming them, and nothing is wri
         table = TV(bad, DType::i32, {table.dim(0)});
       },
       "block_tables: expected entries");
-  expect_error(
-      [](TV&, TV&, TV&, TV&, TV&, TV& mask, TV&, Options&) {
-        mask = TV(mask.data(), DType::f32, {mask.dim(0), mask.dim(1)});
-      },
-      "mask", tilelab::ErrorKind::invalid_type);
+  expect_error([](TV&, TV&, TV&, TV&, TV&, TV& mask, TV&,
+                  Options&) { mask = TV(mask.data(), DType::f32, {mask.dim(0), mask.dim(1)}); },
+               "mask", tilelab::ErrorKind::invalid_type);
   expect_error(
       [](TV&, TV&, TV&, TV& cache, TV&, TV&, TV&, Options&) {
         cache = TV(cache.data(), DType::bf16, {2, cache.dim(1), 2, 16, 16});
@@ -337,6 +333,49 @@ TEST_CASE("nki: reorder_context_mask and reshape_and_cache against plain loops",
   CHECK_THROWS_WITH(tilelab::nki::reshape_and_cache(key.view(), value.view(), cache.view(),
                                                     TensorView(slots.data(), DType::i32, {tokens})),
                     Catch::Contains("slot_mapping"));
+}
+
+TEST_CASE("nki: KvGatherTiling lays every token of a large tile out exactly once",
+          "[nki][schedule]") {
+  // Checked against the layout's definition, independently of its closed forms: load ld,
+  // partition p, piece token tb hold token (ld · blocks_per_load + p / factor) · block_size +
+  // (p mod factor) · tiled + tb, for the derived and every valid forced factor.
+  using Tiling = tilelab::schedules::paged::KvGatherTiling<std::int64_t>;
+  for (std::int64_t log2_tile = 9; log2_tile <= 13; ++log2_tile) {
+    for (std::int64_t log2_block = 0; log2_block <= 8; ++log2_block) {
+      const std::int64_t tile = std::int64_t{1} << log2_tile, block = std::int64_t{1} << log2_block;
+      const std::int64_t blocks = tile / block;
+      std::vector<Tiling> tilings = {Tiling::derived(log2_tile, log2_block)};
+      for (std::int64_t log2_factor = 0; log2_factor <= log2_block; ++log2_factor)
+        if (log2_factor == 0 || (blocks << log2_factor) <= 128)
+          tilings.push_back(Tiling::forced(log2_tile, log2_block, log2_factor));
+      for (const Tiling& t : tilings) {
+        INFO("LARGE_TILE_SZ " << tile << ", block_size " << block << ", log2 factor "
+                              << t.log2_tiling_factor);
+        const std::int64_t factor = std::int64_t{1} << t.log2_tiling_factor;
+        const std::int64_t tiled = block / factor;
+        const std::int64_t partitions = std::min<std::int64_t>(128, blocks * factor);
+        CHECK((std::int64_t{1} << t.log2_tiled_block_size()) == tiled);
+        CHECK((std::int64_t{1} << t.log2_partitions_per_load) == partitions);
+        const std::int64_t loads = std::int64_t{1} << t.log2_loads_per_large_tile();
+        CHECK(loads * partitions * tiled == tile);
+        std::vector<int> seen(static_cast<std::size_t>(tile), 0);
+        bool layout_matches = true;
+        for (std::int64_t c = 0; c < tile; ++c) {
+          const std::int64_t ld = t.load_of_column(c), p = t.partition_of_column(c);
+          const std::int64_t tb = t.piece_token_of_column(c);
+          const std::int64_t expected =
+              (ld * (partitions / factor) + p / factor) * block + (p % factor) * tiled + tb;
+          layout_matches &= t.token_of_column(c) == expected && expected >= 0 && expected < tile;
+          if (expected >= 0 && expected < tile) ++seen[static_cast<std::size_t>(expected)];
+        }
+        CHECK(layout_matches);
+        CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+      }
+    }
+  }
+  CHECK(tilelab::schedules::paged::reduction_tile<std::int64_t>(512) == 256);
+  CHECK(tilelab::schedules::paged::reduction_tile<std::int64_t>(8192) == 2048);
 }
 
 TEST_CASE("nki: PagedAttentionSchedule derives the tiling and rejects what the kernel cannot run",
