@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtype_convert.hpp"
@@ -179,6 +180,13 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
         << "block_tables: expected entries in [0, " << num_blocks << ") (kv_cache blocks), got "
         << entry << " at index " << n;
   }
+  // The generated kernels index with int32 offsets; the cache is compacted below when it is
+  // larger, the others are the caller's to split.
+  for (const auto& [view, name] : {std::pair{&query, "query"}, {&mask, "mask"}, {&out, "out"}}) {
+    TILELAB_REQUIRE(detail::offsets_fit_int32(*view))
+        << name << ": expected element offsets below 2^31 (the kernels index with int32), got "
+        << view->describe();
+  }
   for (const auto& [view, name] : {std::pair{&query, "query"},
                                    {&key, "key"},
                                    {&value, "value"},
@@ -187,9 +195,6 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
                                    {&mask, "mask"}}) {
     TILELAB_REQUIRE(!out.overlaps(*view)) << "out: must not overlap " << name;
   }
-  TILELAB_REQUIRE(detail::offsets_fit_int32(mask) && detail::offsets_fit_int32(query) &&
-                  detail::offsets_fit_int32(out))
-      << "mask: expected fewer than 2^31 elements per tensor, got " << mask.describe();
 
   // The kernels take bf16 (mixed precision) or fp32 tensors. Other dtypes, and caches too large
   // for int32 offsets, are converted: the cache is compacted to the active blocks in table order,
@@ -241,9 +246,14 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
     out_copy.emplace(kernel_dtype, shape_vector(out));
     out_in = out_copy->view;
   }
-  TILELAB_REQUIRE(detail::offsets_fit_int32(q_in) && detail::offsets_fit_int32(k_in) &&
-                  detail::offsets_fit_int32(v_in) && detail::offsets_fit_int32(cache_in))
-      << "query: expected fewer than 2^31 elements per tensor, got " << query.describe();
+  for (const auto& [view, name] : {std::pair{&q_in, "query"},
+                                   {&k_in, "key"},
+                                   {&v_in, "value"},
+                                   {&cache_in, "kv_cache (its active blocks)"}}) {
+    TILELAB_REQUIRE(detail::offsets_fit_int32(*view))
+        << name << ": expected element offsets below 2^31 (the kernels index with int32), got "
+        << view->describe();
+  }
 
   detail::install_halide_hooks();
   HalideView hq(q_in), hk(k_in), hv(v_in), hcache(cache_in), htable(table_in), hmask(mask),

@@ -277,6 +277,13 @@ TEST_CASE("nki: invalid arguments raise an Error naming them, and nothing is wri
       },
       "kv_cache", tilelab::ErrorKind::invalid_type);
   expect_error([](TV& q, TV&, TV&, TV&, TV&, TV&, TV& out, Options&) { out = q; }, "out");
+  // Offsets beyond int32 name the tensor that has them (the strides are never dereferenced:
+  // validation rejects the view first).
+  expect_error(
+      [](TV&, TV&, TV&, TV&, TV&, TV& mask, TV&, Options&) {
+        mask = TV(mask.data(), DType::i32, {mask.dim(0), mask.dim(1)}, {std::int64_t{1} << 31, 1});
+      },
+      "mask: expected element offsets below 2^31");
   // 32 blocks of 16 per large tile of 512: the kernels derive a factor of 4; forcing 2 (which
   // the simulator could run) is refused, naming the field and the accepted values.
   expect_error([](TV&, TV&, TV&, TV&, TV&, TV&, TV&,
