@@ -142,14 +142,16 @@ PYBIND11_MODULE(_core, module) {
   using namespace tilelab::python;
   module.doc() = "tilelab's compiled core; use the documented `tilelab` package instead.";
 
-  // Errors a caller can fix: wrong types become TypeError, everything else ValueError.
+  // Errors a caller can fix: wrong types become TypeError, wrong values ValueError. A failed
+  // internal invariant is a bug in tilelab, not in the arguments: RuntimeError.
   py::register_exception_translator([](std::exception_ptr pointer) {
     try {
       if (pointer) std::rethrow_exception(pointer);
     } catch (const tilelab::Error& error) {
-      PyErr_SetString(
-          error.kind() == tilelab::ErrorKind::invalid_type ? PyExc_TypeError : PyExc_ValueError,
-          error.what());
+      PyObject* type = PyExc_ValueError;
+      if (error.kind() == tilelab::ErrorKind::invalid_type) type = PyExc_TypeError;
+      if (error.kind() == tilelab::ErrorKind::internal) type = PyExc_RuntimeError;
+      PyErr_SetString(type, error.what());
     }
   });
 
@@ -176,6 +178,20 @@ PYBIND11_MODULE(_core, module) {
       },
       py::arg("array"),
       "Testing hook: whether flash_attention reads `array` in place (True) or copies it first.");
+  module.def(
+      "_raise_error",
+      [](const std::string& kind) {
+        if (kind == "value") {
+          TILELAB_REQUIRE(false) << "value: raised for a test";
+        }
+        if (kind == "type") {
+          TILELAB_REQUIRE_TYPE(false) << "type: raised for a test";
+        }
+        TILELAB_CHECK(kind != "internal") << "raised for a test";
+        TILELAB_REQUIRE(false) << "kind: expected 'value', 'type' or 'internal', got '" << kind
+                               << "'";
+      },
+      py::arg("kind"), "Testing hook: raises a tilelab::Error of `kind` through the translator.");
   register_nki_bindings(module);
   register_sim_bindings(module);
 }

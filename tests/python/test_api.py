@@ -144,3 +144,15 @@ def test_thread_count_is_process_wide(restore_num_threads):
     worker.start()
     worker.join()
     assert seen == [1]
+
+
+@pytest.mark.parametrize(("kind", "exception"), [("value", ValueError), ("type", TypeError),
+                                                 ("internal", RuntimeError)])
+def test_errors_map_to_python_exceptions_by_kind(kind, exception):
+    # Internal invariant failures are tilelab's bugs: RuntimeError, never a ValueError the
+    # caller would look for in their arguments.
+    with pytest.raises(exception) as raised:
+        _core._raise_error(kind)
+    assert type(raised.value) is exception
+    if kind == "internal":
+        assert "internal error" in str(raised.value)
