@@ -21,6 +21,7 @@
 #include "schedules/tile/footprint.hpp"
 #include "schedules/tile/paged_attention.hpp"
 #include "schedules/x86/paged_attention.hpp"
+#include "tilelab/detail/bf16_rounding.hpp"
 
 namespace {
 
@@ -35,11 +36,11 @@ using tilelab::schedules::paged::kLog2PartitionTile;
 using tilelab::schedules::paged::kPartitionTile;
 using KvGatherTiling = tilelab::schedules::paged::KvGatherTiling<Expr>;
 
-// Rounds fp32 to the nearest bf16 (ties to even) and back, staying in fp32 lanes.
+// Rounds fp32 to the nearest bf16 (ties to even, NaN kept) and back, staying in fp32 lanes.
 Expr round_to_bf16(const Expr& x) {
-  Expr bits = reinterpret<uint32_t>(x);
-  bits = (bits + (0x7fff + ((bits >> 16) & 1))) & cast<uint32_t>(Expr(0xffff0000u));
-  return reinterpret<float>(bits);
+  auto halide_select = [](const Expr& c, const Expr& a, const Expr& b) { return select(c, a, b); };
+  return reinterpret<float>(
+      tilelab::detail::round_fp32_bits_to_bf16(reinterpret<uint32_t>(x), halide_select));
 }
 
 Expr log2_of_power_of_two(const Expr& x) {

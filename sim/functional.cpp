@@ -7,6 +7,7 @@
 #include <limits>
 
 #include <sleef.h>
+#include <tilelab/detail/bf16_rounding.hpp>
 #include <tilelab/error.hpp>
 
 namespace tilelab::sim {
@@ -15,10 +16,8 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 float round_bf16(float value) {
-  if (std::isnan(value)) return value;
-  uint32_t bits = std::bit_cast<uint32_t>(value);
-  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest even on the dropped 16 bits
-  return std::bit_cast<float>(bits & 0xFFFF0000u);
+  return std::bit_cast<float>(
+      tilelab::detail::round_fp32_bits_to_bf16(std::bit_cast<uint32_t>(value)));
 }
 
 // Rounds to a binary format with `mantissa_bits` fraction bits, smallest normal exponent

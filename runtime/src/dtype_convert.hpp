@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "tilelab/detail/bf16_rounding.hpp"
 #include "tilelab/tensor.hpp"
 
 namespace tilelab::detail {
@@ -13,16 +14,10 @@ inline float bf16_bits_to_float(std::uint16_t bits) {
   return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
 }
 
-// Round to nearest, ties to even (what ml_dtypes, PyTorch and the tensor engines do); NaN stays NaN
-// (rounding could otherwise carry a NaN payload into an infinity).
+// Round to nearest, ties to even; NaN stays NaN (detail/bf16_rounding.hpp).
 inline std::uint16_t float_to_bf16_bits(float value) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN, sign kept
-  }
-  const std::uint32_t lsb = (bits >> 16) & 1u;
-  const std::uint32_t rounding_bias = 0x7fffu + lsb;
-  return static_cast<std::uint16_t>((bits + rounding_bias) >> 16);
+  return static_cast<std::uint16_t>(round_fp32_bits_to_bf16(std::bit_cast<std::uint32_t>(value)) >>
+                                    16);
 }
 
 // Widening is exact, done with bit operations (F. Giesen's half_to_float): libgcc's software

@@ -1,9 +1,12 @@
 // TensorView: construction checks, numel, contiguity, byte ranges and descriptions.
 #include <catch2/catch.hpp>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "tilelab/detail/bf16_rounding.hpp"
 #include "tilelab/tilelab.hpp"
 
 using tilelab::DType;
@@ -144,4 +147,33 @@ TEST_CASE("tensor: views overlap when their byte ranges intersect", "[runtime][t
   CHECK(every_other.overlaps(second_half));  // by byte range, not by element
   CHECK_FALSE(empty.overlaps(first_half));
   CHECK_FALSE(first_half.overlaps(empty));
+}
+
+TEST_CASE("bf16 rounding: nearest even, overflow to infinity, NaN stays NaN", "[runtime][dtype]") {
+  using tilelab::detail::round_fp32_bits_to_bf16;
+  auto round = [](float x) {
+    return std::bit_cast<float>(round_fp32_bits_to_bf16(std::bit_cast<std::uint32_t>(x)));
+  };
+  // Checked against the definition: the two bf16 neighbours of x and which is nearer (even on a
+  // tie), for every 16-bit tail of a few leading patterns.
+  for (const std::uint32_t head : {0x3f800000u, 0x3f810000u, 0xc2fe0000u, 0x00010000u}) {
+    for (std::uint32_t tail = 0; tail < 0x10000u; tail += 0x101u) {
+      const float x = std::bit_cast<float>(head | tail);
+      const float below = std::bit_cast<float>(head), above = std::bit_cast<float>(head + 0x10000u);
+      const double to_below = std::abs(double(x) - below), to_above = std::abs(double(x) - above);
+      const bool even_below = ((head >> 16) & 1u) == 0;
+      const float expected =
+          to_below < to_above || (to_below == to_above && even_below) ? below : above;
+      CHECK(round(x) == expected);
+    }
+  }
+  CHECK(std::isinf(round(std::bit_cast<float>(0x7f7fffffu))));  // max fp32 rounds up to inf
+  CHECK(round(INFINITY) == INFINITY);
+  CHECK(round(-0.0f) == 0.0f);
+  CHECK(std::signbit(round(-0.0f)));
+  for (const std::uint32_t nan : {0x7f800001u, 0x7fffffffu, 0xff800001u, 0x7fc00000u}) {
+    const float r = round(std::bit_cast<float>(nan));
+    CHECK(std::isnan(r));
+    CHECK(std::signbit(r) == ((nan >> 31) != 0));
+  }
 }
