@@ -11,54 +11,25 @@
 
 #include <tilelab/error.hpp>
 
+#include "sim/kernels/lib/flash_attention.hpp"
 #include "sim/kernels/registry.hpp"
 
 namespace tilelab::sim {
 namespace {
 
-// The NKI kernel's fill for masked scores: finite, so a fully masked tile never computes
-// exp(-inf - -inf).
-constexpr float kMaskedScore = -9984.0f;
-
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// Tiles and pools that live for the whole program (shared by the kv-head iterations).
+// The kernel's own tiles (the flash core's are in lib::FlashWorkspace).
 struct Buffers {
-  TilePool k_gathered;       // [rows, chunks·d] cache dtype: the gather lands here
-  TilePool k_cast;           // [rows, chunks·d] kernel dtype (only when the cache dtype differs)
-  TilePool v_gathered;       // as k_gathered, for V
-  TilePool k_t;              // [d, tile] kernel dtype: K transposed, columns in kernel order
-  TilePool v;                // [P, chunks·d] kernel dtype
-  TilePool mask;             // [P, tile] uint8
-  TilePool q_raw;            // [d, P] input dtype
-  TilePool q_cast;           // [d, P] kernel dtype (only when the input dtype differs)
-  TilePool q;                // [d, P] kernel dtype, scaled
-  TilePool qk_res;           // [P, tile] acc: masked scores
-  TilePool max_local;        // [P, tile / free_tile] acc
-  TilePool p_local;          // [P, tile] kernel dtype: exp(s - m)
-  TilePool p_partial;        // [P, tile / reduction] acc
-  TilePool p_t;              // [rows, chunks·P] kernel dtype: P transposed
-  TilePool stats;            // [P, 8] acc: per-row scalars of one core call
-  TilePool o_scaled;         // [P, d] acc
-  TilePool out;              // [P, d] kernel dtype
-  TilePool qk_psum;          // [P, free_tile] fp32 PSUM
-  TilePool t_psum;           // [P, bank] fp32 PSUM: grouped P transposes
-  TilePool kt_psum;          // [P, bank] fp32 PSUM: grouped K transposes
-  TilePool pv_psum;          // [P, d] fp32 PSUM
-  Tile o_all, l_all, m_all;  // running accumulators of every (q tile, q head) of one kv head
-};
-
-// Columns of the per-row scalar tile `stats`.
-enum StatColumn : int64_t {
-  kMax = 0,
-  kPrevMax,
-  kNegMax,
-  kAlpha,
-  kRowSum,
-  kLogTmp,
-  kStatColumns = 8
+  TilePool k_gathered;  // [rows, chunks·d] cache dtype: the gather lands here
+  TilePool k_cast;      // [rows, chunks·d] kernel dtype (only when the cache dtype differs)
+  TilePool v_gathered;  // as k_gathered, for V
+  TilePool k_t;         // [d, tile] kernel dtype: K transposed, columns in kernel order
+  TilePool v;           // [P, chunks·d] kernel dtype
+  TilePool mask;        // [P, tile] uint8
+  TilePool kt_psum;     // [P, bank] fp32 PSUM: grouped K transposes
 };
 
 class Builder {
@@ -72,40 +43,12 @@ class Builder {
   Program build();
 
  private:
-  // One call of the kernel's _flash_attention_core: scores of a query tile against one tile of
-  // keys, merged into the running (o, l, m) of that query tile and head.
-  struct Core {
-    TileRef q;               // [d, P]
-    Tile k_t;                // [d, >= tile]
-    Tile v;                  // [rows, chunks·d]
-    Tile mask;               // [P, >= tile]
-    int64_t tile = 0;        // keys in this tile (LARGE_TILE_SZ, or seq_q for the new tokens)
-    int64_t score_tile = 0;  // B_F_SIZE: score columns per matmul
-    int64_t rows = 0;        // keys per TensorE chunk (partitions of P transposed)
-    int64_t reduction = 0;   // REDUCTION_TILE
-    bool causal = false;
-    int64_t q_tile_index = 0;
-    bool initialize = false;
-    int64_t slot = 0;  // (q tile, q head) index into o_all / l_all / m_all
-  };
-
   void allocate();
   void load_block_tables();
   Tile transform_block_tables(int64_t head);
   void load_context_tile(int64_t head_index_tile_column, Tile index, Tile& k_t, Tile& v);
   void load_active_tile(int64_t head, Tile& k_t, Tile& v);
-  TileRef load_query(int64_t q_head, int64_t q_tile);
-  void transpose_into(const TileRef& dst_group, const std::vector<TileRef>& sources,
-                      int64_t dst_rows, int64_t piece, Engine evict_engine, TilePool& psum);
-  void core(const Core& x);
   void finalize(int64_t head);
-
-  TileRef col(Tile t, int64_t p, int64_t offset, int64_t count, int64_t rows = -1) const {
-    return b_.view(t, 0, rows < 0 ? static_cast<int>(p) : static_cast<int>(rows), offset, count);
-  }
-  TileRef scalar(Tile stats, StatColumn column) const {
-    return b_.view(stats, 0, static_cast<int>(P_), column, 1);
-  }
 
   const Machine& m_;
   const FlashPagedAttentionConfig& c_;
@@ -125,6 +68,7 @@ class Builder {
   Tile bt_folded_{}, bt_fp32_{};
   TilePool index_pool_{}, bt_psum_{};
   Buffers x_;
+  lib::FlashWorkspace ws_;
 };
 
 void Builder::allocate() {
@@ -148,28 +92,21 @@ void Builder::allocate() {
   x_.k_t = sbuf("cur_k_tile", d, tile_max, kernel_dtype_, kv);
   x_.v = sbuf("cur_v_tile", p, chunk_max * d_, kernel_dtype_, kv);
   x_.mask = sbuf("cur_mask", p, tile_max, DType::uint8, 2);
-  x_.q_raw = sbuf("q_sbuf_tile", d, P_, c_.dtype, 2);
-  x_.q_cast = c_.dtype == kernel_dtype_ ? TilePool{} : sbuf("q_cast", d, P_, kernel_dtype_, 2);
-  x_.q = sbuf("q_tile", d, P_, kernel_dtype_, 2);
-  x_.qk_res = sbuf("qk_res_buf", p, tile_max, acc_dtype_, 2);
-  x_.max_local = sbuf("max_local", p, ceil_div(tile_max, s_.free_tile), acc_dtype_, 2);
-  x_.p_local = sbuf("p_local", p, tile_max, kernel_dtype_, 2);
-  const int64_t reductions =
+  lib::FlashWorkspaceShape shape;
+  shape.partitions = P_;
+  shape.head_dim = d_;
+  shape.max_keys = tile_max;
+  shape.max_score_pieces = ceil_div(tile_max, s_.free_tile);
+  shape.max_reductions =
       std::max(large_ / s_.reduction_tile(), seq_q_ / std::min<int64_t>(2048, seq_q_ / 2));
-  x_.p_partial = sbuf("p_partial_sum", p, reductions, acc_dtype_, 2);
-  // P transposed: chunk j of `rows` keys at columns [j·P, (j+1)·P); rows < P when the tiling
-  // factor is forced below P / blocks_per_tile.
-  x_.p_t = sbuf("p_local_transposed", p, std::max(chunks_, active_chunks) * P_, kernel_dtype_, 2);
-  x_.stats = sbuf("row_stats", p, kStatColumns, acc_dtype_, 2);
-  x_.o_scaled = sbuf("o_previous_scaled", p, d_, acc_dtype_, 2);
-  x_.out = sbuf("out", p, d_, kernel_dtype_, 2);
-  x_.o_all = b_.sbuf_tile("o_buffer", p, q_tiles_ * group_ * d_, acc_dtype_);
-  x_.l_all = b_.sbuf_tile("l_buffer", p, q_tiles_ * group_, acc_dtype_);
-  x_.m_all = b_.sbuf_tile("m_buffer", p, q_tiles_ * group_, acc_dtype_);
-  // PSUM: 8 banks = 2 score + 2 P-transpose + 2 P·V + 1 K-transpose + 1 block-table transpose.
-  x_.qk_psum = b_.pool("qk_psum", Memory::psum, p, s_.free_tile, DType::fp32, 2);
-  x_.t_psum = b_.pool("p_local_t_tmp", Memory::psum, p, bank_fp32_, DType::fp32, 2);
-  x_.pv_psum = b_.pool("pv_psum", Memory::psum, p, d_, DType::fp32, 2);
+  shape.max_chunks = chunk_max;
+  shape.accumulator_slots = q_tiles_ * group_;
+  shape.input_dtype = c_.dtype;
+  shape.kernel_dtype = kernel_dtype_;
+  shape.acc_dtype = acc_dtype_;
+  // PSUM: 8 banks = 2 score + 2 P-transpose + 2 P·V (the workspace) + 1 K-transpose + 1
+  // block-table transpose.
+  ws_ = lib::allocate_flash_workspace(b_, shape);
   x_.kt_psum = b_.pool("k_t_psum", Memory::psum, p, bank_fp32_, DType::fp32, 1);
 }
 
@@ -231,67 +168,36 @@ Tile Builder::transform_block_tables(int64_t head) {
   return index;
 }
 
-// Transposes `sources` ([*, rows_of_each] each) into consecutive pieces of `piece` columns of a
-// PSUM bank, then evicts the bank to `dst_group` in one copy (the kernel's transpose_p_local).
-void Builder::transpose_into(const TileRef& dst_group, const std::vector<TileRef>& sources,
-                             int64_t dst_rows, int64_t piece, Engine evict_engine,
-                             TilePool& psum_pool) {
-  const Tile psum = b_.next(psum_pool);
-  for (size_t j = 0; j < sources.size(); ++j)
-    b_.pe_transpose(b_.view(psum, 0, static_cast<int>(dst_rows), static_cast<int64_t>(j) * piece,
-                            sources[j].partition_count),
-                    sources[j]);
-  b_.tensor_copy(
-      dst_group,
-      b_.view(psum, 0, static_cast<int>(dst_rows), 0, static_cast<int64_t>(sources.size()) * piece),
-      evict_engine);
-}
-
 // load_kv_tile_from_cache: `loads` gathers of `rows` rows (tiled_block_size·d contiguous elements
 // each) for K and for V, then K transposed on the PE array into (d, keys).
 void Builder::load_context_tile(int64_t tile, Tile index, Tile& k_t, Tile& v) {
   const int64_t rows = layout_.rows_per_load;
   const int64_t run = layout_.tiled_block_size * d_;
-  const int r = static_cast<int>(rows);
   const Tile k_gathered = b_.next(x_.k_gathered);
-  for (int64_t load = 0; load < layout_.loads; ++load)
-    b_.dma_gather(b_.view(k_gathered, 0, r, load * run, run), kv_cache_, 0,
-                  b_.view(index, 0, r, load * large_tiles_ + tile, 1), 0);
+  lib::gather_kv(b_, k_gathered, kv_cache_, 0, index, tile, large_tiles_, layout_.loads, rows, run);
   Tile k_source = k_gathered;
   if (c_.dtype != kernel_dtype_) {  // nl.copy(loaded, dtype=kernel_dtype)
     k_source = b_.next(x_.k_cast);
     b_.tensor_copy(b_.view(k_source), b_.view(k_gathered), Engine::gpsimd);
   }
+  // Chunk j of the gathered tile holds token piece j of every row: transposing it gives score
+  // columns [j·rows, (j+1)·rows). A PSUM bank takes bank_fp32 / rows of them; ScalarE evicts
+  // (VectorE carries the masked fill and the max reductions).
   k_t = b_.next(x_.k_t);
-  if (s_.transpose == schedules::TransposeMethod::dma) {
-    for (int64_t chunk = 0; chunk < chunks_; ++chunk)
-      b_.dma_transpose(b_.view(k_t, 0, static_cast<int>(d_), chunk * rows, rows),
-                       b_.view(k_source, 0, r, chunk * d_, d_));
-  } else {
-    // Chunk j of the gathered tile holds token piece j of every row: transposing it gives
-    // score columns [j·rows, (j+1)·rows). A PSUM bank takes bank_fp32 / rows of them.
-    const int64_t per_bank = std::max<int64_t>(1, bank_fp32_ / rows);
-    for (int64_t first = 0; first < chunks_; first += per_bank) {
-      const int64_t count = std::min(per_bank, chunks_ - first);
-      std::vector<TileRef> sources;
-      for (int64_t j = first; j < first + count; ++j)
-        sources.push_back(b_.view(k_source, 0, r, j * d_, d_));
-      // ScalarE evicts: VectorE carries the masked fill and the max reductions.
-      transpose_into(b_.view(k_t, 0, static_cast<int>(d_), first * rows, count * rows), sources, d_,
-                     rows, Engine::scalar, x_.kt_psum);
-    }
-  }
+  std::vector<TileRef> sources;
+  for (int64_t j = 0; j < chunks_; ++j)
+    sources.push_back(b_.view(k_source, 0, static_cast<int>(rows), j * d_, d_));
+  lib::transpose_chunks(b_, k_t, d_, sources, rows, std::max<int64_t>(1, bank_fp32_ / rows),
+                        s_.transpose, Engine::scalar, x_.kt_psum);
   v = b_.next(x_.v);
   if (c_.dtype == kernel_dtype_) {
-    for (int64_t load = 0; load < layout_.loads; ++load)
-      b_.dma_gather(b_.view(v, 0, r, load * run, run), kv_cache_, 1,
-                    b_.view(index, 0, r, load * large_tiles_ + tile, 1), 0);
+    lib::gather_kv(b_, v, kv_cache_, 1, index, tile, large_tiles_, layout_.loads, rows, run);
   } else {
     const Tile v_gathered = b_.next(x_.v_gathered);
-    for (int64_t load = 0; load < layout_.loads; ++load)
-      b_.dma_gather(b_.view(v_gathered, 0, r, load * run, run), kv_cache_, 1,
-                    b_.view(index, 0, r, load * large_tiles_ + tile, 1), 0);
-    b_.tensor_copy(b_.view(v, 0, r, 0, chunks_ * d_), b_.view(v_gathered), Engine::gpsimd);
+    lib::gather_kv(b_, v_gathered, kv_cache_, 1, index, tile, large_tiles_, layout_.loads, rows,
+                   run);
+    b_.tensor_copy(b_.view(v, 0, static_cast<int>(rows), 0, chunks_ * d_), b_.view(v_gathered),
+                   Engine::gpsimd);
   }
 }
 
@@ -321,147 +227,12 @@ void Builder::load_active_tile(int64_t head, Tile& k_t, Tile& v) {
   b_.release(v_raw);
 }
 
-// q_tile = load(query[head, :, tile]) (cast to the kernel dtype) · softmax_scale.
-TileRef Builder::load_query(int64_t q_head, int64_t q_tile) {
-  const Tile raw = b_.next(x_.q_raw);
-  b_.dma_copy(b_.view(raw), b_.hbm_rows(query_, 0, d_, q_tile * P_, P_, q_head));
-  TileRef source = b_.view(raw);
-  if (c_.dtype != kernel_dtype_) {
-    const Tile cast = b_.next(x_.q_cast);
-    b_.tensor_copy(b_.view(cast), source, Engine::scalar);
-    source = b_.view(cast);
-  }
-  const Tile q = b_.next(x_.q);
-  ActivationOptions scaled;
-  scaled.scale = scale_;
-  b_.activation(b_.view(q), source, ActFunc::copy, scaled);
-  return b_.view(q);
-}
-
-void Builder::core(const Core& x) {
-  const int p = static_cast<int>(P_);
-  const int rows = static_cast<int>(x.rows);
-  const TileRef o = b_.view(x_.o_all, 0, p, x.slot * d_, d_);
-  const TileRef l = b_.view(x_.l_all, 0, p, x.slot, 1);
-  const TileRef m = b_.view(x_.m_all, 0, p, x.slot, 1);
-
-  // Scores, masked fill and per-piece maxima.
-  const int64_t pieces = x.tile / x.score_tile;
-  const Tile qk_res = b_.next(x_.qk_res);
-  const Tile max_local = b_.next(x_.max_local);
-  for (int64_t k = 0; k < pieces; ++k) {
-    const TileRef scores = b_.view(qk_res, 0, p, k * x.score_tile, x.score_tile);
-    // Causal tile skipping: key piece k starts after the last query row of this tile.
-    const bool skip = x.causal && x.q_tile_index * P_ < k * x.score_tile;
-    if (skip) {
-      b_.memset(scores, kMaskedScore, Engine::vector);
-    } else {
-      const Tile psum = b_.next(x_.qk_psum);
-      const TileRef qk = b_.view(psum, 0, p, 0, x.score_tile);
-      b_.matmul(qk, x.q, b_.view(x.k_t, 0, static_cast<int>(d_), k * x.score_tile, x.score_tile),
-                false);
-      b_.select(scores, b_.view(x.mask, 0, p, k * x.score_tile, x.score_tile), qk,
-                Scalar::constant(kMaskedScore));
-    }
-    b_.tensor_reduce(b_.view(max_local, 0, p, k, 1), scores, AluOp::max);
-  }
-  const Tile stats = b_.next(x_.stats);
-  const TileRef tile_max = scalar(stats, kMax);
-  b_.tensor_reduce(tile_max, b_.view(max_local, 0, p, 0, pieces), AluOp::max);
-
-  // Running maximum and the rescale of the accumulator.
-  const TileRef neg_max = scalar(stats, kNegMax);
-  const TileRef prev_max = scalar(stats, kPrevMax);
-  TileRef o_scaled{};
-  if (x.initialize) {
-    b_.tensor_copy(m, tile_max);
-  } else {
-    b_.tensor_copy(prev_max, m);
-    b_.tensor_tensor(m, prev_max, tile_max, AluOp::max);
-  }
-  b_.tensor_scalar(neg_max, m, AluOp::multiply, Scalar::constant(-1.0f));
-  if (!x.initialize) {
-    const TileRef alpha = scalar(stats, kAlpha);
-    ActivationOptions shift;
-    shift.bias = neg_max;
-    b_.activation(alpha, prev_max, ActFunc::exp, shift);
-    const Tile scaled = b_.next(x_.o_scaled);
-    o_scaled = b_.view(scaled);
-    b_.tensor_scalar(o_scaled, o, AluOp::multiply, Scalar::per_partition(alpha));
-  }
-
-  // exp(s - m) on ScalarE with the row sums fused, per reduction tile.
-  const Tile p_local = b_.next(x_.p_local);
-  const Tile partial = b_.next(x_.p_partial);
-  const int64_t reductions = x.tile / x.reduction;
-  for (int64_t r = 0; r < reductions; ++r) {
-    ActivationOptions exp_options;
-    exp_options.bias = neg_max;
-    exp_options.reduce_result = b_.view(partial, 0, p, r, 1);
-    b_.activation(b_.view(p_local, 0, p, r * x.reduction, x.reduction),
-                  b_.view(qk_res, 0, p, r * x.reduction, x.reduction), ActFunc::exp, exp_options);
-  }
-  const TileRef row_sum = scalar(stats, kRowSum);
-  b_.tensor_reduce(row_sum, b_.view(partial, 0, p, 0, reductions), AluOp::add);
-
-  // P transposed in chunks of `rows` keys, grouped per PSUM bank.
-  const int64_t chunks = x.tile / x.rows;
-  const Tile p_t = b_.next(x_.p_t);
-  if (s_.transpose == schedules::TransposeMethod::dma) {
-    for (int64_t j = 0; j < chunks; ++j)
-      b_.dma_transpose(b_.view(p_t, 0, rows, j * P_, P_),
-                       b_.view(p_local, 0, p, j * x.rows, x.rows));
-  } else {
-    const int64_t per_bank = std::max<int64_t>(1, std::min(bank_fp32_, x.score_tile) / P_);
-    for (int64_t first = 0; first < chunks; first += per_bank) {
-      const int64_t count = std::min(per_bank, chunks - first);
-      std::vector<TileRef> sources;
-      for (int64_t j = first; j < first + count; ++j)
-        sources.push_back(b_.view(p_local, 0, p, j * x.rows, x.rows));
-      transpose_into(b_.view(p_t, 0, rows, first * P_, count * P_), sources, x.rows, P_,
-                     Engine::scalar, x_.t_psum);
-    }
-  }
-
-  // P·V accumulated in one PSUM bank over the key chunks.
-  const Tile pv_tile = b_.next(x_.pv_psum);
-  const TileRef pv = b_.view(pv_tile, 0, p, 0, d_);
-  for (int64_t j = 0; j < chunks; ++j)
-    b_.matmul(pv, b_.view(p_t, 0, rows, j * P_, P_), b_.view(x.v, 0, rows, j * d_, d_), j > 0);
-
-  // Merge into (o, l): l is kept as m + log(sum).
-  const TileRef log_tmp = scalar(stats, kLogTmp);
-  if (x.initialize) {
-    b_.tensor_copy(o, pv);
-    b_.activation(log_tmp, row_sum, ActFunc::log);
-    b_.tensor_tensor(l, log_tmp, tile_max, AluOp::add);
-  } else {
-    b_.tensor_tensor(o, o_scaled, pv, AluOp::add);
-    ActivationOptions shift;
-    shift.bias = neg_max;
-    b_.activation(log_tmp, l, ActFunc::exp, shift);
-    b_.tensor_tensor(log_tmp, log_tmp, row_sum, AluOp::add);
-    b_.activation(log_tmp, log_tmp, ActFunc::log);
-    b_.tensor_tensor(l, m, log_tmp, AluOp::add);
-  }
-}
-
 // out = o · exp(m - l) in the kernel dtype, stored to output[head·group + i_q_h, tile].
 void Builder::finalize(int64_t head) {
-  const int p = static_cast<int>(P_);
   for (int64_t qh = 0; qh < group_; ++qh)
-    for (int64_t i = 0; i < q_tiles_; ++i) {
-      const int64_t slot = i * group_ + qh;
-      const Tile stats = b_.next(x_.stats);
-      const TileRef factor = scalar(stats, kAlpha);
-      b_.tensor_tensor(factor, b_.view(x_.m_all, 0, p, slot, 1), b_.view(x_.l_all, 0, p, slot, 1),
-                       AluOp::subtract);
-      b_.activation(factor, factor, ActFunc::exp);
-      const Tile out = b_.next(x_.out);
-      b_.tensor_scalar(b_.view(out), b_.view(x_.o_all, 0, p, slot * d_, d_), AluOp::multiply,
-                       Scalar::per_partition(factor));
-      b_.dma_copy(b_.hbm_rows(output_, i * P_, P_, 0, d_, head * group_ + qh), b_.view(out));
-    }
+    for (int64_t i = 0; i < q_tiles_; ++i)
+      lib::finalize_flash(b_, ws_, lib::flash_accumulator(b_, ws_, i * group_ + qh),
+                          b_.hbm_rows(output_, i * P_, P_, 0, d_, head * group_ + qh), P_);
 }
 
 Program Builder::build() {
@@ -533,19 +304,18 @@ Program Builder::build() {
         b_.dma_copy(b_.view(mask, 0, static_cast<int>(P_), 0, large_),
                     b_.hbm_rows(mask_, i * P_, P_, tile * large_, large_));
         for (int64_t qh = 0; qh < group_; ++qh) {
-          Core x;
-          x.q = load_query(head * group_ + qh, i);
+          lib::FlashKeyTile x;
+          x.q = lib::load_flash_query(b_, ws_, query_, head * group_ + qh, i * P_, P_, scale_);
           x.k_t = k_t;
           x.v = v;
           x.mask = mask;
-          x.tile = large_;
+          x.keys = large_;
           x.score_tile = s_.free_tile;
           x.rows = layout_.rows_per_load;
           x.reduction = s_.reduction_tile();
-          x.q_tile_index = i;
           x.initialize = tile == 0;
-          x.slot = i * group_ + qh;
-          core(x);
+          lib::flash_core(b_, ws_, x, lib::flash_accumulator(b_, ws_, i * group_ + qh),
+                          s_.transpose);
         }
       }
     }
@@ -557,20 +327,19 @@ Program Builder::build() {
       b_.dma_copy(b_.view(mask, 0, static_cast<int>(P_), 0, seq_q_),
                   b_.hbm_rows(mask_, i * P_, P_, context_len, seq_q_));
       for (int64_t qh = 0; qh < group_; ++qh) {
-        Core x;
-        x.q = load_query(head * group_ + qh, i);
+        lib::FlashKeyTile x;
+        x.q = lib::load_flash_query(b_, ws_, query_, head * group_ + qh, i * P_, P_, scale_);
         x.k_t = k_t;
         x.v = v;
         x.mask = mask;
-        x.tile = seq_q_;
+        x.keys = seq_q_;
         x.score_tile = active_score_tile;
         x.rows = P_;
         x.reduction = active_reduction;
         x.causal = true;
-        x.q_tile_index = i;
+        x.query_row0 = i * P_;
         x.initialize = false;
-        x.slot = i * group_ + qh;
-        core(x);
+        lib::flash_core(b_, ws_, x, lib::flash_accumulator(b_, ws_, i * group_ + qh), s_.transpose);
       }
     }
     finalize(head);
