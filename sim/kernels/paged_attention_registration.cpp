@@ -8,7 +8,6 @@
 #include "sim/kernels/registry.hpp"
 
 namespace tilelab::sim {
-
 namespace {
 
 std::vector<int64_t> parse_list(const std::string& text, const std::string& name) {
@@ -90,7 +89,7 @@ ResolvedPaged resolve_paged(const KernelParameters& p) {
 
 }  // namespace
 
-void tilelab_sim_register_paged_attention_registration(KernelRegistry& registry) {
+void register_paged_attention(KernelRegistry& registry) {
   const schedules::PagedAttentionSchedule defaults;
   const auto requests = default_paged_attention_requests();
   KernelInfo info;
