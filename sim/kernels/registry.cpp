@@ -11,6 +11,7 @@ namespace {
 void register_all_kernels(KernelRegistry& registry) {
   register_paged_attention(registry);
   register_matmul_tutorial(registry);
+  register_flash_prefill(registry);
 }
 
 }  // namespace

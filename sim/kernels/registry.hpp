@@ -57,6 +57,7 @@ class KernelRegistry {
 // The registration of each kernel, defined beside its parameter parsing.
 void register_paged_attention(KernelRegistry& registry);
 void register_matmul_tutorial(KernelRegistry& registry);
+void register_flash_prefill(KernelRegistry& registry);
 
 // All kernels of sim/kernels/ (built on first use).
 const KernelRegistry& kernel_registry();
