@@ -5,60 +5,27 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
-#include <random>
-#include <sstream>
 
 #include <tilelab/error.hpp>
 
-#include "sim/kernels/registry.hpp"
+#include "sim/kernels/lib/flash_attention.hpp"
 
 namespace tilelab::sim {
 namespace {
-
-// The NKI kernel's fill for masked scores: finite, so a fully masked tile never computes
-// exp(-inf - -inf).
-constexpr float kMaskedScore = -9984.0f;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// Tiles and pools that live for the whole program (shared by the kv-head iterations).
+// The kernel's own tiles (the flash core's are in lib::FlashWorkspace).
 struct Buffers {
-  TilePool k_gathered;       // [rows, chunks·d] cache dtype: the gather lands here
-  TilePool k_cast;           // [rows, chunks·d] kernel dtype (only when the cache dtype differs)
-  TilePool v_gathered;       // as k_gathered, for V
-  TilePool k_t;              // [d, tile] kernel dtype: K transposed, columns in kernel order
-  TilePool v;                // [P, chunks·d] kernel dtype
-  TilePool mask;             // [P, tile] uint8
-  TilePool q_raw;            // [d, P] input dtype
-  TilePool q_cast;           // [d, P] kernel dtype (only when the input dtype differs)
-  TilePool q;                // [d, P] kernel dtype, scaled
-  TilePool qk_res;           // [P, tile] acc: masked scores
-  TilePool max_local;        // [P, tile / free_tile] acc
-  TilePool p_local;          // [P, tile] kernel dtype: exp(s - m)
-  TilePool p_partial;        // [P, tile / reduction] acc
-  TilePool p_t;              // [rows, chunks·P] kernel dtype: P transposed
-  TilePool stats;            // [P, 8] acc: per-row scalars of one core call
-  TilePool o_scaled;         // [P, d] acc
-  TilePool out;              // [P, d] kernel dtype
-  TilePool qk_psum;          // [P, free_tile] fp32 PSUM
-  TilePool t_psum;           // [P, bank] fp32 PSUM: grouped P transposes
-  TilePool kt_psum;          // [P, bank] fp32 PSUM: grouped K transposes
-  TilePool pv_psum;          // [P, d] fp32 PSUM
-  Tile o_all, l_all, m_all;  // running accumulators of every (q tile, q head) of one kv head
-};
-
-// Columns of the per-row scalar tile `stats`.
-enum StatColumn : int64_t {
-  kMax = 0,
-  kPrevMax,
-  kNegMax,
-  kAlpha,
-  kRowSum,
-  kLogTmp,
-  kStatColumns = 8
+  TilePool k_gathered;  // [rows, chunks·d] cache dtype: the gather lands here
+  TilePool k_cast;      // [rows, chunks·d] kernel dtype (only when the cache dtype differs)
+  TilePool v_gathered;  // as k_gathered, for V
+  TilePool k_t;         // [d, tile] kernel dtype: K transposed, columns in kernel order
+  TilePool v;           // [P, chunks·d] kernel dtype
+  TilePool mask;        // [P, tile] uint8
+  TilePool kt_psum;     // [P, bank] fp32 PSUM: grouped K transposes
 };
 
 class Builder {
@@ -72,40 +39,12 @@ class Builder {
   Program build();
 
  private:
-  // One call of the kernel's _flash_attention_core: scores of a query tile against one tile of
-  // keys, merged into the running (o, l, m) of that query tile and head.
-  struct Core {
-    TileRef q;               // [d, P]
-    Tile k_t;                // [d, >= tile]
-    Tile v;                  // [rows, chunks·d]
-    Tile mask;               // [P, >= tile]
-    int64_t tile = 0;        // keys in this tile (LARGE_TILE_SZ, or seq_q for the new tokens)
-    int64_t score_tile = 0;  // B_F_SIZE: score columns per matmul
-    int64_t rows = 0;        // keys per TensorE chunk (partitions of P transposed)
-    int64_t reduction = 0;   // REDUCTION_TILE
-    bool causal = false;
-    int64_t q_tile_index = 0;
-    bool initialize = false;
-    int64_t slot = 0;  // (q tile, q head) index into o_all / l_all / m_all
-  };
-
   void allocate();
   void load_block_tables();
   Tile transform_block_tables(int64_t head);
   void load_context_tile(int64_t head_index_tile_column, Tile index, Tile& k_t, Tile& v);
   void load_active_tile(int64_t head, Tile& k_t, Tile& v);
-  TileRef load_query(int64_t q_head, int64_t q_tile);
-  void transpose_into(const TileRef& dst_group, const std::vector<TileRef>& sources,
-                      int64_t dst_rows, int64_t piece, Engine evict_engine, TilePool& psum);
-  void core(const Core& x);
   void finalize(int64_t head);
-
-  TileRef col(Tile t, int64_t p, int64_t offset, int64_t count, int64_t rows = -1) const {
-    return b_.view(t, 0, rows < 0 ? static_cast<int>(p) : static_cast<int>(rows), offset, count);
-  }
-  TileRef scalar(Tile stats, StatColumn column) const {
-    return b_.view(stats, 0, static_cast<int>(P_), column, 1);
-  }
 
   const Machine& m_;
   const FlashPagedAttentionConfig& c_;
@@ -125,6 +64,7 @@ class Builder {
   Tile bt_folded_{}, bt_fp32_{};
   TilePool index_pool_{}, bt_psum_{};
   Buffers x_;
+  lib::FlashWorkspace ws_;
 };
 
 void Builder::allocate() {
@@ -148,28 +88,21 @@ void Builder::allocate() {
   x_.k_t = sbuf("cur_k_tile", d, tile_max, kernel_dtype_, kv);
   x_.v = sbuf("cur_v_tile", p, chunk_max * d_, kernel_dtype_, kv);
   x_.mask = sbuf("cur_mask", p, tile_max, DType::uint8, 2);
-  x_.q_raw = sbuf("q_sbuf_tile", d, P_, c_.dtype, 2);
-  x_.q_cast = c_.dtype == kernel_dtype_ ? TilePool{} : sbuf("q_cast", d, P_, kernel_dtype_, 2);
-  x_.q = sbuf("q_tile", d, P_, kernel_dtype_, 2);
-  x_.qk_res = sbuf("qk_res_buf", p, tile_max, acc_dtype_, 2);
-  x_.max_local = sbuf("max_local", p, ceil_div(tile_max, s_.free_tile), acc_dtype_, 2);
-  x_.p_local = sbuf("p_local", p, tile_max, kernel_dtype_, 2);
-  const int64_t reductions =
+  lib::FlashWorkspaceShape shape;
+  shape.partitions = P_;
+  shape.head_dim = d_;
+  shape.max_keys = tile_max;
+  shape.max_score_pieces = ceil_div(tile_max, s_.free_tile);
+  shape.max_reductions =
       std::max(large_ / s_.reduction_tile(), seq_q_ / std::min<int64_t>(2048, seq_q_ / 2));
-  x_.p_partial = sbuf("p_partial_sum", p, reductions, acc_dtype_, 2);
-  // P transposed: chunk j of `rows` keys at columns [j·P, (j+1)·P); rows < P when the tiling
-  // factor is forced below P / blocks_per_tile.
-  x_.p_t = sbuf("p_local_transposed", p, std::max(chunks_, active_chunks) * P_, kernel_dtype_, 2);
-  x_.stats = sbuf("row_stats", p, kStatColumns, acc_dtype_, 2);
-  x_.o_scaled = sbuf("o_previous_scaled", p, d_, acc_dtype_, 2);
-  x_.out = sbuf("out", p, d_, kernel_dtype_, 2);
-  x_.o_all = b_.sbuf_tile("o_buffer", p, q_tiles_ * group_ * d_, acc_dtype_);
-  x_.l_all = b_.sbuf_tile("l_buffer", p, q_tiles_ * group_, acc_dtype_);
-  x_.m_all = b_.sbuf_tile("m_buffer", p, q_tiles_ * group_, acc_dtype_);
-  // PSUM: 8 banks = 2 score + 2 P-transpose + 2 P·V + 1 K-transpose + 1 block-table transpose.
-  x_.qk_psum = b_.pool("qk_psum", Memory::psum, p, s_.free_tile, DType::fp32, 2);
-  x_.t_psum = b_.pool("p_local_t_tmp", Memory::psum, p, bank_fp32_, DType::fp32, 2);
-  x_.pv_psum = b_.pool("pv_psum", Memory::psum, p, d_, DType::fp32, 2);
+  shape.max_chunks = chunk_max;
+  shape.accumulator_slots = q_tiles_ * group_;
+  shape.input_dtype = c_.dtype;
+  shape.kernel_dtype = kernel_dtype_;
+  shape.acc_dtype = acc_dtype_;
+  // PSUM: 8 banks = 2 score + 2 P-transpose + 2 P·V (the workspace) + 1 K-transpose + 1
+  // block-table transpose.
+  ws_ = lib::allocate_flash_workspace(b_, shape);
   x_.kt_psum = b_.pool("k_t_psum", Memory::psum, p, bank_fp32_, DType::fp32, 1);
 }
 
@@ -231,67 +164,36 @@ Tile Builder::transform_block_tables(int64_t head) {
   return index;
 }
 
-// Transposes `sources` ([*, rows_of_each] each) into consecutive pieces of `piece` columns of a
-// PSUM bank, then evicts the bank to `dst_group` in one copy (the kernel's transpose_p_local).
-void Builder::transpose_into(const TileRef& dst_group, const std::vector<TileRef>& sources,
-                             int64_t dst_rows, int64_t piece, Engine evict_engine,
-                             TilePool& psum_pool) {
-  const Tile psum = b_.next(psum_pool);
-  for (size_t j = 0; j < sources.size(); ++j)
-    b_.pe_transpose(b_.view(psum, 0, static_cast<int>(dst_rows), static_cast<int64_t>(j) * piece,
-                            sources[j].partition_count),
-                    sources[j]);
-  b_.tensor_copy(
-      dst_group,
-      b_.view(psum, 0, static_cast<int>(dst_rows), 0, static_cast<int64_t>(sources.size()) * piece),
-      evict_engine);
-}
-
 // load_kv_tile_from_cache: `loads` gathers of `rows` rows (tiled_block_size·d contiguous elements
 // each) for K and for V, then K transposed on the PE array into (d, keys).
 void Builder::load_context_tile(int64_t tile, Tile index, Tile& k_t, Tile& v) {
   const int64_t rows = layout_.rows_per_load;
   const int64_t run = layout_.tiled_block_size * d_;
-  const int r = static_cast<int>(rows);
   const Tile k_gathered = b_.next(x_.k_gathered);
-  for (int64_t load = 0; load < layout_.loads; ++load)
-    b_.dma_gather(b_.view(k_gathered, 0, r, load * run, run), kv_cache_, 0,
-                  b_.view(index, 0, r, load * large_tiles_ + tile, 1), 0);
+  lib::gather_kv(b_, k_gathered, kv_cache_, 0, index, tile, large_tiles_, layout_.loads, rows, run);
   Tile k_source = k_gathered;
   if (c_.dtype != kernel_dtype_) {  // nl.copy(loaded, dtype=kernel_dtype)
     k_source = b_.next(x_.k_cast);
     b_.tensor_copy(b_.view(k_source), b_.view(k_gathered), Engine::gpsimd);
   }
+  // Chunk j of the gathered tile holds token piece j of every row: transposing it gives score
+  // columns [j·rows, (j+1)·rows). A PSUM bank takes bank_fp32 / rows of them; ScalarE evicts
+  // (VectorE carries the masked fill and the max reductions).
   k_t = b_.next(x_.k_t);
-  if (s_.transpose == schedules::TransposeMethod::dma) {
-    for (int64_t chunk = 0; chunk < chunks_; ++chunk)
-      b_.dma_transpose(b_.view(k_t, 0, static_cast<int>(d_), chunk * rows, rows),
-                       b_.view(k_source, 0, r, chunk * d_, d_));
-  } else {
-    // Chunk j of the gathered tile holds token piece j of every row: transposing it gives
-    // score columns [j·rows, (j+1)·rows). A PSUM bank takes bank_fp32 / rows of them.
-    const int64_t per_bank = std::max<int64_t>(1, bank_fp32_ / rows);
-    for (int64_t first = 0; first < chunks_; first += per_bank) {
-      const int64_t count = std::min(per_bank, chunks_ - first);
-      std::vector<TileRef> sources;
-      for (int64_t j = first; j < first + count; ++j)
-        sources.push_back(b_.view(k_source, 0, r, j * d_, d_));
-      // ScalarE evicts: VectorE carries the masked fill and the max reductions.
-      transpose_into(b_.view(k_t, 0, static_cast<int>(d_), first * rows, count * rows), sources, d_,
-                     rows, Engine::scalar, x_.kt_psum);
-    }
-  }
+  std::vector<TileRef> sources;
+  for (int64_t j = 0; j < chunks_; ++j)
+    sources.push_back(b_.view(k_source, 0, static_cast<int>(rows), j * d_, d_));
+  lib::transpose_chunks(b_, k_t, d_, sources, rows, std::max<int64_t>(1, bank_fp32_ / rows),
+                        s_.transpose, Engine::scalar, x_.kt_psum);
   v = b_.next(x_.v);
   if (c_.dtype == kernel_dtype_) {
-    for (int64_t load = 0; load < layout_.loads; ++load)
-      b_.dma_gather(b_.view(v, 0, r, load * run, run), kv_cache_, 1,
-                    b_.view(index, 0, r, load * large_tiles_ + tile, 1), 0);
+    lib::gather_kv(b_, v, kv_cache_, 1, index, tile, large_tiles_, layout_.loads, rows, run);
   } else {
     const Tile v_gathered = b_.next(x_.v_gathered);
-    for (int64_t load = 0; load < layout_.loads; ++load)
-      b_.dma_gather(b_.view(v_gathered, 0, r, load * run, run), kv_cache_, 1,
-                    b_.view(index, 0, r, load * large_tiles_ + tile, 1), 0);
-    b_.tensor_copy(b_.view(v, 0, r, 0, chunks_ * d_), b_.view(v_gathered), Engine::gpsimd);
+    lib::gather_kv(b_, v_gathered, kv_cache_, 1, index, tile, large_tiles_, layout_.loads, rows,
+                   run);
+    b_.tensor_copy(b_.view(v, 0, static_cast<int>(rows), 0, chunks_ * d_), b_.view(v_gathered),
+                   Engine::gpsimd);
   }
 }
 
@@ -321,147 +223,12 @@ void Builder::load_active_tile(int64_t head, Tile& k_t, Tile& v) {
   b_.release(v_raw);
 }
 
-// q_tile = load(query[head, :, tile]) (cast to the kernel dtype) · softmax_scale.
-TileRef Builder::load_query(int64_t q_head, int64_t q_tile) {
-  const Tile raw = b_.next(x_.q_raw);
-  b_.dma_copy(b_.view(raw), b_.hbm_rows(query_, 0, d_, q_tile * P_, P_, q_head));
-  TileRef source = b_.view(raw);
-  if (c_.dtype != kernel_dtype_) {
-    const Tile cast = b_.next(x_.q_cast);
-    b_.tensor_copy(b_.view(cast), source, Engine::scalar);
-    source = b_.view(cast);
-  }
-  const Tile q = b_.next(x_.q);
-  ActivationOptions scaled;
-  scaled.scale = scale_;
-  b_.activation(b_.view(q), source, ActFunc::copy, scaled);
-  return b_.view(q);
-}
-
-void Builder::core(const Core& x) {
-  const int p = static_cast<int>(P_);
-  const int rows = static_cast<int>(x.rows);
-  const TileRef o = b_.view(x_.o_all, 0, p, x.slot * d_, d_);
-  const TileRef l = b_.view(x_.l_all, 0, p, x.slot, 1);
-  const TileRef m = b_.view(x_.m_all, 0, p, x.slot, 1);
-
-  // Scores, masked fill and per-piece maxima.
-  const int64_t pieces = x.tile / x.score_tile;
-  const Tile qk_res = b_.next(x_.qk_res);
-  const Tile max_local = b_.next(x_.max_local);
-  for (int64_t k = 0; k < pieces; ++k) {
-    const TileRef scores = b_.view(qk_res, 0, p, k * x.score_tile, x.score_tile);
-    // Causal tile skipping: key piece k starts after the last query row of this tile.
-    const bool skip = x.causal && x.q_tile_index * P_ < k * x.score_tile;
-    if (skip) {
-      b_.memset(scores, kMaskedScore, Engine::vector);
-    } else {
-      const Tile psum = b_.next(x_.qk_psum);
-      const TileRef qk = b_.view(psum, 0, p, 0, x.score_tile);
-      b_.matmul(qk, x.q, b_.view(x.k_t, 0, static_cast<int>(d_), k * x.score_tile, x.score_tile),
-                false);
-      b_.select(scores, b_.view(x.mask, 0, p, k * x.score_tile, x.score_tile), qk,
-                Scalar::constant(kMaskedScore));
-    }
-    b_.tensor_reduce(b_.view(max_local, 0, p, k, 1), scores, AluOp::max);
-  }
-  const Tile stats = b_.next(x_.stats);
-  const TileRef tile_max = scalar(stats, kMax);
-  b_.tensor_reduce(tile_max, b_.view(max_local, 0, p, 0, pieces), AluOp::max);
-
-  // Running maximum and the rescale of the accumulator.
-  const TileRef neg_max = scalar(stats, kNegMax);
-  const TileRef prev_max = scalar(stats, kPrevMax);
-  TileRef o_scaled{};
-  if (x.initialize) {
-    b_.tensor_copy(m, tile_max);
-  } else {
-    b_.tensor_copy(prev_max, m);
-    b_.tensor_tensor(m, prev_max, tile_max, AluOp::max);
-  }
-  b_.tensor_scalar(neg_max, m, AluOp::multiply, Scalar::constant(-1.0f));
-  if (!x.initialize) {
-    const TileRef alpha = scalar(stats, kAlpha);
-    ActivationOptions shift;
-    shift.bias = neg_max;
-    b_.activation(alpha, prev_max, ActFunc::exp, shift);
-    const Tile scaled = b_.next(x_.o_scaled);
-    o_scaled = b_.view(scaled);
-    b_.tensor_scalar(o_scaled, o, AluOp::multiply, Scalar::per_partition(alpha));
-  }
-
-  // exp(s - m) on ScalarE with the row sums fused, per reduction tile.
-  const Tile p_local = b_.next(x_.p_local);
-  const Tile partial = b_.next(x_.p_partial);
-  const int64_t reductions = x.tile / x.reduction;
-  for (int64_t r = 0; r < reductions; ++r) {
-    ActivationOptions exp_options;
-    exp_options.bias = neg_max;
-    exp_options.reduce_result = b_.view(partial, 0, p, r, 1);
-    b_.activation(b_.view(p_local, 0, p, r * x.reduction, x.reduction),
-                  b_.view(qk_res, 0, p, r * x.reduction, x.reduction), ActFunc::exp, exp_options);
-  }
-  const TileRef row_sum = scalar(stats, kRowSum);
-  b_.tensor_reduce(row_sum, b_.view(partial, 0, p, 0, reductions), AluOp::add);
-
-  // P transposed in chunks of `rows` keys, grouped per PSUM bank.
-  const int64_t chunks = x.tile / x.rows;
-  const Tile p_t = b_.next(x_.p_t);
-  if (s_.transpose == schedules::TransposeMethod::dma) {
-    for (int64_t j = 0; j < chunks; ++j)
-      b_.dma_transpose(b_.view(p_t, 0, rows, j * P_, P_),
-                       b_.view(p_local, 0, p, j * x.rows, x.rows));
-  } else {
-    const int64_t per_bank = std::max<int64_t>(1, std::min(bank_fp32_, x.score_tile) / P_);
-    for (int64_t first = 0; first < chunks; first += per_bank) {
-      const int64_t count = std::min(per_bank, chunks - first);
-      std::vector<TileRef> sources;
-      for (int64_t j = first; j < first + count; ++j)
-        sources.push_back(b_.view(p_local, 0, p, j * x.rows, x.rows));
-      transpose_into(b_.view(p_t, 0, rows, first * P_, count * P_), sources, x.rows, P_,
-                     Engine::scalar, x_.t_psum);
-    }
-  }
-
-  // P·V accumulated in one PSUM bank over the key chunks.
-  const Tile pv_tile = b_.next(x_.pv_psum);
-  const TileRef pv = b_.view(pv_tile, 0, p, 0, d_);
-  for (int64_t j = 0; j < chunks; ++j)
-    b_.matmul(pv, b_.view(p_t, 0, rows, j * P_, P_), b_.view(x.v, 0, rows, j * d_, d_), j > 0);
-
-  // Merge into (o, l): l is kept as m + log(sum).
-  const TileRef log_tmp = scalar(stats, kLogTmp);
-  if (x.initialize) {
-    b_.tensor_copy(o, pv);
-    b_.activation(log_tmp, row_sum, ActFunc::log);
-    b_.tensor_tensor(l, log_tmp, tile_max, AluOp::add);
-  } else {
-    b_.tensor_tensor(o, o_scaled, pv, AluOp::add);
-    ActivationOptions shift;
-    shift.bias = neg_max;
-    b_.activation(log_tmp, l, ActFunc::exp, shift);
-    b_.tensor_tensor(log_tmp, log_tmp, row_sum, AluOp::add);
-    b_.activation(log_tmp, log_tmp, ActFunc::log);
-    b_.tensor_tensor(l, m, log_tmp, AluOp::add);
-  }
-}
-
 // out = o · exp(m - l) in the kernel dtype, stored to output[head·group + i_q_h, tile].
 void Builder::finalize(int64_t head) {
-  const int p = static_cast<int>(P_);
   for (int64_t qh = 0; qh < group_; ++qh)
-    for (int64_t i = 0; i < q_tiles_; ++i) {
-      const int64_t slot = i * group_ + qh;
-      const Tile stats = b_.next(x_.stats);
-      const TileRef factor = scalar(stats, kAlpha);
-      b_.tensor_tensor(factor, b_.view(x_.m_all, 0, p, slot, 1), b_.view(x_.l_all, 0, p, slot, 1),
-                       AluOp::subtract);
-      b_.activation(factor, factor, ActFunc::exp);
-      const Tile out = b_.next(x_.out);
-      b_.tensor_scalar(b_.view(out), b_.view(x_.o_all, 0, p, slot * d_, d_), AluOp::multiply,
-                       Scalar::per_partition(factor));
-      b_.dma_copy(b_.hbm_rows(output_, i * P_, P_, 0, d_, head * group_ + qh), b_.view(out));
-    }
+    for (int64_t i = 0; i < q_tiles_; ++i)
+      lib::finalize_flash(b_, ws_, lib::flash_accumulator(b_, ws_, i * group_ + qh),
+                          b_.hbm_rows(output_, i * P_, P_, 0, d_, head * group_ + qh), P_);
 }
 
 Program Builder::build() {
@@ -533,19 +300,18 @@ Program Builder::build() {
         b_.dma_copy(b_.view(mask, 0, static_cast<int>(P_), 0, large_),
                     b_.hbm_rows(mask_, i * P_, P_, tile * large_, large_));
         for (int64_t qh = 0; qh < group_; ++qh) {
-          Core x;
-          x.q = load_query(head * group_ + qh, i);
+          lib::FlashKeyTile x;
+          x.q = lib::load_flash_query(b_, ws_, query_, head * group_ + qh, i * P_, P_, scale_);
           x.k_t = k_t;
           x.v = v;
           x.mask = mask;
-          x.tile = large_;
+          x.keys = large_;
           x.score_tile = s_.free_tile;
           x.rows = layout_.rows_per_load;
           x.reduction = s_.reduction_tile();
-          x.q_tile_index = i;
           x.initialize = tile == 0;
-          x.slot = i * group_ + qh;
-          core(x);
+          lib::flash_core(b_, ws_, x, lib::flash_accumulator(b_, ws_, i * group_ + qh),
+                          s_.transpose);
         }
       }
     }
@@ -557,46 +323,24 @@ Program Builder::build() {
       b_.dma_copy(b_.view(mask, 0, static_cast<int>(P_), 0, seq_q_),
                   b_.hbm_rows(mask_, i * P_, P_, context_len, seq_q_));
       for (int64_t qh = 0; qh < group_; ++qh) {
-        Core x;
-        x.q = load_query(head * group_ + qh, i);
+        lib::FlashKeyTile x;
+        x.q = lib::load_flash_query(b_, ws_, query_, head * group_ + qh, i * P_, P_, scale_);
         x.k_t = k_t;
         x.v = v;
         x.mask = mask;
-        x.tile = seq_q_;
+        x.keys = seq_q_;
         x.score_tile = active_score_tile;
         x.rows = P_;
         x.reduction = active_reduction;
         x.causal = true;
-        x.q_tile_index = i;
+        x.query_row0 = i * P_;
         x.initialize = false;
-        x.slot = i * group_ + qh;
-        core(x);
+        lib::flash_core(b_, ws_, x, lib::flash_accumulator(b_, ws_, i * group_ + qh), s_.transpose);
       }
     }
     finalize(head);
   }
   return b_.finish();
-}
-
-std::vector<int64_t> parse_list(const std::string& text, const std::string& name) {
-  std::vector<int64_t> values;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TILELAB_REQUIRE(used == item.size() && v >= 0)
-        << "parameter '" << name << "': expected non-negative integers separated by commas, got '"
-        << text << "'";
-    values.push_back(v);
-  }
-  return values;
 }
 
 }  // namespace
@@ -648,194 +392,6 @@ std::vector<uint8_t> reorder_context_mask(const std::vector<uint8_t>& mask, int6
 Program build_flash_paged_attention(const Machine& machine,
                                     const FlashPagedAttentionConfig& config) {
   return Builder(machine, config).build();
-}
-
-PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
-                                               int64_t block_size, int64_t large_tile_size,
-                                               int64_t partition_tile, uint32_t seed) {
-  TILELAB_REQUIRE(!requests.empty()) << "requests: expected at least one request";
-  TILELAB_REQUIRE(block_size >= 1 && large_tile_size % block_size == 0)
-      << "block_size: " << block_size << " must divide large_tile_size " << large_tile_size;
-  PagedAttentionBatch batch;
-  int64_t queries = 0, blocks = 0;
-  for (const auto& r : requests) {
-    TILELAB_REQUIRE(r.query_len >= 1 && r.context_len >= 0)
-        << "requests: query length must be >= 1 and context length >= 0, got " << r.query_len
-        << " and " << r.context_len;
-    queries += r.query_len;
-    blocks += ceil_div(r.context_len, block_size);
-  }
-  const int64_t blocks_per_tile = large_tile_size / block_size;
-  batch.query_len = std::max<int64_t>(1, ceil_div(queries, partition_tile)) * partition_tile;
-  batch.num_active_blocks =
-      std::max<int64_t>(1, ceil_div(blocks, blocks_per_tile)) * blocks_per_tile;
-  // Spare cache blocks so that the table is a scattered choice, as in a long-running server.
-  batch.num_cache_blocks = batch.num_active_blocks + batch.num_active_blocks / 2 + 1;
-  std::vector<int32_t> free_blocks(static_cast<size_t>(batch.num_cache_blocks));
-  std::iota(free_blocks.begin(), free_blocks.end(), 0);
-  std::mt19937 rng(seed);
-  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
-  batch.block_tables.assign(static_cast<size_t>(batch.num_active_blocks), 0);
-  for (int64_t i = 0; i < blocks; ++i) batch.block_tables[size_t(i)] = free_blocks[size_t(i)];
-  // Padding entries point at a real block (any row may be read) and are masked out.
-  for (int64_t i = blocks; i < batch.num_active_blocks; ++i)
-    batch.block_tables[size_t(i)] = free_blocks[size_t(blocks % batch.num_cache_blocks)];
-
-  const int64_t context = batch.num_active_blocks * block_size;
-  const int64_t columns = context + batch.query_len;
-  batch.mask.assign(size_t(batch.query_len * columns), 0);
-  batch.request_of_row.assign(size_t(batch.query_len), -1);
-  int64_t row0 = 0, block0 = 0;
-  for (size_t r = 0; r < requests.size(); ++r) {
-    const auto& req = requests[r];
-    for (int64_t j = 0; j < req.query_len; ++j) {
-      const int64_t row = row0 + j;
-      batch.request_of_row[size_t(row)] = int64_t(r);
-      uint8_t* line = &batch.mask[size_t(row * columns)];
-      for (int64_t t = 0; t < req.context_len; ++t) line[block0 * block_size + t] = 1;
-      for (int64_t k = 0; k <= j; ++k) line[context + row0 + k] = 1;  // causal among new tokens
-    }
-    row0 += req.query_len;
-    block0 += ceil_div(req.context_len, block_size);
-  }
-  return batch;
-}
-
-std::vector<PagedAttentionRequest> default_paged_attention_requests() {
-  // 4 prefill requests with context, then 12 decode requests (one new token each): 500 + 12 =
-  // 512 query rows (4 tiles); contexts of whole 32-token blocks summing to 16384 tokens =
-  // 8 large tiles of 2048.
-  std::vector<PagedAttentionRequest> requests = {{160, 2048}, {96, 1024}, {128, 3072}, {116, 512}};
-  for (int64_t context : {512, 1024, 768, 640, 896, 1152, 384, 1280, 640, 768, 896, 768})
-    requests.push_back({1, context});
-  return requests;
-}
-
-std::string format_paged_attention_requests(const std::vector<PagedAttentionRequest>& requests,
-                                            bool prefill) {
-  std::string out;
-  for (const auto& r : requests) {
-    if ((r.query_len > 1) != prefill) continue;
-    if (!out.empty()) out += ",";
-    out += prefill ? std::to_string(r.query_len) + ":" + std::to_string(r.context_len)
-                   : std::to_string(r.context_len);
-  }
-  return out;
-}
-
-namespace {
-
-std::vector<PagedAttentionRequest> requests_from(const KernelParameters& p) {
-  std::vector<PagedAttentionRequest> requests;
-  std::stringstream in(p.at("prefill"));
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
-    const auto colon = item.find(':');
-    TILELAB_REQUIRE(colon != std::string::npos)
-        << "parameter 'prefill': expected QUERY_LEN:CONTEXT_LEN pairs separated by commas, got '"
-        << p.at("prefill") << "'";
-    const auto q = parse_list(item.substr(0, colon), "prefill");
-    const auto c = parse_list(item.substr(colon + 1), "prefill");
-    TILELAB_REQUIRE(q.size() == 1 && c.size() == 1 && q[0] >= 1)
-        << "parameter 'prefill': bad pair '" << item << "' (QUERY_LEN >= 1 : CONTEXT_LEN)";
-    requests.push_back({q[0], c[0]});
-  }
-  for (int64_t context : parse_list(p.at("decode"), "decode")) requests.push_back({1, context});
-  TILELAB_REQUIRE(!requests.empty()) << "parameters 'prefill' and 'decode': no requests given";
-  return requests;
-}
-
-struct ResolvedPaged {
-  FlashPagedAttentionConfig config;
-  PagedAttentionBatch batch;
-};
-
-ResolvedPaged resolve_paged(const KernelParameters& p) {
-  ResolvedPaged r;
-  auto& s = r.config.schedule;
-  s.large_tile_size = parameter_int(p, "large_tile_size", 1, 1 << 20);
-  s.block_size = parameter_int(p, "block_size", 1, 1 << 20);
-  s.kv_buffers = static_cast<int>(parameter_int(p, "kv_buffers", 0, 64));
-  s.mixed_precision = parameter_choice(p, "mixed_precision", {"true", "false"}) == "true";
-  s.transpose = parameter_choice(p, "transpose", {"pe", "dma"}) == "dma"
-                    ? schedules::TransposeMethod::dma
-                    : schedules::TransposeMethod::pe;
-  s.validate();
-  auto& shape = r.config.shape;
-  shape.num_heads = parameter_int(p, "num_heads", 1, 4096);
-  shape.num_kv_heads = parameter_int(p, "num_kv_heads", 1, 4096);
-  shape.head_dim = parameter_int(p, "head_dim", 1, 1 << 20);
-  r.config.dtype = parameter_dtype(p, "dtype");
-  // The CLI's tiling_factor sets the schedule field (validated with the schedule below).
-  const std::string factor = p.at("tiling_factor");
-  s.block_size_tiling_factor_override =
-      factor == "auto" ? 0 : parameter_int(p, "tiling_factor", 1, s.partition_tile);
-  s.validate();
-  const int64_t seed = parameter_int(p, "seed", 0, UINT32_MAX);
-  r.batch = make_paged_attention_batch(requests_from(p), s.block_size, s.large_tile_size,
-                                       s.partition_tile, static_cast<uint32_t>(seed));
-  shape.query_len = r.batch.query_len;
-  shape.num_active_blocks = r.batch.num_active_blocks;
-  r.config.num_cache_blocks = r.batch.num_cache_blocks;
-  return r;
-}
-
-}  // namespace
-
-void tilelab_sim_register_flash_paged_attention(KernelRegistry& registry) {
-  const schedules::PagedAttentionSchedule defaults;
-  const auto requests = default_paged_attention_requests();
-  KernelInfo info;
-  info.name = "paged-attention";
-  info.description =
-      "vLLM NKI flash_paged_attention (per kv head: block-table transform, vectorized K/V "
-      "gathers with the block-size tiling trick, PE transposes, running-max softmax, causal "
-      "new-token tile). Default batch: 4 prefill requests (query:context 160:2048, 96:1024, "
-      "128:3072, 116:512) + 12 decode requests (1 token each) = 512 query rows, context "
-      "16384 tokens = 512 blocks of 32 = 8 large tiles of 2048; 32 q heads, 8 kv heads, d 128, "
-      "bf16 on trn1";
-  info.default_machine = "trn1";
-  info.parameters = {
-      {"num_heads", "32", "query heads"},
-      {"num_kv_heads", "8", "kv heads (the kernel's grid; num_heads / num_kv_heads = GQA group)"},
-      {"head_dim", "128", "d (<= 128)"},
-      {"dtype", "bf16", "bf16 | fp16 | fp32: query/key/value/kv_cache/output"},
-      {"block_size", std::to_string(defaults.block_size), "tokens per KV-cache block"},
-      {"large_tile_size", std::to_string(defaults.large_tile_size),
-       "LARGE_TILE_SZ: context tokens per gather / softmax merge"},
-      {"mixed_precision", defaults.mixed_precision ? "true" : "false",
-       "true: bf16 TensorE inputs, fp32 accumulation and statistics"},
-      {"transpose", schedules::transpose_method_name(defaults.transpose),
-       "pe | dma (dma needs NeuronCore-v3, e.g. --machine trn2)"},
-      {"kv_buffers", std::to_string(defaults.kv_buffers), "K/V large-tile buffers (1-4)"},
-      {"tiling_factor", "auto",
-       "auto (= 128 / blocks per large tile when that is > 1) or a forced power of two; 1 "
-       "turns the block-size tiling trick off"},
-      {"prefill", format_paged_attention_requests(requests, true),
-       "prefill requests QUERY_LEN:CONTEXT_LEN,..."},
-      {"decode", format_paged_attention_requests(requests, false),
-       "decode requests (1 new token each): CONTEXT_LEN,..."},
-      {"seed", "1", "block placement in the cache (shuffled)"},
-  };
-  info.build = [](const Machine& machine, const KernelParameters& p) {
-    const ResolvedPaged r = resolve_paged(p);
-    return build_flash_paged_attention(machine, r.config);
-  };
-  info.writes_reports_by_default = true;
-  // The block-size tiling trick made visible: the same batch with the trick turned off.
-  info.default_comparisons = {"tiling_factor=1"};
-  info.functional_inputs = [](const KernelParameters& p) {
-    const ResolvedPaged r = resolve_paged(p);
-    std::map<std::string, std::vector<float>> inputs;
-    inputs["block_tables"].assign(r.batch.block_tables.begin(), r.batch.block_tables.end());
-    const auto reordered = reorder_context_mask(
-        r.batch.mask, r.batch.query_len, r.batch.num_active_blocks * r.config.schedule.block_size,
-        kv_tile_layout(r.config), r.config.schedule.large_tile_size);
-    inputs["mask"].assign(reordered.begin(), reordered.end());
-    return inputs;
-  };
-  registry.add(std::move(info));
 }
 
 }  // namespace tilelab::sim

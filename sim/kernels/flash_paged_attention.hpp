@@ -1,6 +1,7 @@
 // Flash paged attention as a tile program: the algorithm and tiling of vLLM's NKI kernel
 // flash_paged_attention (vllm/attention/ops/nki_flash_attn.py), built on the simulator's builder
-// from the shared PagedAttentionSchedule, plus the batch (block tables, mask) it runs on.
+// from the shared PagedAttentionSchedule. The batch it runs on (block tables, mask) is in
+// paged_attention_workload.hpp, included here for the callers that build both.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "schedules/paged_attention_schedule.hpp"
+#include "sim/kernels/paged_attention_workload.hpp"
 #include "sim/machine.hpp"
 #include "sim/program.hpp"
 
@@ -57,36 +59,5 @@ std::vector<uint8_t> reorder_context_mask(const std::vector<uint8_t>& mask, int6
 // Throws tilelab::Error naming the parameter for an invalid schedule, shape or machine.
 Program build_flash_paged_attention(const Machine& machine,
                                     const FlashPagedAttentionConfig& config);
-
-// One request of a continuous batch: new tokens and prior context.
-struct PagedAttentionRequest {
-  int64_t query_len = 1;
-  int64_t context_len = 0;
-};
-
-// A batch laid out for the kernel: queries concatenated (padded to whole partition tiles), each
-// request's context in its own cache blocks (a shuffled, deterministic choice of blocks), the
-// block table padded to whole large tiles, and the natural-order mask (1 = attend; a request's
-// query attends its own context and, causally, its own earlier new tokens; padding attends none).
-struct PagedAttentionBatch {
-  int64_t query_len = 0;  // seq_q after padding
-  int64_t num_active_blocks = 0;
-  int64_t num_cache_blocks = 0;
-  std::vector<int32_t> block_tables;
-  std::vector<uint8_t> mask;            // [query_len, num_active_blocks·block_size + query_len]
-  std::vector<int64_t> request_of_row;  // request of each query row, -1 for padding
-};
-
-PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
-                                               int64_t block_size, int64_t large_tile_size,
-                                               int64_t partition_tile, uint32_t seed);
-
-// The default workload of `tilelab sim paged-attention` (see its --help).
-std::vector<PagedAttentionRequest> default_paged_attention_requests();
-
-// The CLI's request parameter values: "QUERY_LEN:CONTEXT_LEN,..." of the prefill requests
-// (prefill = true) or "CONTEXT_LEN,..." of the decode requests (query length 1).
-std::string format_paged_attention_requests(const std::vector<PagedAttentionRequest>& requests,
-                                            bool prefill);
 
 }  // namespace tilelab::sim

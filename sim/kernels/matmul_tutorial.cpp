@@ -239,7 +239,7 @@ Program build_matmul_tutorial(const Machine& machine, const MatmulTutorialConfig
   return b.finish();
 }
 
-void tilelab_sim_register_matmul_tutorial(KernelRegistry& registry) {
+void register_matmul_tutorial(KernelRegistry& registry) {
   KernelInfo info;
   info.name = "matmul";
   info.description =

@@ -5,7 +5,16 @@
 
 namespace tilelab::sim {
 
-void register_all_kernels(KernelRegistry& registry);  // generated from sim/kernels/*.cpp
+namespace {
+
+// Every kernel, in the order `tilelab sim --help` lists them.
+void register_all_kernels(KernelRegistry& registry) {
+  register_paged_attention(registry);
+  register_matmul_tutorial(registry);
+  register_flash_prefill(registry);
+}
+
+}  // namespace
 
 void KernelRegistry::add(KernelInfo kernel) {
   for (const auto& k : kernels_)

@@ -1,5 +1,6 @@
 // Kernel registry: tile programs the CLI and tests can build by name, each with documented
-// parameters. A kernel is one file in sim/kernels/ defining tilelab_sim_register_<file stem>().
+// parameters. A kernel defines register_<kernel>(KernelRegistry&) and is listed once in
+// register_all_kernels() (registry.cpp); its sources are listed in sim/CMakeLists.txt.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,11 @@ class KernelRegistry {
  private:
   std::vector<KernelInfo> kernels_;
 };
+
+// The registration of each kernel, defined beside its parameter parsing.
+void register_paged_attention(KernelRegistry& registry);
+void register_matmul_tutorial(KernelRegistry& registry);
+void register_flash_prefill(KernelRegistry& registry);
 
 // All kernels of sim/kernels/ (built on first use).
 const KernelRegistry& kernel_registry();
