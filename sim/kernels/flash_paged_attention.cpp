@@ -94,7 +94,7 @@ void Builder::allocate() {
   shape.max_keys = tile_max;
   shape.max_score_pieces = ceil_div(tile_max, s_.free_tile);
   shape.max_reductions =
-      std::max(large_ / s_.reduction_tile(), seq_q_ / std::min<int64_t>(2048, seq_q_ / 2));
+      std::max(large_ / s_.reduction_tile(), seq_q_ / schedules::paged::reduction_tile(seq_q_));
   shape.max_chunks = chunk_max;
   shape.accumulator_slots = q_tiles_ * group_;
   shape.input_dtype = c_.dtype;
@@ -286,9 +286,8 @@ Program Builder::build() {
   allocate();
   const int64_t context_len = large_tiles_ * large_;
   // The new tokens form one tile of seq_q keys: B_F_SIZE = min(seq_q, free_tile),
-  // REDUCTION_TILE = min(2048, seq_q / 2) as in the kernel.
   const int64_t active_score_tile = std::min(seq_q_, s_.free_tile);
-  const int64_t active_reduction = std::min<int64_t>(2048, seq_q_ / 2);
+  const int64_t active_reduction = schedules::paged::reduction_tile(seq_q_);
 
   for (int64_t head = 0; head < kv_heads_; ++head) {
     const Tile index = transform_block_tables(head);
@@ -357,16 +356,14 @@ KvTileLayout kv_tile_layout(const FlashPagedAttentionConfig& config) {
   layout.tiled_block_size = s.tiled_block_size();
   layout.rows_per_load = s.partitions_per_load();
   layout.loads = s.loads_per_large_tile();
+  layout.tiling = s.kv_gather_tiling();
   return layout;
 }
 
 std::vector<int64_t> context_token_of_column(const KvTileLayout& layout, int64_t large_tile_size) {
   std::vector<int64_t> token(static_cast<size_t>(large_tile_size));
-  const int64_t rows = layout.rows_per_load, tiled = layout.tiled_block_size;
-  for (int64_t load = 0; load < layout.loads; ++load)
-    for (int64_t t = 0; t < tiled; ++t)
-      for (int64_t p = 0; p < rows; ++p)
-        token[static_cast<size_t>((load * tiled + t) * rows + p)] = (load * rows + p) * tiled + t;
+  for (int64_t c = 0; c < large_tile_size; ++c)
+    token[static_cast<size_t>(c)] = layout.tiling.token_of_column(c);
   return token;
 }
 

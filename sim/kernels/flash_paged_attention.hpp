@@ -32,6 +32,8 @@ struct KvTileLayout {
   int64_t tiled_block_size = 1;  // tokens per partition per gather
   int64_t rows_per_load = 1;     // partitions one gather spans = keys per TensorE chunk
   int64_t loads = 1;             // gathers per large tile, for K and for V each
+  // The arithmetic the numbers above come from, shared with the generated kernels.
+  schedules::paged::KvGatherTiling<int64_t> tiling{0, 0, 0, 0};
 };
 
 // The gather layout of effective_schedule(config) (Error names
@@ -39,8 +41,8 @@ struct KvTileLayout {
 KvTileLayout kv_tile_layout(const FlashPagedAttentionConfig& config);
 
 // For kernel score column c of a large tile (the order the tensor engine consumes keys), the
-// token of the large tile it holds: c = (load·tiled + t)·rows + p  <-  token (load·rows + p)·tiled
-// + t. The identity when tiled_block_size is 1.
+// token of the large tile it holds (KvGatherTiling::token_of_column): c = (load·tiled + t)·rows +
+// p  <-  token (load·rows + p)·tiled + t. The identity when tiled_block_size is 1.
 std::vector<int64_t> context_token_of_column(const KvTileLayout& layout, int64_t large_tile_size);
 
 // The mask as the kernel reads it: the context columns of every large tile permuted by

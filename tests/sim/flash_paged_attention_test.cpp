@@ -125,7 +125,9 @@ double max_error(const Machine& machine, const Case& c) {
       }
       for (int64_t i = 0; i < d; ++i) {
         const double got = out[size_t((h * seq_q + r) * d + i)];
-        worst = std::max(worst, std::fabs(got - acc[size_t(i)] / sum));
+        const double error = std::fabs(got - acc[size_t(i)] / sum);
+        if (std::isnan(error)) return error;  // std::max would drop it
+        worst = std::max(worst, error);
       }
     }
   }
