@@ -90,7 +90,7 @@ struct Machine {
   double tensor_peak_flops_per_ns() const;
 };
 
-// Machine JSON (schedules/machines/*.json):
+// Machine JSON (sim/machines/*.json):
 //   {"schema": "tilelab.machine", "schema_version": 1, "name": "...", "description": "...",
 //    "sources": {"<tag>": "<repository@commit path>", ...},
 //    "parameters": {"<key>": {"value": <number|bool|[[bytes, efficiency], ...]>,
@@ -108,7 +108,7 @@ Machine load_machine(const std::string& preset_or_path,
 Machine parse_machine_json(const std::string& text, const std::string& origin,
                            const std::vector<std::string>& overrides = {});
 
-// The built-in preset names and their JSON text (embedded from schedules/machines at build time).
+// The built-in preset names and their JSON text (embedded from sim/machines at build time).
 std::vector<std::string> machine_preset_names();
 std::string machine_preset_json(const std::string& name);
 

@@ -1,4 +1,4 @@
-// Built-in machine presets: JSON text of schedules/machines/*.json embedded at build time.
+// Built-in machine presets: JSON text of sim/machines/*.json embedded at build time.
 #pragma once
 
 #include <vector>

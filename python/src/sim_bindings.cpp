@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "schedules/paged_attention_schedule.hpp"
+#include "schedules/paged/schedule.hpp"
 #include "sim/functional.hpp"
 #include "sim/kernels/flash_paged_attention.hpp"
 #include "sim/kernels/registry.hpp"
@@ -674,7 +674,7 @@ void save_trace(const py::handle& handle, const std::string& path, size_t max_ev
 
 void register_sim_bindings(py::module_& core) {
   core.def("sim_machine_presets", &sim::machine_preset_names,
-           "Names of the built-in machine presets (schedules/machines/*.json).");
+           "Names of the built-in machine presets (sim/machines/*.json).");
   core.def(
       "sim_default_requests",
       [] {

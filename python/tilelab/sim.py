@@ -92,7 +92,7 @@ class Machine:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> Machine:
-        """A machine from a JSON file (schema ``tilelab.machine``; see schedules/machines/)."""
+        """A machine from a JSON file (schema ``tilelab.machine``; see sim/machines/)."""
         path = os.path.abspath(os.fspath(path))
         if not os.path.isfile(path):
             raise ValueError(f"path: no machine JSON file at '{path}'")
@@ -187,7 +187,7 @@ def _as_machine(machine: Machine | str | os.PathLike | None, argument: str = "ma
 @dataclasses.dataclass(frozen=True)
 class PagedAttentionSchedule:
     """The tiling of the flash paged attention kernel (the shared schedule description of
-    schedules/paged_attention_schedule.hpp, read by the CPU kernels and the simulator).
+    schedules/paged/schedule.hpp, read by the CPU kernels and the simulator).
 
     Fields (named as in vLLM's NKI kernel where it has them):
         partition_tile: B_P_SIZE, query rows per tile = SBUF partitions (128).

@@ -13,7 +13,7 @@
 #include "paged_cpu_mixed.h"
 #include "paged_tile_fp32.h"
 #include "paged_tile_mixed.h"
-#include "schedules/paged_attention_schedule.hpp"
+#include "schedules/paged/schedule.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/nki.hpp"
 

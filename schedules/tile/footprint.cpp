@@ -1,15 +1,8 @@
-// Footprint pass of the tile schedule (see footprint.hpp). Mapping of Halide allocations to the
-// machine, per stage (Func name, Halide's uniquifying suffix stripped):
-//   SBUF, 128 partitions (the query rows ii, or the gather partitions p): key_loaded,
-//     value_loaded, masked, prob, prob_t (partition = key column within a 128-column chunk),
-//     block_max and its rfactor intermediate, running_max, rescale, block_sum, state, final_*,
-//     active_limit, prob_f32 when stored
-//   SBUF, head_dim partitions (d is the contraction dim): key_t, query_t
-//   PSUM, 128 partitions: score (one 128 × 512 fp32 bank), block_pv (the (128, d) P·V bank)
-// Bytes per partition = elements / partitions × the bytes the machine stores the element in:
-// stages holding tensor-engine operands are bf16 with mixed precision (Halide keeps their
-// bf16-rounded values in fp32 lanes; the machine stores 2 bytes), the rest fp32. Allocations
-// outside the task (compute_root: the output) are HBM and not counted.
+// Footprint pass of the tile schedule (see footprint.hpp). Bytes per partition = elements /
+// partitions × the bytes the machine stores the element in: stages holding tensor-engine operands
+// are bf16 with mixed precision (Halide keeps their bf16-rounded values in fp32 lanes; the machine
+// stores 2 bytes), the rest fp32. Allocations outside the task (compute_root: the output) are HBM
+// and not counted.
 #include "schedules/tile/footprint.hpp"
 
 #include <fstream>
@@ -23,44 +16,21 @@ namespace {
 using namespace Halide;
 using namespace Halide::Internal;
 
-struct StageMemory {
-  const char* memory;  // "sbuf" / "psum"
-  bool head_dim_partitions;
-  bool kernel_dtype;  // bf16 with mixed precision
-};
-
-bool stage_of(const std::string& name, StageMemory& stage) {
+// The tag of allocation `name` (Halide's uniquifying suffix stripped): the exact stage, else the
+// longest stage name it starts with (rfactor intermediates), else none.
+const TileMemoryTag* tag_of(const std::string& name, const std::vector<TileMemoryTag>& tags) {
   const std::string base = name.substr(0, name.find_first_of("$."));
-  static const std::map<std::string, StageMemory> stages = {
-      {"key_loaded", {"sbuf", false, true}},
-      {"value_loaded", {"sbuf", false, true}},
-      {"key_t", {"sbuf", true, true}},
-      {"query_t", {"sbuf", true, true}},
-      {"value_t", {"sbuf", false, true}},
-      {"masked", {"sbuf", false, false}},
-      {"prob", {"sbuf", false, true}},
-      {"prob_t", {"sbuf", false, true}},
-      {"prob_f32", {"sbuf", false, false}},
-      {"block_max", {"sbuf", false, false}},
-      {"block_max_intm", {"sbuf", false, false}},
-      {"running_max", {"sbuf", false, false}},
-      {"rescale", {"sbuf", false, false}},
-      {"block_sum", {"sbuf", false, false}},
-      {"state", {"sbuf", false, false}},
-      {"final_max", {"sbuf", false, false}},
-      {"final_sum", {"sbuf", false, false}},
-      {"active_limit", {"sbuf", false, false}},
-      {"score", {"psum", false, false}},
-      {"block_pv", {"psum", false, false}},
-  };
-  auto it = stages.find(base);
-  if (it == stages.end()) {
-    // rfactor intermediates are named after their Func with a suffix.
-    if (base.rfind("block_max", 0) == 0) it = stages.find("block_max");
-    if (it == stages.end()) return false;
+  const TileMemoryTag* best = nullptr;
+  for (const TileMemoryTag& tag : tags) {
+    if (tag.stage == base) return &tag;
+    if (base.rfind(tag.stage, 0) == 0 && (!best || tag.stage.size() > best->stage.size()))
+      best = &tag;
   }
-  stage = it->second;
-  return true;
+  return best;
+}
+
+const char* memory_name(TileMemoryTag::Memory memory) {
+  return memory == TileMemoryTag::Memory::psum ? "psum" : "sbuf";
 }
 
 // Replaces _halide_buffer_get_extent/min(X.buffer, dim) and the variables X.extent.dim /
@@ -216,8 +186,8 @@ class FootprintPass : public IRMutator {
   }
 
   Stmt visit(const Allocate* op) override {
-    StageMemory stage;
-    if (!stage_of(op->name, stage)) {
+    const TileMemoryTag* stage = tag_of(op->name, config_.stages);
+    if (!stage) {
       unmapped_.push_back(op->name);
       return IRMutator::visit(op);
     }
@@ -228,10 +198,13 @@ class FootprintPass : public IRMutator {
     const std::optional<int64_t> count = as_const_int(elements);
     _halide_user_assert(count) << "tile footprint: the size of allocation " << op->name
                                << " is not constant at the footprint configuration: " << elements;
-    const int partitions = stage.head_dim_partitions ? config_.head_dim : 128;
-    const int element_bytes = stage.kernel_dtype && config_.mixed_precision ? 2 : 4;
+    const int partitions =
+        stage->partitions == TileMemoryTag::Partitions::head_dim ? config_.head_dim : 128;
+    const bool bf16 =
+        stage->element == TileMemoryTag::Element::kernel_dtype && config_.mixed_precision;
+    const int element_bytes = bf16 ? 2 : 4;
     const long long bytes = *count / partitions * element_bytes;
-    const std::string memory = stage.memory;
+    const std::string memory = memory_name(stage->memory);
     buffers_.push_back({op->name, memory, partitions, *count / partitions, bytes});
     live_[memory] += bytes;
     peak_[memory] = std::max(peak_[memory], live_[memory]);
@@ -258,8 +231,6 @@ class FootprintPass : public IRMutator {
           << ", \"mixed_precision\": " << (config_.mixed_precision ? "true" : "false") << "},\n";
       out << "  \"peak_sbuf_bytes_per_partition\": " << sbuf << ",\n";
       out << "  \"peak_psum_bytes_per_partition\": " << psum << ",\n";
-      out << "  \"sbuf_bytes_per_partition\": " << config_.sbuf_bytes_per_partition << ",\n";
-      out << "  \"psum_bytes_per_partition\": " << config_.psum_bytes_per_partition << ",\n";
       out << "  \"buffers\": [";
       for (size_t i = 0; i < buffers_.size(); ++i) {
         const BufferFigure& b = buffers_[i];
@@ -274,16 +245,6 @@ class FootprintPass : public IRMutator {
       }
       out << "]\n}\n";
     }
-    _halide_user_assert(config_.sbuf_bytes_per_partition == 0 ||
-                        sbuf <= config_.sbuf_bytes_per_partition)
-        << "tile schedule: SBUF footprint " << sbuf << " bytes per partition exceeds the machine's "
-        << config_.sbuf_bytes_per_partition << " (LARGE_TILE_SZ " << config_.large_tile_size
-        << ", d " << config_.head_dim << ")";
-    _halide_user_assert(config_.psum_bytes_per_partition == 0 ||
-                        psum <= config_.psum_bytes_per_partition)
-        << "tile schedule: PSUM footprint " << psum << " bytes per partition exceeds the machine's "
-        << config_.psum_bytes_per_partition << " (LARGE_TILE_SZ " << config_.large_tile_size
-        << ", d " << config_.head_dim << ")";
   }
 
   FootprintConfig config_;

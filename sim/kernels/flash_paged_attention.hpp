@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "schedules/paged_attention_schedule.hpp"
+#include "schedules/paged/schedule.hpp"
 #include "sim/kernels/paged_attention_workload.hpp"
 #include "sim/machine.hpp"
 #include "sim/program.hpp"

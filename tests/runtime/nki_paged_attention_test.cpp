@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "host_tensor.hpp"
-#include "schedules/paged_attention_schedule.hpp"
+#include "schedules/paged/schedule.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/nki.hpp"
 

@@ -183,7 +183,7 @@ TEST_CASE("machine: a user JSON file loads, a missing one is a clear error", "[s
 TEST_CASE("machine: the repository JSON files equal the embedded presets", "[sim][machine]") {
   for (const std::string name : {"trn1", "trn2"}) {
     const std::string path =
-        std::string(TILELAB_SOURCE_DIR) + "/schedules/machines/" + name + ".json";
+        std::string(TILELAB_SOURCE_DIR) + "/sim/machines/" + name + ".json";
     CHECK(json::parse(read_text(path)) == preset(name));
   }
 }

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "schedules/paged_attention_schedule.hpp"
+#include "schedules/paged/schedule.hpp"
 #include "sim/program.hpp"
 
 namespace tilelab::sim::lib {

@@ -1,6 +1,6 @@
 // PagedAttentionSchedule: the tiling of the NKI-style flash paged attention kernel, one description
-// read by the Halide generator (generators/paged_attention_generator.cpp), the runtime that calls
-// the generated kernels, and the simulator's kernel builder. Plain C++ (no Halide).
+// read by the Halide generator (generators/paged/paged_attention_generator.cpp), the runtime that
+// calls the generated kernels, and the simulator's kernel builder. Plain C++ (no Halide).
 #pragma once
 
 #include <cstdint>

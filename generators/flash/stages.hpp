@@ -1,17 +1,18 @@
-// The x86 schedule of the flash attention forward pipeline
-// (generators/flash_attention_generator.cpp).
+// The stages of the flash attention forward pipeline
+// (generators/flash/flash_attention_generator.cpp), beside the algorithm that defines them;
+// schedules/flash/x86 places them.
 #pragma once
 
 #include "Halide.h"
 
-namespace tilelab::schedules {
+namespace tilelab::generators {
 
 // The pipeline's stages, named by what they hold. Dimensions, innermost first:
 //   d head dim, jj key within a key block, jb key block, ii row within a query tile, io query tile,
 //   hk kv head, b batch; a row is one (query head of the group, query index) pair.
 struct FlashAttentionStages {
   Halide::Func query_t{"query_t"};  // (ii, d, io, hk, b) fp32 q · scale, transposed: rows innermost
-  Halide::Func key_f32{"key_f32"};              // (d, jj, jb, hk, b) fp32 K block
+  Halide::Func key_f32{"key_f32"};  // (d, jj, jb, hk, b) fp32 K block
   Halide::Func value_f32{"value_f32"};          // (d, jj, jb, hk, b) fp32 V block
   Halide::Func score_partial{"score_partial"};  // (dl, ii, jj, jb, io, hk, b) decode: per-lane sums
   Halide::Func score{"score"};                  // (ii, jj, jb, io, hk, b) q·k, scaled
@@ -41,14 +42,9 @@ struct FlashAttentionStages {
   Halide::RVar rb;            // blocks 0..jb, reduced by running_max
   bool value_is_f32 = false;  // K and V are fp32 already: read in place, no conversion copy
   int key_block = 0;          // keys per block
-  int query_tile = 0;
-  bool decode = false;    // few rows per kv head: head dim in the vector lanes for q·k
-  int decode_lanes = 16;  // lanes of score_partial         // rows per query tile
+  int query_tile = 0;         // rows per query tile
+  bool decode = false;        // few rows per kv head: head dim in the vector lanes for q·k
+  int decode_lanes = 16;      // lanes of score_partial
 };
 
-// Schedules `stages` for an x86 CPU (AVX-512 or AVX2 or baseline, from `target`); `head_dim` is the
-// head dimension Expr the fast paths specialize on.
-void schedule_flash_attention_x86(FlashAttentionStages& stages, const Halide::Target& target,
-                                  const Halide::Expr& head_dim);
-
-}  // namespace tilelab::schedules
+}  // namespace tilelab::generators

@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "Halide.h"
-#include "schedules/x86/flash_attention.hpp"
+#include "schedules/flash/x86.hpp"
 
 namespace {
 
@@ -49,7 +49,7 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
 
   void generate() {
     // Algorithm
-    tilelab::schedules::FlashAttentionStages s;
+    tilelab::generators::FlashAttentionStages s;
     Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
     Var &i = s.i, &h = s.h;
     const int KB = key_block, QT = query_tile;

@@ -1,5 +1,5 @@
 // PagedAttentionSchedule: validation (the NKI kernel's constraints, each with its reason) and JSON.
-#include "schedules/paged_attention_schedule.hpp"
+#include "schedules/paged/schedule.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -1,4 +1,4 @@
-// x86 schedule of flash paged attention (generators/paged_attention_generator.cpp).
+// x86 schedule of flash paged attention (generators/paged/paged_attention_generator.cpp).
 //
 // Target assumptions: AVX-512 (16 fp32 lanes, 32 zmm registers) first, then AVX2+FMA (8 lanes, 16
 // ymm), then SSE baseline (4 lanes). Zen 4 runs 512-bit FMAs at one per cycle (two 256-bit pipes).
@@ -27,7 +27,7 @@
 // the same call takes 80-130 ms: set OPENBLAS_NUM_THREADS=1 when measuring.
 // Tried: gathering and transposing K per (query tile, large tile) as the tile schedule does:
 // 132 ms (the transpose is ~1 op per K element against 2 FMAs per element at 32 rows).
-#include "schedules/x86/paged_attention.hpp"
+#include "schedules/paged/x86.hpp"
 
 namespace tilelab::schedules {
 

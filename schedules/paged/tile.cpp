@@ -1,5 +1,5 @@
-// Tile-machine schedule of flash paged attention (generators/paged_attention_generator.cpp): the
-// loop nest of vLLM's NKI kernel on a NeuronCore, run as CPU code so that its numerics (tile
+// Tile-machine schedule of flash paged attention (generators/paged/paged_attention_generator.cpp):
+// the loop nest of vLLM's NKI kernel on a NeuronCore, run as CPU code so that its numerics (tile
 // order, merge order, bf16 rounding points) can be checked against the fp64 reference and the
 // simulator.
 //
@@ -39,7 +39,7 @@
 // Measured (Zen 4, 2 threads, 2026-11; H 8/2, d 128, seq_q 256, context 4096, block_size 32,
 // LTS 2048): 106 ms, ~43 GFLOP/s: a test-harness speed, not a target (the cpu schedule: 23 ms).
 // Most of it is the per-tile K transpose and P transpose copies and scalar P·V, as intended.
-#include "schedules/tile/paged_attention.hpp"
+#include "schedules/paged/tile.hpp"
 
 namespace tilelab::schedules {
 

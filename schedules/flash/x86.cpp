@@ -1,4 +1,4 @@
-// x86 schedule of flash attention forward (generators/flash_attention_generator.cpp).
+// x86 schedule of flash attention forward (generators/flash/flash_attention_generator.cpp).
 //
 // Target assumptions: AVX-512 (16 fp32 lanes, 32 zmm registers) first, then AVX2+FMA (8 lanes, 16
 // ymm), then SSE baseline (4 lanes). Zen 4 runs 512-bit FMAs at one per cycle (two 256-bit pipes).
@@ -24,7 +24,7 @@
 // noise); software prefetch of the next K/V block in decode (0-10% slower: the hardware
 // prefetchers already follow the two streams); (m, l) in their own Func fused with compute_with
 // (bounds become unions over both stages' loops: 300x slower).
-#include "schedules/x86/flash_attention.hpp"
+#include "schedules/flash/x86.hpp"
 
 namespace tilelab::schedules {
 

@@ -18,9 +18,9 @@
 
 #include "Halide.h"
 #include "schedules/paged/kv_tiling.hpp"
+#include "schedules/paged/tile.hpp"
+#include "schedules/paged/x86.hpp"
 #include "schedules/tile/footprint.hpp"
-#include "schedules/tile/paged_attention.hpp"
-#include "schedules/x86/paged_attention.hpp"
 #include "tilelab/detail/bf16_rounding.hpp"
 
 namespace {
@@ -53,10 +53,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
   GeneratorParam<bool> mixed_precision{"mixed_precision", true};
   // "tile" (mirrors the NeuronCore tiling) or "cpu" (tuned for x86).
   GeneratorParam<std::string> schedule_name{"schedule", "cpu"};
-  // The machine's capacity the tile schedule must fit (0: not checked; CMake passes the numbers
-  // of schedules/machines/trn1.json), and where its footprint is written (empty: not written).
-  GeneratorParam<int> sbuf_bytes_per_partition{"sbuf_bytes_per_partition", 0};
-  GeneratorParam<int> psum_bytes_per_partition{"psum_bytes_per_partition", 0};
+  // Where the tile schedule's SBUF/PSUM footprint is written (empty: not computed).
   GeneratorParam<std::string> footprint_json{"footprint_json", ""};
 
   // Indexed by i (query token), d, h, b: NKI layout (1, n_heads, d, seq_q).
@@ -90,7 +87,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
   void generate() {
     // Algorithm
     const bool tile = std::string(schedule_name) == "tile";
-    tilelab::schedules::PagedAttentionStages s;
+    tilelab::generators::PagedAttentionStages s;
     s.query_tile = tile ? kPartitionTile : tilelab::schedules::kPagedCpuQueryTile;
     s.mixed_precision = mixed_precision;
     s.kv_is_f32 = !mixed_precision;
@@ -163,7 +160,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     // One key tile's pass (the NKI kernel's _flash_attention_core), in two halves: scores and
     // their max, then (given the running max) P, its sum and P·V.
     RDom rd(0, head_dim, "rd");
-    auto build_scores = [&](tilelab::schedules::KeyTileStages& t, const Expr& width,
+    auto build_scores = [&](tilelab::generators::KeyTileStages& t, const Expr& width,
                             const Expr& visible) {
       t.rd = rd.x;
       t.score(c, ii, lt, io, hk) = 0.0f;
@@ -174,7 +171,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
       t.block_max(ii, lt, io, hk) = kLowest;
       t.block_max(ii, lt, io, hk) = max(t.block_max(ii, lt, io, hk), t.masked(rj, ii, lt, io, hk));
     };
-    auto build_probs = [&](tilelab::schedules::KeyTileStages& t, const Expr& m_now) {
+    auto build_probs = [&](tilelab::generators::KeyTileStages& t, const Expr& m_now) {
       t.prob_f32(c, ii, lt, io, hk) = exp(t.masked(c, ii, lt, io, hk) - m_now);
       t.prob(c, ii, lt, io, hk) = kernel_round(t.prob_f32(c, ii, lt, io, hk));
       t.prob_t(ii, c, lt, io, hk) = t.prob(c, ii, lt, io, hk);
@@ -238,15 +235,10 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
 
   // The footprint check reads the lowered pipeline (get_pipeline() is available here only).
   void schedule() {
-    if (std::string(schedule_name) != "tile") return;
-    if (std::string(footprint_json).empty() && sbuf_bytes_per_partition == 0 &&
-        psum_bytes_per_partition == 0) {
-      return;
-    }
+    if (std::string(schedule_name) != "tile" || std::string(footprint_json).empty()) return;
     tilelab::schedules::FootprintConfig config;
     config.mixed_precision = mixed_precision;
-    config.sbuf_bytes_per_partition = sbuf_bytes_per_partition;
-    config.psum_bytes_per_partition = psum_bytes_per_partition;
+    config.stages = tilelab::generators::PagedAttentionStages::tile_memory_tags();
     config.json_path = footprint_json;
     tilelab::schedules::add_tile_footprint_check(get_pipeline(), config);
   }

@@ -1,10 +1,14 @@
-// The stages of the flash paged attention pipeline (generators/paged_attention_generator.cpp),
-// shared by its schedules, and the tile-machine schedule that mirrors the NKI kernel's tiling.
+// The stages of the flash paged attention pipeline
+// (generators/paged/paged_attention_generator.cpp), beside the algorithm that defines them; its
+// schedules (schedules/paged/{x86,tile}) place them.
 #pragma once
 
-#include "Halide.h"
+#include <vector>
 
-namespace tilelab::schedules {
+#include "Halide.h"
+#include "schedules/tile/footprint.hpp"
+
+namespace tilelab::generators {
 
 // The stages of one key-tile pass of the online softmax (the NKI kernel's _flash_attention_core):
 // built twice, for the prior-context large tiles (lt = large tile) and for the new tokens' own
@@ -50,12 +54,28 @@ struct PagedAttentionStages {
   int query_tile = 0;                   // rows per query tile
   bool mixed_precision = false;
   bool kv_is_f32 = false;  // K/V inputs are fp32: the gathers are plain copies
+
+  // Where the tile schedule holds each stage on the machine (the footprint pass reads these):
+  // SBUF over the 128 partitions (query rows ii, or the gather partitions p; prob_t's partition
+  // is the key column within a 128-column chunk), SBUF over head_dim partitions for the
+  // contraction operands key_t and query_t, PSUM for score (one 128 × 512 fp32 bank) and
+  // block_pv. Tensor-engine operands are stored in the kernel dtype.
+  static std::vector<schedules::TileMemoryTag> tile_memory_tags() {
+    using Tag = schedules::TileMemoryTag;
+    constexpr auto sbuf = Tag::Memory::sbuf, psum = Tag::Memory::psum;
+    constexpr auto rows = Tag::Partitions::rows, head_dim = Tag::Partitions::head_dim;
+    constexpr auto fp32 = Tag::Element::fp32, kernel = Tag::Element::kernel_dtype;
+    return {{"key_loaded", sbuf, rows, kernel}, {"value_loaded", sbuf, rows, kernel},
+            {"key_t", sbuf, head_dim, kernel},  {"query_t", sbuf, head_dim, kernel},
+            {"value_t", sbuf, rows, kernel},    {"masked", sbuf, rows, fp32},
+            {"prob", sbuf, rows, kernel},       {"prob_t", sbuf, rows, kernel},
+            {"prob_f32", sbuf, rows, fp32},     {"block_max", sbuf, rows, fp32},
+            {"running_max", sbuf, rows, fp32},  {"rescale", sbuf, rows, fp32},
+            {"block_sum", sbuf, rows, fp32},    {"state", sbuf, rows, fp32},
+            {"final_max", sbuf, rows, fp32},    {"final_sum", sbuf, rows, fp32},
+            {"active_limit", sbuf, rows, fp32}, {"score", psum, rows, fp32},
+            {"block_pv", psum, rows, fp32}};
+  }
 };
 
-// The tile-machine schedule: 128-row query tiles (the partition dim), per large tile a
-// 128-partition K and V gather with the block size tiling factor, an explicit K transpose,
-// 128 × 512 fp32 score tiles (one PSUM bank), the P transpose, and P·V accumulated over
-// 128-column pieces. See paged_attention.cpp for what differs from the NKI kernel.
-void schedule_paged_attention_tile(PagedAttentionStages& stages, const Halide::Target& target);
-
-}  // namespace tilelab::schedules
+}  // namespace tilelab::generators

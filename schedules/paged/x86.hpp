@@ -1,11 +1,14 @@
 // The x86 schedule of the flash paged attention pipeline
-// (generators/paged_attention_generator.cpp); stages in schedules/tile/paged_attention.hpp.
+// (generators/paged/paged_attention_generator.cpp); stages in generators/paged/stages.hpp.
 #pragma once
 
 #include "Halide.h"
-#include "schedules/tile/paged_attention.hpp"
+#include "generators/paged/stages.hpp"
 
 namespace tilelab::schedules {
+
+using generators::KeyTileStages;
+using generators::PagedAttentionStages;
 
 // Rows per query tile of the cpu schedule (divides 128, so a tile never spans two heads).
 inline constexpr int kPagedCpuQueryTile = 32;
