@@ -23,7 +23,7 @@ namespace {
 using arguments::require_dtype;
 using arguments::require_shape;
 using arguments::shape_of;
-using schedules::PagedAttentionSchedule;
+using schedules::PagedAttentionTiling;
 using tilelab::detail::HalideView;
 
 // Element `offset` (in elements) of a float-like view as float.
@@ -148,7 +148,7 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
   require_dtype(mask, "mask", DType::i32);
 
   // The NKI kernel's constraints, with their reasons.
-  PagedAttentionSchedule schedule;
+  PagedAttentionTiling schedule;
   schedule.large_tile_size = options.large_tile_size;
   schedule.block_size = block_size;
   schedule.mixed_precision = options.mixed_precision;

@@ -5,6 +5,8 @@
 #include <bit>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
+#include <variant>
 
 #include "tilelab/error.hpp"
 
@@ -37,7 +39,7 @@ std::int64_t exp2_of(std::int64_t log2) {
 
 }  // namespace
 
-paged::KvGatherTiling<std::int64_t> PagedAttentionSchedule::kv_gather_tiling() const {
+paged::KvGatherTiling<std::int64_t> PagedAttentionTiling::kv_gather_tiling() const {
   using Tiling = paged::KvGatherTiling<std::int64_t>;
   const std::int64_t log2_tile = log2_of(large_tile_size), log2_block = log2_of(block_size);
   return block_size_tiling_factor_override != 0
@@ -45,32 +47,32 @@ paged::KvGatherTiling<std::int64_t> PagedAttentionSchedule::kv_gather_tiling() c
              : Tiling::derived(log2_tile, log2_block);
 }
 
-std::int64_t PagedAttentionSchedule::derived_block_size_tiling_factor() const {
+std::int64_t PagedAttentionTiling::derived_block_size_tiling_factor() const {
   return exp2_of(paged::KvGatherTiling<std::int64_t>::log2_derived_tiling_factor(
       log2_of(num_blocks_per_large_tile())));
 }
 
-std::int64_t PagedAttentionSchedule::block_size_tiling_factor() const {
+std::int64_t PagedAttentionTiling::block_size_tiling_factor() const {
   return exp2_of(kv_gather_tiling().log2_tiling_factor);
 }
 
-std::int64_t PagedAttentionSchedule::tiled_block_size() const {
+std::int64_t PagedAttentionTiling::tiled_block_size() const {
   return exp2_of(kv_gather_tiling().log2_tiled_block_size());
 }
 
-std::int64_t PagedAttentionSchedule::partitions_per_load() const {
+std::int64_t PagedAttentionTiling::partitions_per_load() const {
   return exp2_of(kv_gather_tiling().log2_partitions_per_load);
 }
 
-std::int64_t PagedAttentionSchedule::loads_per_large_tile() const {
+std::int64_t PagedAttentionTiling::loads_per_large_tile() const {
   return exp2_of(kv_gather_tiling().log2_loads_per_large_tile());
 }
 
-std::int64_t PagedAttentionSchedule::reduction_tile() const {
+std::int64_t PagedAttentionTiling::reduction_tile() const {
   return paged::reduction_tile<std::int64_t>(large_tile_size);
 }
 
-void PagedAttentionSchedule::validate() const {
+void PagedAttentionTiling::validate() const {
   TILELAB_REQUIRE(partition_tile == 128)
       << "partition_tile (B_P_SIZE): expected 128 (the SBUF/PSUM partitions), got "
       << partition_tile;
@@ -103,11 +105,24 @@ void PagedAttentionSchedule::validate() const {
       << "block_size: expected a multiple of the block size tiling factor "
       << block_size_tiling_factor() << " (= " << partition_tile
       << " partitions / blocks per large tile), got " << block_size;
+}
+
+void PagedAttentionTileKnobs::validate() const {
   TILELAB_REQUIRE(kv_buffers >= 1 && kv_buffers <= 4)
       << "kv_buffers: expected 1 to 4 K/V large-tile buffers, got " << kv_buffers;
 }
 
+void PagedAttentionSchedule::validate() const {
+  PagedAttentionTiling::validate();
+  PagedAttentionTileKnobs::validate();
+}
+
 void PagedAttentionSchedule::validate(const PagedAttentionShape& shape) const {
+  PagedAttentionTileKnobs::validate();
+  PagedAttentionTiling::validate(shape);
+}
+
+void PagedAttentionTiling::validate(const PagedAttentionShape& shape) const {
   validate();
   TILELAB_REQUIRE(shape.head_dim >= 1 && shape.head_dim <= partition_tile)
       << "head_dim: expected 1 to " << partition_tile
@@ -143,18 +158,43 @@ void PagedAttentionSchedule::validate(const PagedAttentionShape& shape) const {
       << block_size << " = " << context_len;
 }
 
+const std::vector<PagedAttentionScheduleField>& paged_attention_schedule_fields() {
+  using S = PagedAttentionSchedule;
+  static const std::vector<PagedAttentionScheduleField> fields = {
+      {"partition_tile", "B_P_SIZE: query rows per tile = SBUF/PSUM partitions (128)",
+       &S::partition_tile, 1, 1 << 16},
+      {"free_tile", "B_F_SIZE: score columns per matmul = one PSUM bank of fp32 (512)",
+       &S::free_tile, 1, 1 << 16},
+      {"large_tile_size", "LARGE_TILE_SZ: prior-context tokens per large tile", &S::large_tile_size,
+       1, 1 << 20},
+      {"block_size", "tokens per KV-cache block", &S::block_size, 1, 1 << 16},
+      {"mixed_precision", "bf16 tensor-engine operands with fp32 accumulation",
+       &S::mixed_precision},
+      {"transpose", "how tiles are transposed: pe (tensor engine) or dma (NeuronCore-v3)",
+       &S::transpose, 0, 0, true},
+      {"kv_buffers", "K/V large-tile buffers in SBUF (2 = double buffering)", &S::kv_buffers, 1, 4,
+       true},
+      {"block_size_tiling_factor_override",
+       "0 derives the block size tiling factor; otherwise forces it",
+       &S::block_size_tiling_factor_override, 0, 1 << 16},
+  };
+  return fields;
+}
+
 std::string PagedAttentionSchedule::to_json() const {
   nlohmann::ordered_json json;
   json["schema"] = kSchema;
   json["schema_version"] = kSchemaVersion;
-  json["partition_tile"] = partition_tile;
-  json["free_tile"] = free_tile;
-  json["large_tile_size"] = large_tile_size;
-  json["block_size"] = block_size;
-  json["mixed_precision"] = mixed_precision;
-  json["transpose"] = transpose_method_name(transpose);
-  json["kv_buffers"] = kv_buffers;
-  json["block_size_tiling_factor_override"] = block_size_tiling_factor_override;
+  for (const PagedAttentionScheduleField& field : paged_attention_schedule_fields()) {
+    std::visit(
+        [&](auto member) {
+          if constexpr (std::is_same_v<decltype(member), TransposeMethod PagedAttentionSchedule::*>)
+            json[field.name] = transpose_method_name(this->*member);
+          else
+            json[field.name] = this->*member;
+        },
+        field.member);
+  }
   json["derived"] = {{"num_blocks_per_large_tile", num_blocks_per_large_tile()},
                      {"block_size_tiling_factor", block_size_tiling_factor()},
                      {"tiled_block_size", tiled_block_size()},
@@ -180,42 +220,40 @@ PagedAttentionSchedule PagedAttentionSchedule::from_json(const std::string& text
       << "schema_version: expected " << kSchemaVersion << ", got "
       << json.value("schema_version", nlohmann::json()).dump();
 
+  const auto& fields = paged_attention_schedule_fields();
   PagedAttentionSchedule schedule;
-  auto integer = [&](const std::string& key, auto& field) {
-    if (!json.contains(key)) return;
-    TILELAB_REQUIRE(json[key].is_number_integer())
-        << key << ": expected an integer, got " << json[key].dump();
-    field = json[key].get<std::remove_reference_t<decltype(field)>>();
-  };
   for (const auto& [key, value] : json.items()) {
     if (key == "schema" || key == "schema_version" || key == "derived") continue;
-    if (key == "partition_tile") {
-      integer(key, schedule.partition_tile);
-    } else if (key == "free_tile") {
-      integer(key, schedule.free_tile);
-    } else if (key == "large_tile_size") {
-      integer(key, schedule.large_tile_size);
-    } else if (key == "block_size") {
-      integer(key, schedule.block_size);
-    } else if (key == "kv_buffers") {
-      integer(key, schedule.kv_buffers);
-    } else if (key == "block_size_tiling_factor_override") {
-      integer(key, schedule.block_size_tiling_factor_override);
-    } else if (key == "mixed_precision") {
-      TILELAB_REQUIRE(value.is_boolean())
-          << key << ": expected true or false, got " << value.dump();
-      schedule.mixed_precision = value.get<bool>();
-    } else if (key == "transpose") {
-      const std::string method = value.is_string() ? value.get<std::string>() : value.dump();
-      TILELAB_REQUIRE(method == "pe" || method == "dma")
-          << key << ": expected \"pe\" or \"dma\", got " << value.dump();
-      schedule.transpose = method == "dma" ? TransposeMethod::dma : TransposeMethod::pe;
-    } else {
-      throw Error("paged attention schedule: unknown key \"" + key +
-                  "\" (known: partition_tile, free_tile, large_tile_size, block_size, "
-                  "mixed_precision, transpose, kv_buffers, "
-                  "block_size_tiling_factor_override)");
+    const auto field =
+        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return key == f.name; });
+    if (field == fields.end()) {
+      std::string known;
+      for (const auto& f : fields) known += std::string(known.empty() ? "" : ", ") + f.name;
+      throw Error("paged attention schedule: unknown key \"" + key + "\" (known: " + known + ")");
     }
+    std::visit(
+        [&](auto member) {
+          using Value = std::remove_reference_t<decltype(schedule.*member)>;
+          if constexpr (std::is_same_v<Value, TransposeMethod>) {
+            const std::string method = value.is_string() ? value.get<std::string>() : value.dump();
+            TILELAB_REQUIRE(method == "pe" || method == "dma")
+                << key << ": expected \"pe\" or \"dma\", got " << value.dump();
+            schedule.*member = method == "dma" ? TransposeMethod::dma : TransposeMethod::pe;
+          } else if constexpr (std::is_same_v<Value, bool>) {
+            TILELAB_REQUIRE(value.is_boolean())
+                << key << ": expected true or false, got " << value.dump();
+            schedule.*member = value.get<bool>();
+          } else {
+            TILELAB_REQUIRE(value.is_number_integer())
+                << key << ": expected an integer, got " << value.dump();
+            const std::int64_t number = value.get<std::int64_t>();
+            TILELAB_REQUIRE(number >= field->min_value && number <= field->max_value)
+                << key << ": expected an integer in [" << field->min_value << ", "
+                << field->max_value << "], got " << number;
+            schedule.*member = static_cast<Value>(number);
+          }
+        },
+        field->member);
   }
   schedule.validate();
   return schedule;

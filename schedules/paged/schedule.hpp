@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "schedules/paged/kv_tiling.hpp"
 
@@ -27,17 +29,18 @@ struct PagedAttentionShape {
   std::int64_t num_active_blocks = 0;  // entries of block_tables (prior context blocks)
 };
 
-// The knobs of the kernel, named as in vLLM's NKI kernel where it has them. Every field is a
-// knob of both the generated CPU kernels and the simulator kernel. Sizes are in tokens or
-// elements, never bytes.
-struct PagedAttentionSchedule {
-  static constexpr int kSchemaVersion = 1;
-
+// The tiling every implementation of the kernel shares (the generated CPU kernels, the runtime
+// that calls them and the simulator's kernel builder), named as in vLLM's NKI kernel where it has
+// them. Sizes are in tokens or elements, never bytes. The generated kernels fix partition_tile,
+// free_tile and mixed_precision when they are generated and take large_tile_size and block_size
+// at run time (one compiled kernel serves every valid size), deriving the rest with the same
+// arithmetic (paged::KvGatherTiling).
+struct PagedAttentionTiling {
   // B_P_SIZE: query rows per tile = SBUF/PSUM partitions; also the number of partitions one
   // vectorized KV load spans. The machine has 128 partitions, so only 128 is valid.
-  std::int64_t partition_tile = 128;
+  std::int64_t partition_tile = paged::kPartitionTile;
   // B_F_SIZE: score columns per matmul = one PSUM bank of fp32 (2 KiB / 4 B = 512).
-  std::int64_t free_tile = 512;
+  std::int64_t free_tile = paged::kFreeTile;
   // LARGE_TILE_SZ: prior-context tokens per large tile (one K/V gather, one softmax merge).
   std::int64_t large_tile_size = 2048;
   // Tokens per KV-cache block (the cache's block_size dimension).
@@ -45,10 +48,6 @@ struct PagedAttentionSchedule {
   // bf16 tensor-engine inputs (q·scale, K, P, V) with fp32 accumulation and softmax statistics;
   // otherwise everything in fp32.
   bool mixed_precision = true;
-  TransposeMethod transpose = TransposeMethod::pe;
-  // K/V large-tile buffers in SBUF: 1 serializes gather and compute, 2 overlaps the next gather
-  // with this tile's compute (double buffering), up to 4.
-  int kv_buffers = 2;
   // 0: block_size_tiling_factor() is derived (128 / blocks per large tile when that exceeds 1).
   // Otherwise forces it: a power of two dividing block_size with blocks per large tile × factor
   // <= partition_tile (or 1, which turns the tiling trick off; loads then span fewer partitions).
@@ -75,11 +74,33 @@ struct PagedAttentionSchedule {
   // Score columns whose exp-sums are reduced together (the kernel's REDUCTION_TILE).
   std::int64_t reduction_tile() const;
 
-  // Throws tilelab::Error naming the field, the value and what is allowed, when the schedule
+  // Throws tilelab::Error naming the field, the value and what is allowed, when the tiling
   // itself is invalid (independent of a problem).
   void validate() const;
-  // Also checks the schedule against a problem (head_dim <= 128, context a multiple of
+  // Also checks the tiling against a problem (head_dim <= 128, context a multiple of
   // large_tile_size, query length tiling, ...); Error names the argument or field.
+  void validate(const PagedAttentionShape& shape) const;
+
+  bool operator==(const PagedAttentionTiling&) const = default;
+};
+
+// Knobs only the tile machine has: how the simulator's kernel transposes and buffers.
+struct PagedAttentionTileKnobs {
+  TransposeMethod transpose = TransposeMethod::pe;
+  // K/V large-tile buffers in SBUF: 1 serializes gather and compute, 2 overlaps the next gather
+  // with this tile's compute (double buffering), up to 4.
+  int kv_buffers = 2;
+
+  void validate() const;
+  bool operator==(const PagedAttentionTileKnobs&) const = default;
+};
+
+// The schedule of the simulator's kernel: the shared tiling and the tile-machine knobs, with one
+// JSON form (schedule_fields() drives it).
+struct PagedAttentionSchedule : PagedAttentionTiling, PagedAttentionTileKnobs {
+  static constexpr int kSchemaVersion = 1;
+
+  void validate() const;
   void validate(const PagedAttentionShape& shape) const;
 
   // JSON object {"schema": "tilelab.paged_attention_schedule", "schema_version": 1, fields...};
@@ -91,5 +112,20 @@ struct PagedAttentionSchedule {
 
   bool operator==(const PagedAttentionSchedule&) const = default;
 };
+
+// One field of the schedule: its name (the JSON key), what it means, its type and the range a
+// value must lie in before validate()'s finer rules. The table drives the JSON form and is what
+// front ends (CLI help, Python) list.
+struct PagedAttentionScheduleField {
+  using Member =
+      std::variant<std::int64_t PagedAttentionSchedule::*, int PagedAttentionSchedule::*,
+                   bool PagedAttentionSchedule::*, TransposeMethod PagedAttentionSchedule::*>;
+  const char* name;
+  const char* help;
+  Member member;
+  std::int64_t min_value = 0, max_value = 0;  // integers only
+  bool tile_machine_only = false;             // a PagedAttentionTileKnobs field
+};
+const std::vector<PagedAttentionScheduleField>& paged_attention_schedule_fields();
 
 }  // namespace tilelab::schedules

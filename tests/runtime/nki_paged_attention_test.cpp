@@ -385,6 +385,38 @@ TEST_CASE("nki: KvGatherTiling lays every token of a large tile out exactly once
   CHECK(tilelab::schedules::paged::reduction_tile<std::int64_t>(8192) == 2048);
 }
 
+TEST_CASE("nki: the schedule's field table drives its JSON, every field round-trips",
+          "[nki][schedule]") {
+  const auto& fields = tilelab::schedules::paged_attention_schedule_fields();
+  PagedAttentionSchedule changed;
+  changed.large_tile_size = 4096;
+  changed.block_size = 64;
+  changed.mixed_precision = false;
+  changed.transpose = tilelab::schedules::TransposeMethod::dma;
+  changed.kv_buffers = 3;
+  changed.block_size_tiling_factor_override = 1;
+  const std::string json = changed.to_json();
+  for (const auto& field : fields) {
+    INFO(field.name);
+    std::string key(1, '"');
+    key.append(field.name).append("\":");
+    CHECK(json.find(key) != std::string::npos);
+    CHECK(std::string(field.help).size() > 10);
+  }
+  CHECK(PagedAttentionSchedule::from_json(json) == changed);
+  // The tile-machine knobs are exactly the fields of PagedAttentionTileKnobs.
+  std::vector<std::string> knobs;
+  for (const auto& field : fields)
+    if (field.tile_machine_only) knobs.push_back(field.name);
+  CHECK(knobs == std::vector<std::string>{"transpose", "kv_buffers"});
+  const std::string header =
+      R"({"schema": "tilelab.paged_attention_schedule", "schema_version": 1, )";
+  CHECK_THROWS_WITH(PagedAttentionSchedule::from_json(header + R"("kv_buffers": 9})"),
+                    Catch::Contains("kv_buffers: expected an integer in [1, 4], got 9"));
+  CHECK_THROWS_WITH(PagedAttentionSchedule::from_json(header + R"("mixed_precision": 1})"),
+                    Catch::Contains("mixed_precision: expected true or false"));
+}
+
 TEST_CASE("nki: PagedAttentionSchedule derives the tiling and rejects what the kernel cannot run",
           "[nki][schedule]") {
   PagedAttentionSchedule s;
