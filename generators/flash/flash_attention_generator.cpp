@@ -1,12 +1,14 @@
 // Flash attention forward: softmax(scale · q kᵀ + bias, masked) v with online softmax, written as a
-// block-wise merge over key blocks (no M×N buffer). The schedule lives in schedules/x86/.
+// block-wise merge over key blocks (no M×N buffer). Tiling and schedule: schedules/flash/.
 //
 // The query heads that share a kv head (the GQA group) are folded into one row dimension per kv
 // head, row = (h mod group) · M + i, so one pass over a K/V block serves the whole group; for
 // decode (M = 1) this is what fills a query tile.
 #include <limits>
+#include <string>
 
 #include "Halide.h"
+#include "schedules/flash/tiling.hpp"
 #include "schedules/flash/x86.hpp"
 
 namespace {
@@ -20,11 +22,8 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
  public:
   GeneratorParam<Type> io_type{"io_type", Float(32)};  // q, k, v and out element type
   GeneratorParam<bool> has_bias{"has_bias", false};
-  GeneratorParam<int> key_block{"key_block", 64};    // keys per online-softmax block
-  GeneratorParam<int> query_tile{"query_tile", 32};  // rows sharing one pass over a K/V block
-  // Decode: few rows per kv head (M·group small). Scores are then accumulated with the head dim
-  // in the vector lanes (per-lane partial sums, one horizontal sum per score) instead of the rows.
-  GeneratorParam<bool> decode{"decode", false};
+  // "prefill" or "decode": the tiling of schedules/flash/tiling.hpp the runtime picks by.
+  GeneratorParam<std::string> variant{"variant", "prefill"};
 
   // Indexed by d, i, h, b (head dim innermost).
   Input<Buffer<void, 4>> q{"q"};
@@ -52,7 +51,13 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     tilelab::generators::FlashAttentionStages s;
     Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
     Var &i = s.i, &h = s.h;
-    const int KB = key_block, QT = query_tile;
+    const tilelab::schedules::flash::FlashAttentionTiling tiling =
+        tilelab::schedules::flash::tiling_of_variant(std::string(variant));
+    const bool decode = tiling.decode;
+    const int KB = tiling.key_block, QT = tiling.query_tile;
+    // Partial sums of a decode score fill one native vector: wider would take more registers
+    // than the target has for the QT × 4 accumulators (AVX2: 16 ymm).
+    s.decode_lanes = get_target().natural_vector_size<float>();
     s.key_block = KB;
     s.query_tile = QT;
     s.value_is_f32 = io_type.value() == Float(32);

@@ -14,6 +14,7 @@
 #include "flash_fwd_f32_bias.h"
 #include "flash_fwd_f32_decode.h"
 #include "halide_glue.hpp"
+#include "schedules/flash/tiling.hpp"
 #include "tilelab/error.hpp"
 
 namespace tilelab::detail {
@@ -22,9 +23,7 @@ namespace {
 using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
                          float, int32_t, halide_buffer_t*, halide_buffer_t*);
 
-// Rows per kv head (query rows × GQA group) up to which the decode variant (4-row tiles, head dim
-// in the vector lanes) beats the 32-row prefill tile; past 4 rows it re-reads K/V per 4 rows.
-constexpr std::int64_t kDecodeMaxRows = 8;
+using schedules::flash::kDecodeMaxRows;
 
 KernelFn pick_kernel(const AttentionProblem& p) {
   const bool has_bias = p.bias.has_value();
