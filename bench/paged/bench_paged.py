@@ -31,10 +31,12 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 from timing import alternating_medians  # noqa: E402
 
-# The simulator's default batch (sim/kernels/flash_paged_attention.cpp): (query, context) tokens.
-PREFILL = [(160, 2048), (96, 1024), (128, 3072), (116, 512)]
-DECODE_CONTEXTS = [512, 1024, 768, 640, 896, 1152, 384, 1280, 640, 768, 896, 768]
-HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LARGE_TILE = 32, 8, 128, 32, 2048
+# The simulator's default problem (schedules/paged/default_problem.hpp), read from the package
+# once it is imported (main): (query, context) tokens of the prefill requests, decode contexts.
+PREFILL: list[tuple[int, int]] = []
+DECODE_CONTEXTS: list[int] = []
+BLOCK_SIZE = LARGE_TILE = 0
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # the simulator kernel's num_heads / num_kv_heads / head_dim
 
 
 def build_batch(rng: np.random.Generator):
@@ -98,6 +100,10 @@ def main() -> None:
     sys.path.insert(0, str(args.build_dir / "python"))
     import tilelab
 
+    global PREFILL, DECODE_CONTEXTS, BLOCK_SIZE, LARGE_TILE
+    PREFILL, DECODE_CONTEXTS = tilelab.sim.default_batch()
+    default_schedule = tilelab.sim.PagedAttentionSchedule()
+    BLOCK_SIZE, LARGE_TILE = default_schedule.block_size, default_schedule.large_tile_size
     tilelab.set_num_threads(args.threads)
     torch = None
     if not args.no_torch:

@@ -17,7 +17,9 @@
 #include <string>
 
 #include "Halide.h"
+#include "schedules/paged/default_problem.hpp"
 #include "schedules/paged/kv_tiling.hpp"
+#include "schedules/paged/schedule.hpp"
 #include "schedules/paged/tile.hpp"
 #include "schedules/paged/x86.hpp"
 #include "schedules/tile/footprint.hpp"
@@ -236,7 +238,17 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
   // The footprint check reads the lowered pipeline (get_pipeline() is available here only).
   void schedule() {
     if (std::string(schedule_name) != "tile" || std::string(footprint_json).empty()) return;
+    // Evaluated at the default problem the simulator runs, so the cross test can compare them.
+    namespace paged = tilelab::schedules::paged;
     tilelab::schedules::FootprintConfig config;
+    config.large_tile_size =
+        static_cast<int>(tilelab::schedules::PagedAttentionTiling{}.large_tile_size);
+    config.block_size = static_cast<int>(tilelab::schedules::PagedAttentionTiling{}.block_size);
+    config.head_dim = static_cast<int>(paged::kDefaultHeadDim);
+    config.num_heads = static_cast<int>(paged::kDefaultNumHeads);
+    config.num_kv_heads = static_cast<int>(paged::kDefaultNumKvHeads);
+    config.seq_q = static_cast<int>(paged::default_query_rows());
+    config.context_len = static_cast<int>(paged::default_context_len());
     config.mixed_precision = mixed_precision;
     config.stages = tilelab::generators::PagedAttentionStages::tile_memory_tags();
     config.json_path = footprint_json;

@@ -24,15 +24,16 @@ struct TileMemoryTag {
 
 // What the footprint is evaluated for: the pipeline's allocation sizes depend on runtime shapes
 // (LARGE_TILE_SZ is a kernel argument; d, seq_q and the context come from the buffers), so they
-// are evaluated at one configuration, by default the simulator's default paged-attention batch.
+// are evaluated at one configuration the generator chooses (the paged generator: the default
+// problem of schedules/paged/default_problem.hpp).
 struct FootprintConfig {
-  int large_tile_size = 2048;
-  int head_dim = 128;
-  int block_size = 32;
-  int seq_q = 512;
-  int context_len = 16384;
-  int num_heads = 32;
-  int num_kv_heads = 8;
+  int large_tile_size = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  int seq_q = 0;
+  int context_len = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
   bool mixed_precision = true;
   std::vector<TileMemoryTag> stages;  // allocations of other Funcs are listed as not counted
   std::string json_path;

@@ -4,6 +4,7 @@
 
 #include <tilelab/error.hpp>
 
+#include "schedules/paged/default_problem.hpp"
 #include "sim/kernels/flash_paged_attention.hpp"
 #include "sim/kernels/registry.hpp"
 
@@ -94,18 +95,26 @@ void register_paged_attention(KernelRegistry& registry) {
   const auto requests = default_paged_attention_requests();
   KernelInfo info;
   info.name = "paged-attention";
+  namespace paged = schedules::paged;
   info.description =
       "vLLM NKI flash_paged_attention (per kv head: block-table transform, vectorized K/V "
       "gathers with the block-size tiling trick, PE transposes, running-max softmax, causal "
-      "new-token tile). Default batch: 4 prefill requests (query:context 160:2048, 96:1024, "
-      "128:3072, 116:512) + 12 decode requests (1 token each) = 512 query rows, context "
-      "16384 tokens = 512 blocks of 32 = 8 large tiles of 2048; 32 q heads, 8 kv heads, d 128, "
-      "bf16 on trn1";
+      "new-token tile). Default batch: prefill requests (query:context) " +
+      format_paged_attention_requests(requests, true) +
+      " and decode requests (1 token each; context) " +
+      format_paged_attention_requests(requests, false) + " = " +
+      std::to_string(paged::default_query_rows()) + " query rows, context " +
+      std::to_string(paged::default_context_len()) + " tokens in blocks of " +
+      std::to_string(defaults.block_size) + " and large tiles of " +
+      std::to_string(defaults.large_tile_size) + "; " + std::to_string(paged::kDefaultNumHeads) +
+      " q heads, " + std::to_string(paged::kDefaultNumKvHeads) + " kv heads, d " +
+      std::to_string(paged::kDefaultHeadDim) + ", bf16 on trn1";
   info.default_machine = "trn1";
   info.parameters = {
-      {"num_heads", "32", "query heads"},
-      {"num_kv_heads", "8", "kv heads (the kernel's grid; num_heads / num_kv_heads = GQA group)"},
-      {"head_dim", "128", "d (<= 128)"},
+      {"num_heads", std::to_string(paged::kDefaultNumHeads), "query heads"},
+      {"num_kv_heads", std::to_string(paged::kDefaultNumKvHeads),
+       "kv heads (the kernel's grid; num_heads / num_kv_heads = GQA group)"},
+      {"head_dim", std::to_string(paged::kDefaultHeadDim), "d (<= 128)"},
       {"dtype", "bf16", "bf16 | fp16 | fp32: query/key/value/kv_cache/output"},
       {"block_size", std::to_string(defaults.block_size), "tokens per KV-cache block"},
       {"large_tile_size", std::to_string(defaults.large_tile_size),

@@ -8,6 +8,8 @@
 
 #include <tilelab/error.hpp>
 
+#include "schedules/paged/default_problem.hpp"
+
 namespace tilelab::sim {
 namespace {
 
@@ -69,12 +71,9 @@ PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionR
 }
 
 std::vector<PagedAttentionRequest> default_paged_attention_requests() {
-  // 4 prefill requests with context, then 12 decode requests (one new token each): 500 + 12 =
-  // 512 query rows (4 tiles); contexts of whole 32-token blocks summing to 16384 tokens =
-  // 8 large tiles of 2048.
-  std::vector<PagedAttentionRequest> requests = {{160, 2048}, {96, 1024}, {128, 3072}, {116, 512}};
-  for (int64_t context : {512, 1024, 768, 640, 896, 1152, 384, 1280, 640, 768, 896, 768})
-    requests.push_back({1, context});
+  std::vector<PagedAttentionRequest> requests;
+  for (const auto& r : schedules::paged::kDefaultRequests)
+    requests.push_back({r.query_len, r.context_len});
   return requests;
 }
 
