@@ -704,10 +704,14 @@ void ProgramBuilder::pe_transpose(const TileRef& dst, const TileRef& src) {
       << "pe_transpose: src '" << s.name << "' must be in SBUF (TensorE reads only SBUF)";
   TILELAB_REQUIRE(d.memory == Memory::psum)
       << "pe_transpose: dst '" << d.name << "' must be in PSUM";
-  const bool sixteen_bit_out = m.nc_version >= 3 && dtype_size(s.dtype) == 2 && d.dtype == s.dtype;
+  const bool sixteen_bit_out =
+      m.pe_transpose_16bit_output_supported && dtype_size(s.dtype) == 2 && d.dtype == s.dtype;
   TILELAB_REQUIRE(d.dtype == DType::fp32 || sixteen_bit_out)
-      << "pe_transpose: dst dtype " << dtype_name(d.dtype)
-      << " not allowed; fp32 (or the 16-bit input dtype on NeuronCore-v3)";
+      << "pe_transpose: dst dtype " << dtype_name(d.dtype) << " not allowed on machine '" << m.name
+      << "'; fp32"
+      << (m.pe_transpose_16bit_output_supported
+              ? " or the 16-bit input dtype"
+              : " (key 'pe_transpose_16bit_output_supported' is false)");
   TILELAB_REQUIRE(src.free_count <= static_cast<uint32_t>(m.matmul_max_stationary_free))
       << "pe_transpose: input free size " << src.free_count
       << " exceeds matmul_max_stationary_free = " << m.matmul_max_stationary_free;
