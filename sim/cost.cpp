@@ -149,6 +149,8 @@ double instruction_cycles(const Program& p, const Instruction& instr) {
     case Opcode::iota:
       // 150 + N GpSimd cycles (I).
       return m.gpsimd_start_overhead_cycles + static_cast<double>(dst.free_count);
+    case Opcode::count:
+      break;
   }
   return 0;
 }

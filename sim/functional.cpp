@@ -211,7 +211,7 @@ void FunctionalExecutor::run() {
       if (ref.valid()) ensure(ref.tile);
     if (instr.dma != kNone && program_.dmas[instr.dma].hbm.tensor != kNone)
       ensure(program_.dmas[instr.dma].hbm.tensor);
-    if (instr.dma != kNone)
+    if (opcode_info(instr.opcode).dma)
       execute_dma(instr);
     else
       execute(instr);

@@ -50,35 +50,22 @@ std::string_view engine_name(Engine engine) {
 }
 
 std::string_view opcode_name(Opcode opcode) {
-  switch (opcode) {
-    case Opcode::dma_copy:
-      return "dma_copy";
-    case Opcode::dma_gather:
-      return "dma_gather";
-    case Opcode::dma_transpose:
-      return "dma_transpose";
-    case Opcode::matmul:
-      return "matmul";
-    case Opcode::pe_transpose:
-      return "pe_transpose";
-    case Opcode::activation:
-      return "activation";
-    case Opcode::tensor_tensor:
-      return "tensor_tensor";
-    case Opcode::tensor_scalar:
-      return "tensor_scalar";
-    case Opcode::tensor_reduce:
-      return "tensor_reduce";
-    case Opcode::tensor_copy:
-      return "tensor_copy";
-    case Opcode::select:
-      return "select";
-    case Opcode::memset:
-      return "memset";
-    case Opcode::iota:
-      return "iota";
+  const int index = static_cast<int>(opcode);
+  return index < kOpcodeCount ? kOpcodeTable[index].name : "?";
+}
+
+std::string engine_set_name(uint8_t engines) {
+  std::string out;
+  int remaining = 0;
+  for (int e = 0; e < kEngineCount; ++e) remaining += (engines >> e) & 1;
+  for (int e = 0; e < kEngineCount; ++e) {
+    if (!((engines >> e) & 1)) continue;
+    --remaining;
+    out += engine_name(static_cast<Engine>(e));
+    if (remaining > 1) out += ", ";
+    if (remaining == 1) out += " or ";
   }
-  return "?";
+  return out;
 }
 
 std::string_view alu_op_name(AluOp op) {

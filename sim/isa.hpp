@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <string_view>
 
 namespace tilelab::sim {
@@ -34,8 +35,9 @@ enum class Opcode : uint8_t {
   select,         // VectorE: cond != 0 ? x : y
   memset,         // VectorE/GpSimd: fill with a constant
   iota,           // GpSimd: base + p * partition_step + f * free_step, computed in int32
+  count,          // not an opcode: the number of opcodes; stays last
 };
-inline constexpr int kOpcodeCount = 13;
+inline constexpr int kOpcodeCount = static_cast<int>(Opcode::count);
 
 enum class AluOp : uint8_t { bypass, add, subtract, multiply, divide, max, min };
 enum class ActFunc : uint8_t {
@@ -68,6 +70,8 @@ struct TileRef {
 // Operand slots of an Instruction.
 enum Slot : int { kDst = 0, kSrc0 = 1, kSrc1 = 2, kAux0 = 3, kAux1 = 4 };
 inline constexpr int kSlotCount = 5;
+inline constexpr std::array<std::string_view, kSlotCount> kSlotNames = {"dst", "src0", "src1",
+                                                                        "aux0", "aux1"};
 
 // Instruction flags.
 enum : uint8_t {
@@ -107,6 +111,111 @@ struct Instruction {
   std::array<TileRef, kSlotCount> operands{};
 };
 
+// How an opcode uses one operand slot. A write (or read-write) orders the instruction after every
+// earlier access of the region; a read only after earlier writes.
+enum class OperandRole : uint8_t { none, read, write, read_write };
+
+constexpr bool reads(OperandRole role) {
+  return role == OperandRole::read || role == OperandRole::read_write;
+}
+constexpr bool writes(OperandRole role) {
+  return role == OperandRole::write || role == OperandRole::read_write;
+}
+
+// What Instruction::op0 holds for an opcode.
+enum class Op0Kind : uint8_t { none, alu, activation };
+
+// Scalar operands an opcode takes (bit set): constants in imm0/imm1, [P, 1] tiles broadcast along
+// the free axis, or whole tiles of the data's shape.
+enum : uint8_t {
+  kScalarImmediate = 1,
+  kScalarPerPartition = 2,
+  kScalarTile = 4,
+};
+
+constexpr uint8_t engine_bit(Engine engine) {
+  return static_cast<uint8_t>(1u << static_cast<int>(engine));
+}
+inline constexpr uint8_t kAllEngines = (1u << kEngineCount) - 1;
+
+// Everything the stages need to know about an opcode apart from its semantics and cost.
+struct OpcodeInfo {
+  Opcode opcode;
+  std::string_view name;
+  uint8_t engines;  // engine_bit set of the queues that may issue it (DMA: trigger engines)
+  bool dma;         // moves data on the DMA engines; Instruction::dma indexes Program::dmas
+  Op0Kind op0;
+  std::array<OperandRole, kSlotCount> operands;  // indexed by Slot
+  uint8_t scalars;                               // kScalar* bit set
+};
+
+// One entry per Opcode, in enum order. Slots: dst, src0, src1, aux0, aux1 (see Instruction).
+inline constexpr std::array<OpcodeInfo, kOpcodeCount> kOpcodeTable = [] {
+  using O = Opcode;
+  using K = Op0Kind;
+  constexpr OperandRole n = OperandRole::none, r = OperandRole::read, w = OperandRole::write,
+                        rw = OperandRole::read_write;
+  constexpr uint8_t kVector = engine_bit(Engine::vector), kScalar = engine_bit(Engine::scalar),
+                    kGpsimd = engine_bit(Engine::gpsimd), kTensor = engine_bit(Engine::tensor);
+  return std::array<OpcodeInfo, kOpcodeCount>{{
+      {O::dma_copy, "dma_copy", kAllEngines, true, K::none, {w, r, n, n, n}, 0},
+      {O::dma_gather, "dma_gather", kGpsimd, true, K::none, {w, n, n, r, n}, 0},
+      {O::dma_transpose, "dma_transpose", kAllEngines, true, K::none, {w, r, n, n, n}, 0},
+      // dst is read too when kFlagAccumulate is set.
+      {O::matmul, "matmul", kTensor, false, K::none, {rw, r, r, n, n}, 0},
+      {O::pe_transpose, "pe_transpose", kTensor, false, K::none, {w, r, n, n, n}, 0},
+      // src1 = bias, aux0 = scale tile, aux1 = fused reduce result.
+      {O::activation,
+       "activation",
+       kScalar,
+       false,
+       K::activation,
+       {w, r, r, r, w},
+       kScalarImmediate | kScalarPerPartition},
+      {O::tensor_tensor, "tensor_tensor", kVector, false, K::alu, {w, r, r, n, n}, 0},
+      {O::tensor_scalar,
+       "tensor_scalar",
+       kVector | kScalar | kGpsimd,
+       false,
+       K::alu,
+       {w, r, r, r, n},
+       kScalarImmediate | kScalarPerPartition},
+      {O::tensor_reduce, "tensor_reduce", kVector, false, K::alu, {w, r, n, n, n}, 0},
+      {O::tensor_copy,
+       "tensor_copy",
+       kVector | kScalar | kGpsimd,
+       false,
+       K::none,
+       {w, r, n, n, n},
+       0},
+      {O::select,
+       "select",
+       kVector,
+       false,
+       K::none,
+       {w, r, r, r, n},
+       kScalarImmediate | kScalarTile},
+      {O::memset, "memset", kVector | kGpsimd, false, K::none, {w, n, n, n, n}, kScalarImmediate},
+      {O::iota, "iota", kGpsimd, false, K::none, {w, n, n, n, n}, kScalarImmediate},
+  }};
+}();
+
+// A missing, extra or misplaced entry fails here: entry i must describe Opcode(i).
+static_assert([] {
+  for (int i = 0; i < kOpcodeCount; ++i)
+    if (kOpcodeTable[i].opcode != static_cast<Opcode>(i) || kOpcodeTable[i].name.empty() ||
+        kOpcodeTable[i].engines == 0 || kOpcodeTable[i].operands[kDst] == OperandRole::none)
+      return false;
+  return true;
+}());
+
+constexpr const OpcodeInfo& opcode_info(Opcode opcode) {
+  return kOpcodeTable[static_cast<int>(opcode)];
+}
+constexpr bool can_issue(Opcode opcode, Engine engine) {
+  return (opcode_info(opcode).engines & engine_bit(engine)) != 0;
+}
+
 constexpr int dtype_size(DType dtype) {
   switch (dtype) {
     case DType::fp32:
@@ -135,6 +244,8 @@ std::string_view dtype_name(DType dtype);
 std::string_view memory_name(Memory memory);
 std::string_view engine_name(Engine engine);
 std::string_view opcode_name(Opcode opcode);
+// "vector, scalar or gpsimd" for an engine_bit set, in Engine order.
+std::string engine_set_name(uint8_t engines);
 std::string_view alu_op_name(AluOp op);
 std::string_view act_func_name(ActFunc func);
 

@@ -27,20 +27,27 @@ struct KeySpec {
   double min;
   double max;
   std::function<void(Machine&, const json&)> assign;
+  // Capability keys may be left out of a machine file: the feature is then unsupported.
+  bool capability = false;
 };
 
 template <typename T>
-KeySpec integer_key(const char* key, T Machine::*field, double min, double max) {
+KeySpec integer_key(const char* key, T Machine::* field, double min, double max) {
   return {key, Kind::integer, min, max,
           [field](Machine& m, const json& v) { m.*field = static_cast<T>(v.get<int64_t>()); }};
 }
-KeySpec number_key(const char* key, double Machine::*field, double min, double max) {
+KeySpec number_key(const char* key, double Machine::* field, double min, double max) {
   return {key, Kind::number, min, max,
           [field](Machine& m, const json& v) { m.*field = v.get<double>(); }};
 }
-KeySpec bool_key(const char* key, bool Machine::*field) {
+KeySpec bool_key(const char* key, bool Machine::* field) {
   return {key, Kind::boolean, 0, 1,
           [field](Machine& m, const json& v) { m.*field = v.get<bool>(); }};
+}
+KeySpec capability_key(const char* key, bool Machine::* field) {
+  KeySpec spec = bool_key(key, field);
+  spec.capability = true;
+  return spec;
 }
 
 const std::vector<KeySpec>& key_specs() {
@@ -69,6 +76,8 @@ const std::vector<KeySpec>& key_specs() {
                   1 << 30),
       integer_key("engine_max_free_elements_psum", &Machine::engine_max_free_elements_psum, 1,
                   1 << 30),
+      capability_key("pe_transpose_16bit_output_supported",
+                     &Machine::pe_transpose_16bit_output_supported),
       integer_key("min_ii_cycles", &Machine::min_ii_cycles, 0, 1 << 20),
       integer_key("activation_reduce_extra_cycles", &Machine::activation_reduce_extra_cycles, 0,
                   1 << 20),
@@ -314,6 +323,11 @@ Machine parse_machine_json(const std::string& text, const std::string& origin,
   }
   for (const auto& spec : key_specs()) {
     const auto it = values.find(spec.key);
+    if (it == values.end() && spec.capability) {
+      spec.assign(machine, json(false));
+      machine.source_of_key[spec.key] = "absent from the machine file: capability off";
+      continue;
+    }
     TILELAB_REQUIRE(it != values.end()) << origin << ": missing key 'parameters." << spec.key
                                         << "' (" << kind_name(spec.kind) << ")";
     check_value(origin, spec, it->second);

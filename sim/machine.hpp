@@ -43,6 +43,8 @@ struct Machine {
   int matmul_max_moving_free = 0;
   int64_t engine_max_free_elements_sbuf = 0;
   int64_t engine_max_free_elements_psum = 0;
+  // pe_transpose may write a bf16/fp16 input's own dtype to PSUM instead of fp32.
+  bool pe_transpose_16bit_output_supported = false;
 
   // Cost formula constants (engine cycles).
   int matmul_stationary_floor_cycles = 0;
@@ -95,7 +97,8 @@ struct Machine {
 //    "sources": {"<tag>": "<repository@commit path>", ...},
 //    "parameters": {"<key>": {"value": <number|bool|[[bytes, efficiency], ...]>,
 //                             "source": "<tag>", "note": "<optional>"}, ...}}
-// Every key of Machine above must be present exactly once, each naming a tag of "sources".
+// Every key of Machine above must be present exactly once, each naming a tag of "sources", except
+// capability keys (pe_transpose_16bit_output_supported): left out, the capability is off.
 
 // Loads a machine: `preset_or_path` is a built-in preset name ("trn1", "trn2") or a path to a JSON
 // file. `overrides` are "key=value" strings (value in JSON syntax) applied before validation.

@@ -68,16 +68,13 @@ std::string Program::describe(const TileRef& ref) const {
 
 std::string Program::describe(const Instruction& instr) const {
   std::ostringstream out;
-  out << opcode_name(instr.opcode);
-  if (instr.opcode == Opcode::tensor_tensor || instr.opcode == Opcode::tensor_reduce ||
-      instr.opcode == Opcode::tensor_scalar)
-    out << "." << alu_op_name(static_cast<AluOp>(instr.op0));
-  if (instr.opcode == Opcode::activation)
-    out << "." << act_func_name(static_cast<ActFunc>(instr.op0));
-  static const char* slot_names[kSlotCount] = {"dst", "src0", "src1", "aux0", "aux1"};
+  const OpcodeInfo& info = opcode_info(instr.opcode);
+  out << info.name;
+  if (info.op0 == Op0Kind::alu) out << "." << alu_op_name(static_cast<AluOp>(instr.op0));
+  if (info.op0 == Op0Kind::activation) out << "." << act_func_name(static_cast<ActFunc>(instr.op0));
   for (int s = 0; s < kSlotCount; ++s)
     if (instr.operands[s].valid())
-      out << " " << slot_names[s] << "=" << describe(instr.operands[s]);
+      out << " " << kSlotNames[s] << "=" << describe(instr.operands[s]);
   if (instr.dma != kNone) {
     const DmaRecord& d = dmas[instr.dma];
     if (d.hbm.tensor != kNone)
@@ -392,6 +389,24 @@ void ProgramBuilder::check_scalar(const Scalar& s, const TileRef& data, const ch
   check_same_partitions(data, s.tile, instruction, "data", operand);
 }
 
+void ProgramBuilder::require_engine(Opcode opcode, Engine engine) const {
+  TILELAB_REQUIRE(can_issue(opcode, engine))
+      << opcode_name(opcode) << ": engine " << engine_name(engine) << " not allowed; "
+      << engine_set_name(opcode_info(opcode).engines);
+}
+
+// Every instruction agrees with its opcode's table entry; the stages rely on it.
+void ProgramBuilder::push(const Instruction& instr) {
+  const OpcodeInfo& info = opcode_info(instr.opcode);
+  TILELAB_CHECK(can_issue(instr.opcode, instr.engine))
+      << info.name << " issued on " << engine_name(instr.engine);
+  TILELAB_CHECK(info.dma == (instr.dma != kNone)) << info.name << ": DMA record mismatch";
+  for (int s = 0; s < kSlotCount; ++s)
+    TILELAB_CHECK(!instr.operands[s].valid() || info.operands[s] != OperandRole::none)
+        << info.name << ": operand slot " << kSlotNames[s] << " is not used by this opcode";
+  program_.instructions.push_back(instr);
+}
+
 uint32_t ProgramBuilder::add_dma(DmaRecord record, const DmaOptions& options) {
   const Machine& m = program_.machine;
   const int queue = options.queue >= 0 ? options.queue : default_queue(options.trigger);
@@ -537,7 +552,7 @@ void ProgramBuilder::gather_rows(const TileRef& dst, Tensor tensor, int64_t row_
       << "dma_gather: columns [" << col0 << ", " << col0 + dst.free_count << ") outside the "
       << cols << " elements of a row of '" << t.name << "'";
   if (options.trigger == Engine::sync) options.trigger = Engine::gpsimd;  // SWDGE only
-  TILELAB_REQUIRE(options.trigger == Engine::gpsimd)
+  TILELAB_REQUIRE(can_issue(Opcode::dma_gather, options.trigger))
       << "dma_gather: indirect DMA needs software descriptor generation on gpsimd, got trigger "
       << engine_name(options.trigger);
   const int partitions = masked_partitions(options, dst.partition_count, "dma_gather");
@@ -689,10 +704,14 @@ void ProgramBuilder::pe_transpose(const TileRef& dst, const TileRef& src) {
       << "pe_transpose: src '" << s.name << "' must be in SBUF (TensorE reads only SBUF)";
   TILELAB_REQUIRE(d.memory == Memory::psum)
       << "pe_transpose: dst '" << d.name << "' must be in PSUM";
-  const bool sixteen_bit_out = m.nc_version >= 3 && dtype_size(s.dtype) == 2 && d.dtype == s.dtype;
+  const bool sixteen_bit_out =
+      m.pe_transpose_16bit_output_supported && dtype_size(s.dtype) == 2 && d.dtype == s.dtype;
   TILELAB_REQUIRE(d.dtype == DType::fp32 || sixteen_bit_out)
-      << "pe_transpose: dst dtype " << dtype_name(d.dtype)
-      << " not allowed; fp32 (or the 16-bit input dtype on NeuronCore-v3)";
+      << "pe_transpose: dst dtype " << dtype_name(d.dtype) << " not allowed on machine '" << m.name
+      << "'; fp32"
+      << (m.pe_transpose_16bit_output_supported
+              ? " or the 16-bit input dtype"
+              : " (key 'pe_transpose_16bit_output_supported' is false)");
   TILELAB_REQUIRE(src.free_count <= static_cast<uint32_t>(m.matmul_max_stationary_free))
       << "pe_transpose: input free size " << src.free_count
       << " exceeds matmul_max_stationary_free = " << m.matmul_max_stationary_free;
@@ -766,9 +785,7 @@ void ProgramBuilder::tensor_tensor(const TileRef& dst, const TileRef& a, const T
 
 void ProgramBuilder::tensor_scalar(const TileRef& dst, const TileRef& src, AluOp op0, Scalar s0,
                                    AluOp op1, Scalar s1, Engine engine) {
-  TILELAB_REQUIRE(engine == Engine::vector || engine == Engine::scalar || engine == Engine::gpsimd)
-      << "tensor_scalar: engine " << engine_name(engine)
-      << " not allowed; vector, scalar or gpsimd";
+  require_engine(Opcode::tensor_scalar, engine);
   TILELAB_REQUIRE(op0 != AluOp::bypass) << "tensor_scalar: op0 must not be bypass";
   check_compute_operand(dst, "tensor_scalar", "dst", engine);
   check_compute_operand(src, "tensor_scalar", "data", engine);
@@ -815,8 +832,7 @@ void ProgramBuilder::tensor_reduce(const TileRef& dst, const TileRef& src, AluOp
 }
 
 void ProgramBuilder::tensor_copy(const TileRef& dst, const TileRef& src, Engine engine) {
-  TILELAB_REQUIRE(engine == Engine::vector || engine == Engine::scalar || engine == Engine::gpsimd)
-      << "tensor_copy: engine " << engine_name(engine) << " not allowed; vector, scalar or gpsimd";
+  require_engine(Opcode::tensor_copy, engine);
   check_compute_operand(dst, "tensor_copy", "dst", engine);
   check_compute_operand(src, "tensor_copy", "src", engine);
   check_elements(dst, src, "tensor_copy");
@@ -855,8 +871,7 @@ void ProgramBuilder::select(const TileRef& dst, const TileRef& condition, const 
 }
 
 void ProgramBuilder::memset(const TileRef& dst, float value, Engine engine) {
-  TILELAB_REQUIRE(engine == Engine::vector || engine == Engine::gpsimd)
-      << "memset: engine " << engine_name(engine) << " not allowed; vector or gpsimd";
+  require_engine(Opcode::memset, engine);
   check_compute_operand(dst, "memset", "dst", engine);
   Instruction instr;
   instr.opcode = Opcode::memset;

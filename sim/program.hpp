@@ -202,7 +202,8 @@ class ProgramBuilder {
                                 const DmaOptions& options);
   void gather_rows(const TileRef& dst, Tensor tensor, int64_t row_offset, int64_t rows,
                    int64_t cols, const TileRef& index, int64_t col0, DmaOptions options);
-  void push(const Instruction& instr) { program_.instructions.push_back(instr); }
+  void require_engine(Opcode opcode, Engine engine) const;
+  void push(const Instruction& instr);
 
   Program program_;
   PartitionAllocator sbuf_;

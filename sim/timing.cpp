@@ -60,11 +60,11 @@ Region hbm_region(const Program& p, const HbmPattern& h, bool write) {
 // Collects the regions an instruction reads and writes; returns the count.
 int collect_regions(const Program& p, const Instruction& instr, Region* out) {
   int n = 0;
+  const OpcodeInfo& info = opcode_info(instr.opcode);
   for (int s = 0; s < kSlotCount; ++s) {
     const TileRef& ref = instr.operands[s];
     if (!ref.valid()) continue;
-    const bool write = s == kDst || (s == kAux1 && instr.opcode == Opcode::activation);
-    out[n++] = tile_region(p, ref, write);
+    out[n++] = tile_region(p, ref, writes(info.operands[s]));
   }
   if (instr.dma != kNone) {
     const DmaRecord& d = p.dmas[instr.dma];

@@ -187,3 +187,50 @@ TEST_CASE("machine: the repository JSON files equal the embedded presets", "[sim
     CHECK(json::parse(read_text(path)) == preset(name));
   }
 }
+
+namespace {
+// Builds a bf16 -> bf16 PE transpose on `m`; throws when the machine does not allow it.
+void bf16_pe_transpose(const Machine& m) {
+  ProgramBuilder b(m, "t");
+  const Tile in = b.sbuf_tile("in", 128, 64, DType::bf16);
+  const Tile out = b.psum_tile("out", 64, 128, DType::bf16);
+  b.pe_transpose(b.view(out), b.view(in));
+}
+}  // namespace
+
+TEST_CASE("machine: the 16-bit PE-transpose output is a capability key", "[sim][machine]") {
+  CHECK_FALSE(trn1().pe_transpose_16bit_output_supported);
+  CHECK(trn2().pe_transpose_16bit_output_supported);
+  CHECK_NOTHROW(bf16_pe_transpose(trn2()));
+  CHECK_THAT(error_of([] { bf16_pe_transpose(trn1()); }),
+             Contains("pe_transpose: dst dtype bf16 not allowed on machine 'trn1'") &&
+                 Contains("pe_transpose_16bit_output_supported"));
+
+  // The key decides, not the NeuronCore version.
+  json v2_with = preset("trn1");
+  v2_with["parameters"]["pe_transpose_16bit_output_supported"]["value"] = true;
+  const Machine enabled = parse_machine_json(v2_with.dump(), "v2_with.json");
+  CHECK(enabled.nc_version == 2);
+  CHECK_NOTHROW(bf16_pe_transpose(enabled));
+  const Machine disabled = load_machine("trn2", {"pe_transpose_16bit_output_supported=false"});
+  CHECK(disabled.nc_version == 3);
+  CHECK_THAT(error_of([&] { bf16_pe_transpose(disabled); }),
+             Contains("pe_transpose_16bit_output_supported"));
+
+  // A capability key left out of a machine file means the capability is off.
+  json without = preset("trn2");
+  without["parameters"].erase("pe_transpose_16bit_output_supported");
+  const Machine absent = parse_machine_json(without.dump(), "without.json");
+  CHECK_FALSE(absent.pe_transpose_16bit_output_supported);
+  CHECK_THAT(absent.source_of_key.at("pe_transpose_16bit_output_supported"), Contains("absent"));
+  CHECK_THAT(error_of([&] { bf16_pe_transpose(absent); }),
+             Contains("pe_transpose_16bit_output_supported"));
+
+  json bad = preset("trn2");
+  bad["parameters"]["pe_transpose_16bit_output_supported"]["value"] = "yes";
+  CHECK_THAT(error_for(bad), Contains("key 'pe_transpose_16bit_output_supported'") &&
+                                 Contains("expected a boolean") && Contains("\"yes\""));
+  CHECK_THAT(error_of([] { load_machine("trn2", {"pe_transpose_16bit_output_supported=2"}); }),
+             Contains("key 'pe_transpose_16bit_output_supported'") &&
+                 Contains("expected a boolean") && Contains("got 2"));
+}
