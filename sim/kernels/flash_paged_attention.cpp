@@ -44,6 +44,10 @@ class Builder {
   Tile transform_block_tables(int64_t head);
   void load_context_tile(int64_t head_index_tile_column, Tile index, Tile& k_t, Tile& v);
   void load_active_tile(int64_t head, Tile& k_t, Tile& v);
+  // Key tile `key_tile` (what it fixes: k_t, v, keys, score and reduction tiles, causality)
+  // against every query tile and query head of kv head `head`, reading the mask columns
+  // [mask_column, mask_column + keys).
+  void attend(int64_t head, const lib::FlashKeyTile& key_tile, int64_t mask_column);
   void finalize(int64_t head);
 
   const Machine& m_;
@@ -224,6 +228,21 @@ void Builder::load_active_tile(int64_t head, Tile& k_t, Tile& v) {
 }
 
 // out = o · exp(m - l) in the kernel dtype, stored to output[head·group + i_q_h, tile].
+void Builder::attend(int64_t head, const lib::FlashKeyTile& key_tile, int64_t mask_column) {
+  for (int64_t i = 0; i < q_tiles_; ++i) {
+    const Tile mask = b_.next(x_.mask);
+    b_.dma_copy(b_.view(mask, 0, static_cast<int>(P_), 0, key_tile.keys),
+                b_.hbm_rows(mask_, i * P_, P_, mask_column, key_tile.keys));
+    for (int64_t qh = 0; qh < group_; ++qh) {
+      lib::FlashKeyTile x = key_tile;
+      x.q = lib::load_flash_query(b_, ws_, query_, head * group_ + qh, i * P_, P_, scale_);
+      x.mask = mask;
+      if (x.causal) x.query_row0 = i * P_;
+      lib::flash_core(b_, ws_, x, lib::flash_accumulator(b_, ws_, i * group_ + qh), s_.transpose);
+    }
+  }
+}
+
 void Builder::finalize(int64_t head) {
   for (int64_t qh = 0; qh < group_; ++qh)
     for (int64_t i = 0; i < q_tiles_; ++i)
@@ -292,51 +311,25 @@ Program Builder::build() {
   for (int64_t head = 0; head < kv_heads_; ++head) {
     const Tile index = transform_block_tables(head);
     for (int64_t tile = 0; tile < large_tiles_; ++tile) {
-      Tile k_t, v;
-      load_context_tile(tile, index, k_t, v);
-      for (int64_t i = 0; i < q_tiles_; ++i) {
-        const Tile mask = b_.next(x_.mask);
-        b_.dma_copy(b_.view(mask, 0, static_cast<int>(P_), 0, large_),
-                    b_.hbm_rows(mask_, i * P_, P_, tile * large_, large_));
-        for (int64_t qh = 0; qh < group_; ++qh) {
-          lib::FlashKeyTile x;
-          x.q = lib::load_flash_query(b_, ws_, query_, head * group_ + qh, i * P_, P_, scale_);
-          x.k_t = k_t;
-          x.v = v;
-          x.mask = mask;
-          x.keys = large_;
-          x.score_tile = s_.free_tile;
-          x.rows = layout_.rows_per_load;
-          x.reduction = s_.reduction_tile();
-          x.initialize = tile == 0;
-          lib::flash_core(b_, ws_, x, lib::flash_accumulator(b_, ws_, i * group_ + qh),
-                          s_.transpose);
-        }
-      }
+      lib::FlashKeyTile context;
+      load_context_tile(tile, index, context.k_t, context.v);
+      context.keys = large_;
+      context.score_tile = s_.free_tile;
+      context.rows = layout_.rows_per_load;
+      context.reduction = s_.reduction_tile();
+      context.initialize = tile == 0;
+      attend(head, context, tile * large_);
     }
     // The new tokens, with the causal mask and tile skipping.
-    Tile k_t, v;
-    load_active_tile(head, k_t, v);
-    for (int64_t i = 0; i < q_tiles_; ++i) {
-      const Tile mask = b_.next(x_.mask);
-      b_.dma_copy(b_.view(mask, 0, static_cast<int>(P_), 0, seq_q_),
-                  b_.hbm_rows(mask_, i * P_, P_, context_len, seq_q_));
-      for (int64_t qh = 0; qh < group_; ++qh) {
-        lib::FlashKeyTile x;
-        x.q = lib::load_flash_query(b_, ws_, query_, head * group_ + qh, i * P_, P_, scale_);
-        x.k_t = k_t;
-        x.v = v;
-        x.mask = mask;
-        x.keys = seq_q_;
-        x.score_tile = active_score_tile;
-        x.rows = P_;
-        x.reduction = active_reduction;
-        x.causal = true;
-        x.query_row0 = i * P_;
-        x.initialize = false;
-        lib::flash_core(b_, ws_, x, lib::flash_accumulator(b_, ws_, i * group_ + qh), s_.transpose);
-      }
-    }
+    lib::FlashKeyTile active;
+    load_active_tile(head, active.k_t, active.v);
+    active.keys = seq_q_;
+    active.score_tile = active_score_tile;
+    active.rows = P_;
+    active.reduction = active_reduction;
+    active.causal = true;
+    active.initialize = false;
+    attend(head, active, context_len);
     finalize(head);
   }
   return b_.finish();
