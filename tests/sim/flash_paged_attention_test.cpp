@@ -141,96 +141,105 @@ constexpr double kFp32Tolerance = 2e-6;
 
 }  // namespace
 
-TEST_CASE("flash paged attention: block size 32, large tile 2048, tiling factor 2 (bf16)",
+// Every option of the kernel against the fp64 reference: block sizes and tiling factors (auto and
+// forced), GQA, fp32 and mixed precision (also from fp32 inputs cast on chip), more than 512 new
+// tokens (causal score tiles skipped), and DMA transposes on trn2.
+TEST_CASE("flash paged attention: matches the fp64 reference for every option",
           "[sim][paged_attention]") {
-  Case c;
-  c.head_dim = 128;
-  CHECK(max_error(trn1(), c) < kBf16Tolerance);
-}
-
-TEST_CASE("flash paged attention: block size 1, large tile 512, 4 gathers per tile (fp32)",
-          "[sim][paged_attention]") {
-  Case c;
-  c.block_size = 1;
-  c.large_tile_size = 512;
-  c.heads = c.kv_heads = 2;  // group 1
-  c.head_dim = 32;
-  c.mixed_precision = false;
-  c.dtype = DType::fp32;
-  CHECK(max_error(trn1(), c) < kFp32Tolerance);
-}
-
-TEST_CASE("flash paged attention: block size 8, large tile 1024, GQA 4 (fp32)",
-          "[sim][paged_attention]") {
-  Case c;
-  c.block_size = 8;
-  c.large_tile_size = 1024;
-  c.heads = 8;
-  c.kv_heads = 2;
-  c.head_dim = 64;
-  c.mixed_precision = false;
-  c.dtype = DType::fp32;
-  CHECK(max_error(trn1(), c) < kFp32Tolerance);
-}
-
-TEST_CASE("flash paged attention: block size 128, large tile 512, tiling factor 32 (bf16)",
-          "[sim][paged_attention]") {
-  Case c;
-  c.block_size = 128;
-  c.large_tile_size = 512;
-  c.heads = 1;
-  c.head_dim = 64;
-  CHECK(max_error(trn1(), c) < kBf16Tolerance);
-}
-
-TEST_CASE("flash paged attention: tiling factor forced to 1 keeps the numerics",
-          "[sim][paged_attention]") {
-  Case c;
-  c.block_size = 32;
-  c.large_tile_size = 512;  // 16 blocks: gathers span 16 partitions
-  c.tiling_factor = 1;
-  c.heads = 2;
-  c.head_dim = 32;
-  c.mixed_precision = false;
-  c.dtype = DType::fp32;
-  CHECK(max_error(trn1(), c) < kFp32Tolerance);
-  c.tiling_factor = 4;  // 64 partitions, half the auto factor
-  CHECK(max_error(trn1(), c) < kFp32Tolerance);
-}
-
-TEST_CASE("flash paged attention: fp32 inputs with mixed precision cast on chip",
-          "[sim][paged_attention]") {
-  Case c;
-  c.block_size = 16;
-  c.large_tile_size = 1024;
-  c.heads = 4;
-  c.kv_heads = 1;
-  c.head_dim = 64;
-  c.dtype = DType::fp32;  // kernel dtype bf16: K, V and q are copied to bf16 on chip
-  CHECK(max_error(trn1(), c) < kBf16Tolerance);
-}
-
-TEST_CASE("flash paged attention: more than 512 new tokens skip causal score tiles",
-          "[sim][paged_attention]") {
-  Case c;
-  c.block_size = 16;
-  c.large_tile_size = 512;
-  c.heads = 1;
-  c.head_dim = 32;
-  c.mixed_precision = false;
-  c.dtype = DType::fp32;
-  c.requests = {{600, 100}, {1, 200}, {400, 0}, {1, 17}};  // 1002 rows -> seq_q 1024
-  CHECK(max_error(trn1(), c) < kFp32Tolerance);
-}
-
-TEST_CASE("flash paged attention: DMA transposes on trn2 (bf16)", "[sim][paged_attention]") {
-  Case c;
-  c.large_tile_size = 512;
-  c.heads = 2;
-  c.kv_heads = 2;
-  c.head_dim = 64;
-  c.transpose = schedules::TransposeMethod::dma;
-  CHECK(max_error(trn2(), c) < kBf16Tolerance);
+  using Dt = DType;
+  using schedules::TransposeMethod;
+  struct Option {
+    const char* name;
+    bool on_trn2;
+    Case c;
+    double tolerance;
+  };
+  const std::vector<PagedAttentionRequest> long_prefill = {{600, 100}, {1, 200}, {400, 0}, {1, 17}};
+  const std::vector<Option> options = {
+      {"block size 32, large tile 2048, tiling factor 2 (bf16)",
+       false,
+       {.head_dim = 128},
+       kBf16Tolerance},
+      {"block size 1, large tile 512, 4 gathers per tile (fp32)",
+       false,
+       {.block_size = 1,
+        .large_tile_size = 512,
+        .heads = 2,
+        .kv_heads = 2,
+        .head_dim = 32,
+        .mixed_precision = false,
+        .dtype = Dt::fp32},
+       kFp32Tolerance},
+      {"block size 8, large tile 1024, GQA 4 (fp32)",
+       false,
+       {.block_size = 8,
+        .large_tile_size = 1024,
+        .heads = 8,
+        .kv_heads = 2,
+        .head_dim = 64,
+        .mixed_precision = false,
+        .dtype = Dt::fp32},
+       kFp32Tolerance},
+      {"block size 128, large tile 512, tiling factor 32 (bf16)",
+       false,
+       {.block_size = 128, .large_tile_size = 512, .heads = 1, .head_dim = 64},
+       kBf16Tolerance},
+      // 16 blocks: gathers span 16 partitions, then 64 (half the auto factor).
+      {"tiling factor forced to 1 keeps the numerics",
+       false,
+       {.block_size = 32,
+        .large_tile_size = 512,
+        .heads = 2,
+        .head_dim = 32,
+        .mixed_precision = false,
+        .dtype = Dt::fp32,
+        .tiling_factor = 1},
+       kFp32Tolerance},
+      {"tiling factor forced to 4 keeps the numerics",
+       false,
+       {.block_size = 32,
+        .large_tile_size = 512,
+        .heads = 2,
+        .head_dim = 32,
+        .mixed_precision = false,
+        .dtype = Dt::fp32,
+        .tiling_factor = 4},
+       kFp32Tolerance},
+      // Kernel dtype bf16: K, V and q are copied to bf16 on chip.
+      {"fp32 inputs with mixed precision cast on chip",
+       false,
+       {.block_size = 16,
+        .large_tile_size = 1024,
+        .heads = 4,
+        .kv_heads = 1,
+        .head_dim = 64,
+        .dtype = Dt::fp32},
+       kBf16Tolerance},
+      // 1002 rows -> seq_q 1024.
+      {"more than 512 new tokens skip causal score tiles",
+       false,
+       {.block_size = 16,
+        .large_tile_size = 512,
+        .heads = 1,
+        .head_dim = 32,
+        .mixed_precision = false,
+        .dtype = Dt::fp32,
+        .requests = long_prefill},
+       kFp32Tolerance},
+      {"DMA transposes on trn2 (bf16)",
+       true,
+       {.large_tile_size = 512,
+        .heads = 2,
+        .kv_heads = 2,
+        .head_dim = 64,
+        .transpose = TransposeMethod::dma},
+       kBf16Tolerance},
+  };
+  for (const Option& option : options) {
+    DYNAMIC_SECTION(option.name) {
+      CHECK(max_error(option.on_trn2 ? trn2() : trn1(), option.c) < option.tolerance);
+    }
+  }
 }
 
 TEST_CASE("flash paged attention: the tiling trick raises DMA utilization",
@@ -312,14 +321,12 @@ TEST_CASE("flash paged attention: bad schedule parameters are clear errors",
   uneven_group.kv_heads = 4;
   CHECK_THAT(error_of(build(trn1(), uneven_group)), Catch::Contains("num_heads"));
   const KernelInfo& kernel = kernel_registry().find("paged-attention");
-  CHECK_THAT(error_of([&] {
-               kernel.build(trn1(), resolve_parameters(kernel, {{"block_size", "3"}}));
-             }),
-             Catch::Contains("block_size: expected a power of two"));
-  CHECK_THAT(error_of([&] {
-               kernel.build(trn1(), resolve_parameters(kernel, {{"prefill", "12-40"}}));
-             }),
-             Catch::Contains("parameter 'prefill'"));
+  CHECK_THAT(
+      error_of([&] { kernel.build(trn1(), resolve_parameters(kernel, {{"block_size", "3"}})); }),
+      Catch::Contains("block_size: expected a power of two"));
+  CHECK_THAT(
+      error_of([&] { kernel.build(trn1(), resolve_parameters(kernel, {{"prefill", "12-40"}})); }),
+      Catch::Contains("parameter 'prefill'"));
 }
 
 }  // namespace tilelab::sim
