@@ -450,47 +450,23 @@ TEST_CASE("nki: PagedAttentionSchedule derives the tiling and rejects what the k
   }
   s.block_size_tiling_factor_override = 0;
 
-  auto rejects = [](PagedAttentionSchedule bad, const std::string& needle) {
-    CHECK_THROWS_WITH(bad.validate(), Catch::Contains(needle));
-  };
   PagedAttentionSchedule base;
-  rejects(
-      [&] {
-        auto b = base;
-        b.large_tile_size = 1536;
-        b.block_size = 512;
-        return b;
-      }(),
-      "block_size");
-  rejects(
-      [&] {
-        auto b = base;
-        b.large_tile_size = 1536;
-        b.block_size = 4;
-        return b;
-      }(),
-      "power of two");
-  rejects(
-      [&] {
-        auto b = base;
-        b.large_tile_size = 256;
-        return b;
-      }(),
-      "large_tile_size");
-  rejects(
-      [&] {
-        auto b = base;
-        b.partition_tile = 64;
-        return b;
-      }(),
-      "partition_tile");
-  rejects(
-      [&] {
-        auto b = base;
-        b.kv_buffers = 0;
-        return b;
-      }(),
-      "kv_buffers");
+  // One change each from a valid schedule, and the field its error must name.
+  using Change = void (*)(PagedAttentionSchedule&);
+  const std::vector<std::pair<Change, const char*>> invalid = {
+      {[](PagedAttentionSchedule& b) { b.large_tile_size = 1536, b.block_size = 512; },
+       "block_size"},
+      {[](PagedAttentionSchedule& b) { b.large_tile_size = 1536, b.block_size = 4; },
+       "power of two"},
+      {[](PagedAttentionSchedule& b) { b.large_tile_size = 256; }, "large_tile_size"},
+      {[](PagedAttentionSchedule& b) { b.partition_tile = 64; }, "partition_tile"},
+      {[](PagedAttentionSchedule& b) { b.kv_buffers = 0; }, "kv_buffers"},
+  };
+  for (const auto& [change, needle] : invalid) {
+    PagedAttentionSchedule bad = base;
+    change(bad);
+    CHECK_THROWS_WITH(bad.validate(), Catch::Contains(needle));
+  }
 
   tilelab::schedules::PagedAttentionShape shape;
   shape.head_dim = 160;
