@@ -15,6 +15,7 @@ namespace tilelab::sim {
 namespace {
 
 using test::error_of;
+using test::random_values;
 using test::trn1;
 using test::trn2;
 
@@ -48,13 +49,6 @@ Prepared prepare(const Case& c) {
   p.config.dtype = c.dtype;
   s.block_size_tiling_factor_override = c.tiling_factor;
   return p;
-}
-
-std::vector<float> random_values(size_t n, DType dtype, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to_dtype(dist(rng), dtype);
-  return v;
 }
 
 // Runs the kernel on random data and returns the largest |kernel - reference| over the rows of

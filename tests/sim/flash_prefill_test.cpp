@@ -12,15 +12,9 @@ namespace tilelab::sim {
 namespace {
 
 using test::error_of;
+using test::random_values;
 using test::trn1;
 using test::trn2;
-
-std::vector<float> random_values(size_t n, DType dtype, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_to_dtype(dist(rng), dtype);
-  return v;
-}
 
 // Runs the kernel on random data; returns the largest |kernel - fp64 reference| (NaN if any).
 double max_error(const Machine& machine, const FlashPrefillConfig& c) {

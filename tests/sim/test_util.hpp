@@ -2,12 +2,15 @@
 #pragma once
 
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include <tilelab/error.hpp>
 
+#include "sim/functional.hpp"
 #include "sim/machine.hpp"
 #include "sim/program.hpp"
 #include "sim/timing.hpp"
@@ -21,6 +24,15 @@ inline const Machine& trn1() {
 inline const Machine& trn2() {
   static const Machine m = load_machine("trn2");
   return m;
+}
+
+// n values uniform in [-1, 1), exactly representable in `dtype` (so the kernel's input rounding
+// does not enter the comparison).
+inline std::vector<float> random_values(size_t n, DType dtype, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = round_to_dtype(dist(rng), dtype);
+  return v;
 }
 
 inline std::string read_text(const std::string& path) {
