@@ -6,7 +6,7 @@
 #include <tilelab/error.hpp>
 
 #include "cost.hpp"
-#include "dma.hpp"
+#include "dma/dma.hpp"
 
 namespace tilelab::sim {
 namespace {
