@@ -155,20 +155,4 @@ double instruction_cycles(const Program& p, const Instruction& instr) {
   return 0;
 }
 
-double dma_efficiency_factor(const Machine& m, const DmaRecord& dma) {
-  const double bytes_per_descriptor =
-      static_cast<double>(std::min(dma.bytes_per_partition, std::max<uint64_t>(dma.run_bytes, 1)));
-  double efficiency = m.dma_efficiency(bytes_per_descriptor);
-  if (dma.transpose)
-    efficiency *= dma.hbm.tensor != kNone ? m.dma_transpose_efficiency_hbm_to_sbuf
-                                          : m.dma_transpose_efficiency_sbuf_to_sbuf;
-  return efficiency;
-}
-
-double dma_piece_ns(const Machine& m, const DmaRecord& dma, uint64_t bytes) {
-  return m.dma_fixed_cost_ns_per_piece +
-         static_cast<double>(bytes) /
-             (m.dma_bytes_per_ns_per_engine * dma_efficiency_factor(m, dma));
-}
-
 }  // namespace tilelab::sim

@@ -6,6 +6,8 @@
 
 #include <tilelab/error.hpp>
 
+#include "dma/dma.hpp"
+
 namespace tilelab::sim {
 namespace {
 
@@ -13,22 +15,6 @@ namespace {
 // cache-line-like boundaries without wasting noticeable space.
 constexpr int64_t kSbufAlignment = 64;
 constexpr int64_t kPsumAlignment = 4;
-
-int default_queue(Engine trigger) {
-  switch (trigger) {
-    case Engine::sync:
-      return 0;
-    case Engine::scalar:
-      return 1;
-    case Engine::gpsimd:
-      return 2;
-    case Engine::vector:
-      return 3;
-    case Engine::tensor:
-      return 4;
-  }
-  return 0;
-}
 
 // Contiguous run, in elements, of the innermost dimensions of an HBM pattern.
 int64_t contiguous_run_elements(const HbmPattern& p) {
@@ -409,7 +395,7 @@ void ProgramBuilder::push(const Instruction& instr) {
 
 uint32_t ProgramBuilder::add_dma(DmaRecord record, const DmaOptions& options) {
   const Machine& m = program_.machine;
-  const int queue = options.queue >= 0 ? options.queue : default_queue(options.trigger);
+  const int queue = options.queue >= 0 ? options.queue : default_dma_queue(options.trigger);
   TILELAB_REQUIRE(queue < m.dma_queues_per_engine)
       << "dma: queue " << queue << " outside [0, " << m.dma_queues_per_engine
       << ") (dma_queues_per_engine)";

@@ -6,7 +6,7 @@
 #include <tilelab/error.hpp>
 
 #include "cost.hpp"
-#include "dma.hpp"
+#include "dma/dma.hpp"
 
 namespace tilelab::sim {
 namespace {
@@ -112,12 +112,14 @@ class Tracker {
     }
   }
 
+  uint64_t merges() const { return merges_; }
+  uint64_t merged_records() const { return merged_records_; }
+
  private:
   struct Lists {
     std::vector<AccessRecord> writes, reads;  // sorted by b0
     uint64_t max_write_span = 0, max_read_span = 0;
   };
-  static constexpr size_t kMaxRecords = 512;
 
   static auto first_candidate(std::vector<AccessRecord>& list, uint64_t b0, uint64_t max_span) {
     // Records starting at or before b0 - max_span end at or before b0: they cannot overlap.
@@ -150,7 +152,7 @@ class Tracker {
                last);
   }
 
-  static void insert(std::vector<AccessRecord>& list, uint64_t& max_span, const AccessRecord& e) {
+  void insert(std::vector<AccessRecord>& list, uint64_t& max_span, const AccessRecord& e) {
     auto it = std::lower_bound(list.begin(), list.end(), e.b0,
                                [](const AccessRecord& r, uint64_t v) { return r.b0 < v; });
     // Same region accessed again: keep one record with the later completion.
@@ -162,11 +164,13 @@ class Tracker {
     }
     list.insert(it, e);
     max_span = std::max(max_span, e.b1 - e.b0);
-    if (list.size() > kMaxRecords) compact(list, max_span);
+    if (list.size() > kMaxAccessRecords) compact(list, max_span);
   }
 
   // Too many distinct regions: merge them into one conservative record over their union.
-  static void compact(std::vector<AccessRecord>& list, uint64_t& max_span) {
+  void compact(std::vector<AccessRecord>& list, uint64_t& max_span) {
+    ++merges_;
+    merged_records_ += list.size();
     AccessRecord merged = list.front();
     for (const AccessRecord& r : list) {
       merged.p0 = std::min(merged.p0, r.p0);
@@ -201,6 +205,8 @@ class Tracker {
   }
 
   const Program& program_;
+  uint64_t merges_ = 0;
+  uint64_t merged_records_ = 0;
   std::vector<Lists> lists_;
   std::vector<double> last_done_;
   std::vector<uint32_t> last_instruction_;
@@ -318,6 +324,8 @@ TimingResult simulate_timing(const Program& program, const TimingOptions& option
     result.total_ns = std::max(result.total_ns, done);
     for (int r = 0; r < region_count; ++r) tracker.record(regions[r], i, source, done);
   }
+  result.region_merges = tracker.merges();
+  result.region_records_merged = tracker.merged_records();
   result.dma_engine_busy_ns = dma.engine_busy_ns();
   result.dma_engine_bytes = dma.engine_bytes();
   result.dma_engine_pieces = dma.engine_pieces();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -44,6 +45,11 @@ struct DmaPieceTiming {
   double end_ns = 0;
 };
 
+// Per buffer, the dependency tracker keeps at most this many distinct read (and write) regions;
+// one more merges them into a single conservative record over their union, which can only add
+// waits (TimingResult::region_merges counts it).
+inline constexpr size_t kMaxAccessRecords = 512;
+
 struct TimingOptions {
   bool record_dma_pieces = false;
 };
@@ -59,6 +65,10 @@ struct TimingResult {
   std::vector<uint64_t> dma_engine_pieces;
   uint64_t hbm_read_bytes = 0;
   uint64_t hbm_write_bytes = 0;
+  // Times a buffer's access list exceeded kMaxAccessRecords and was merged into one record, and
+  // the records folded by those merges. Nonzero means some waits may be conservative.
+  uint64_t region_merges = 0;
+  uint64_t region_records_merged = 0;
 };
 
 // Simulates the program's timing without data. Deterministic; linear in the instruction count.

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "sim/cost.hpp"
-#include "sim/dma.hpp"
+#include "sim/dma/dma.hpp"
 
 #include "test_util.hpp"
 
@@ -65,6 +65,36 @@ TEST_CASE("dma: splits a transfer across engines by partition", "[sim][dma]") {
   CHECK(pieces[0].bytes == 4 * 1024);
   CHECK(pieces[5].engine == 12);
   CHECK(pieces[5].bytes == 4 * 1024);
+}
+
+TEST_CASE("dma: the partition -> engine map and the default queues", "[sim][dma]") {
+  const Machine& m = trn1();  // 16 engines x 8 partitions
+  const DmaEngineSpan all = dma_engine_span(m, 0, 128);
+  CHECK((all.first == 0 && all.end == 16));
+  const DmaEngineSpan middle = dma_engine_span(m, 60, 40);  // partitions [60, 100)
+  CHECK((middle.first == 7 && middle.end == 13));
+  const DmaEngineSpan unaligned = dma_engine_span(m, 4, 8);  // [4, 12) touches engines 0 and 1
+  CHECK((unaligned.first == 0 && unaligned.end == 2));
+  const DmaEngineSpan none = dma_engine_span(m, 8, 0);
+  CHECK(none.first == none.end);
+  CHECK(default_dma_queue(Engine::sync) == 0);
+  CHECK(default_dma_queue(Engine::gpsimd) == 2);
+  CHECK(default_dma_queue(Engine::tensor) == 4);
+}
+
+TEST_CASE("dma: split pieces are costed by the one piece formula", "[sim][dma]") {
+  const Machine& m = trn2();
+  DmaRecord d;
+  d.partition_start = 60;
+  d.partitions = 40;
+  d.bytes_per_partition = 3000;
+  d.run_bytes = 600;
+  d.hbm.tensor = 0;
+  DmaPiece pieces[16];
+  const int count = split_dma(m, d, pieces);
+  REQUIRE(count == 6);
+  for (int i = 0; i < count; ++i)
+    CHECK(pieces[i].duration_ns == dma_piece_ns(m, d, pieces[i].bytes));
 }
 
 TEST_CASE("dma: a piece costs fixed overhead + bytes / (bandwidth x efficiency)", "[sim][dma]") {

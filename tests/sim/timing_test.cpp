@@ -122,3 +122,27 @@ TEST_CASE("timing: matmuls into one PSUM accumulator run back to back on TensorE
   const TimingResult r = simulate_timing(p);
   CHECK(r.total_ns == Approx(4 * 512 / 2.8));
 }
+
+TEST_CASE("timing: region merges past the tracker's record limit are counted", "[sim][timing]") {
+  auto run = [](int copies) {
+    ProgramBuilder b(trn1(), "merges");
+    const Tile src = b.sbuf_tile("src", 1, 2048, DType::fp32);
+    const Tile dst = b.sbuf_tile("dst", 1, 2048, DType::fp32);
+    // Each copy reads and writes one distinct element: one new read region of src and one new
+    // write region of dst per instruction.
+    for (int i = 0; i < copies; ++i)
+      b.tensor_copy(b.view(dst, 0, 1, i, 1), b.view(src, 0, 1, i, 1));
+    const Program p = b.finish();
+    return simulate_timing(p);
+  };
+  const int limit = static_cast<int>(kMaxAccessRecords);
+  const TimingResult below = run(limit);
+  CHECK(below.region_merges == 0);
+  CHECK(below.region_records_merged == 0);
+  // One more region than the limit merges src's reads once and dst's writes once.
+  const TimingResult above = run(limit + 1);
+  CHECK(above.region_merges == 2);
+  CHECK(above.region_records_merged == 2 * (kMaxAccessRecords + 1));
+  const TimingResult twice = run(2 * limit + 2);
+  CHECK(twice.region_merges == 4);
+}

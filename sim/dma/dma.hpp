@@ -5,10 +5,41 @@
 #include <cstdint>
 #include <vector>
 
-#include "machine.hpp"
-#include "program.hpp"
+#include "sim/isa.hpp"
+#include "sim/machine.hpp"
+#include "sim/program.hpp"
 
 namespace tilelab::sim {
+
+// Queue a transfer triggered from `trigger` goes to when DmaOptions::queue is not given.
+int default_dma_queue(Engine trigger);
+
+// DMA engines serving partitions [partition_start, partition_start + partitions): engine e serves
+// partitions [e * k, (e + 1) * k) with k = dma_partitions_per_engine.
+struct DmaEngineSpan {
+  int first = 0;
+  int end = 0;  // exclusive
+};
+DmaEngineSpan dma_engine_span(const Machine& machine, uint32_t partition_start,
+                              uint32_t partitions);
+
+// Fraction of per-engine DMA bandwidth a transfer reaches: the efficiency curve at its bytes per
+// descriptor (contiguous run, at most the bytes per partition), times the DMA-transpose factor.
+double dma_efficiency_factor(const Machine& machine, const DmaRecord& dma);
+
+// Cost of the pieces of one transfer: every piece has the same bytes per partition, hence the same
+// efficiency, so the rate is computed once per transfer.
+struct DmaPieceCost {
+  double fixed_ns = 0;
+  double bytes_per_ns = 0;  // per-engine bandwidth x efficiency
+
+  // fixed cost + bytes / (bandwidth x efficiency)
+  double ns(uint64_t bytes) const { return fixed_ns + static_cast<double>(bytes) / bytes_per_ns; }
+};
+DmaPieceCost dma_piece_cost(const Machine& machine, const DmaRecord& dma);
+
+// Duration in ns of one DMA piece of `bytes` moved by one DMA engine for the given transfer.
+double dma_piece_ns(const Machine& machine, const DmaRecord& dma, uint64_t bytes);
 
 // One engine's share of a transfer.
 struct DmaPiece {
@@ -17,8 +48,8 @@ struct DmaPiece {
   double duration_ns = 0;
 };
 
-// Splits `dma` into per-engine pieces (engine e serves partitions [e*k, (e+1)*k) with
-// k = dma_partitions_per_engine). Writes at most machine.dma_engines pieces into `out`.
+// Splits `dma` into per-engine pieces (one per engine of dma_engine_span), each costed by
+// dma_piece_cost. Writes at most machine.dma_engines pieces into `out`.
 int split_dma(const Machine& machine, const DmaRecord& dma, DmaPiece* out);
 
 // Result of scheduling one transfer.
