@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "analysis.hpp"
 #include "cost.hpp"
 
 namespace tilelab::sim {
@@ -15,27 +16,6 @@ using nlohmann::json;
 
 bool is_dma(const Instruction& instr) {
   return instr.dma != kNone;
-}
-
-std::string unit_of(const Program& p, uint32_t i) {
-  const Instruction& instr = p.instructions[i];
-  return is_dma(instr) ? "dma" : std::string(engine_name(instr.engine));
-}
-
-// Buffer name without a pool's "[k]" suffix, so that waits on rotating buffers aggregate.
-std::string base_name(const std::string& name) {
-  const auto bracket = name.find('[');
-  return bracket == std::string::npos ? name : name.substr(0, bracket);
-}
-
-std::string wait_label(const Program& p, uint32_t i) {
-  const Instruction& instr = p.instructions[i];
-  std::string target;
-  if (instr.operands[kDst].valid())
-    target = p.buffers[instr.operands[kDst].tile].name;
-  else if (instr.dma != kNone && p.dmas[instr.dma].hbm.tensor != kNone)
-    target = p.buffers[p.dmas[instr.dma].hbm.tensor].name;
-  return std::string(opcode_name(instr.opcode)) + " -> " + base_name(target);
 }
 
 // Length of the union of [start, end) intervals.
@@ -64,66 +44,22 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   r.machine = m.name;
   r.instruction_count = p.instructions.size();
   r.total_time_ns = t.total_ns;
-  r.total_cycles = t.total_ns * m.tensor_clock_ghz;
+  r.total_time_cycles = t.total_ns * m.tensor_clock_ghz;
 
   // --- engines and idle-time blame ---
   const size_t n = p.instructions.size();
-  std::vector<std::map<std::string, BlameEntry>> blame(kEngineCount);
-  std::vector<std::map<std::string, TopWait>> top(kEngineCount);
-  std::array<double, kEngineCount> last_end{};
-  std::array<bool, kEngineCount> started{};
-  for (uint32_t i = 0; i < n; ++i) {
-    const Instruction& instr = p.instructions[i];
-    const InstructionTiming& it = t.instructions[i];
-    const int e = static_cast<int>(instr.engine);
-    const double gap = it.start_ns - last_end[e];
-    if (gap > 1e-9) {
-      std::string key;
-      std::string detail;
-      if (it.wait_on != kNone) {
-        key = it.wait_reason == WaitReason::port ? "port:" + unit_of(p, it.wait_on)
-                                                 : unit_of(p, it.wait_on);
-        detail = wait_label(p, it.wait_on);
-      } else {
-        key = started[e] ? "engine_order" : "program_start";
-      }
-      auto& entry = blame[e][key];
-      entry.waited_on = key;
-      entry.idle_ns += gap;
-      ++entry.waits;
-      if (!detail.empty()) {
-        auto& w = top[e][detail];
-        w.waited_on = detail;
-        w.idle_ns += gap;
-        ++w.waits;
-      }
-    }
-    last_end[e] = it.issue_end_ns;
-    started[e] = true;
-  }
+  std::array<EngineIdleTime, kEngineCount> idle = attribute_idle_time(p, t);
   for (int e = 0; e < kEngineCount; ++e) {
     EngineSummary s;
     s.name = std::string(engine_name(static_cast<Engine>(e)));
     s.clock_ghz = engine_clock_ghz(m, static_cast<Engine>(e));
-    s.instructions = t.engine_instructions[e];
+    s.instruction_count = t.engine_instructions[e];
     s.active_time_ns = t.engine_active_ns[e];
     s.active_time_percent = percent(s.active_time_ns, t.total_ns);
     s.active_cycles = s.active_time_ns * s.clock_ghz;
     s.idle_time_ns = t.total_ns - s.active_time_ns;
-    const double tail = t.total_ns - last_end[e];
-    if (tail > 1e-9) {
-      auto& entry = blame[e]["program_end"];
-      entry.waited_on = "program_end";
-      entry.idle_ns += tail;
-      ++entry.waits;
-    }
-    for (auto& [key, entry] : blame[e]) s.idle_blame.push_back(entry);
-    std::sort(s.idle_blame.begin(), s.idle_blame.end(),
-              [](const BlameEntry& a, const BlameEntry& b) { return a.idle_ns > b.idle_ns; });
-    for (auto& [key, w] : top[e]) s.top_waits.push_back(w);
-    std::sort(s.top_waits.begin(), s.top_waits.end(),
-              [](const TopWait& a, const TopWait& b) { return a.idle_ns > b.idle_ns; });
-    if (s.top_waits.size() > 5) s.top_waits.resize(5);
+    s.idle_blame = std::move(idle[e].blame);
+    s.top_waits = std::move(idle[e].top_waits);
     r.engines.push_back(std::move(s));
   }
 
@@ -237,33 +173,8 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   r.peak_psum_bytes_per_partition = p.peak_psum_bytes_per_partition;
   r.psum_bytes_per_partition = m.psum_bytes_per_partition;
 
-  // --- critical path: walk back from the last instruction to finish ---
-  uint32_t current = kNone;
-  double latest = -1;
-  for (uint32_t i = 0; i < n; ++i)
-    if (t.instructions[i].end_ns > latest) {
-      latest = t.instructions[i].end_ns;
-      current = i;
-    }
-  std::vector<uint32_t> path;
-  std::vector<uint8_t> visited(n, 0);
-  while (current != kNone && !visited[current]) {
-    visited[current] = 1;
-    path.push_back(current);
-    const InstructionTiming& it = t.instructions[current];
-    uint32_t next = kNone;
-    if (is_dma(p.instructions[current]) && it.transfer_reason == WaitReason::dma_engine &&
-        it.transfer_wait_on != kNone) {
-      next = it.transfer_wait_on;
-    } else if (it.wait_on != kNone) {
-      next = it.wait_on;
-    } else if (it.engine_previous != kNone &&
-               it.start_ns <= t.instructions[it.engine_previous].issue_end_ns + 1e-9) {
-      next = it.engine_previous;
-    }
-    current = next;
-  }
-  std::reverse(path.begin(), path.end());
+  // --- critical path ---
+  const std::vector<uint32_t> path = critical_path(p, t);
   r.critical_path_instructions = path.size();
   double previous_end = 0;
   for (uint32_t i : path) {
@@ -280,7 +191,10 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
       CriticalPathSegment s;
       s.unit = unit;
       s.start_ns = it.start_ns;
-      s.first_instruction = "#" + std::to_string(i) + " " + p.describe(p.instructions[i]);
+      s.first_instruction = std::string("#")
+                                .append(std::to_string(i))
+                                .append(" ")
+                                .append(p.describe(p.instructions[i]));
       r.critical_path.push_back(std::move(s));
     }
     CriticalPathSegment& s = r.critical_path.back();
@@ -300,7 +214,7 @@ json report_json(const Report& r) {
   j["machine"] = r.machine;
   j["instruction_count"] = r.instruction_count;
   j["total_time_ns"] = r.total_time_ns;
-  j["total_time_cycles"] = r.total_cycles;
+  j["total_time_cycles"] = r.total_time_cycles;
   json engines = json::array();
   for (const auto& e : r.engines) {
     json blame = json::array();
@@ -313,7 +227,7 @@ json report_json(const Report& r) {
           {{"waited_on", w.waited_on}, {"idle_time_ns", w.idle_ns}, {"waits", w.waits}});
     engines.push_back({{"name", e.name},
                        {"clock_ghz", e.clock_ghz},
-                       {"instruction_count", e.instructions},
+                       {"instruction_count", e.instruction_count},
                        {"active_time_ns", e.active_time_ns},
                        {"active_time_percent", e.active_time_percent},
                        {"active_cycles", e.active_cycles},
@@ -402,7 +316,7 @@ std::string report_text(const Report& r) {
   std::snprintf(line, sizeof line,
                 "kernel %s on %s: %zu instructions, total %.3f us (%.0f TensorE cycles)\n",
                 r.kernel.c_str(), r.machine.c_str(), size_t(r.instruction_count),
-                r.total_time_ns / 1e3, r.total_cycles);
+                r.total_time_ns / 1e3, r.total_time_cycles);
   out << line;
   if (!r.parameters.empty()) {
     out << "parameters:";
@@ -412,7 +326,7 @@ std::string report_text(const Report& r) {
   out << "\nengine   instructions   active_us  active_%  idle blamed on (largest first)\n";
   for (const auto& e : r.engines) {
     std::snprintf(line, sizeof line, "%-8s %12llu %11.3f %8.1f  ", e.name.c_str(),
-                  static_cast<unsigned long long>(e.instructions), e.active_time_ns / 1e3,
+                  static_cast<unsigned long long>(e.instruction_count), e.active_time_ns / 1e3,
                   e.active_time_percent);
     out << line;
     for (size_t i = 0; i < e.idle_blame.size() && i < 3; ++i) {
@@ -514,10 +428,10 @@ json chrome_trace(const Program& p, const TimingResult& t, size_t max_events) {
     const InstructionTiming& it = t.instructions[i];
     std::string name(opcode_name(instr.opcode));
     if (instr.opcode == Opcode::activation)
-      name += "." + std::string(act_func_name(ActFunc(instr.op0)));
+      name.append(".").append(act_func_name(ActFunc(instr.op0)));
     if (instr.opcode == Opcode::tensor_tensor || instr.opcode == Opcode::tensor_scalar ||
         instr.opcode == Opcode::tensor_reduce)
-      name += "." + std::string(alu_op_name(AluOp(instr.op0)));
+      name.append(".").append(alu_op_name(AluOp(instr.op0)));
     const json args = {{"instruction", i}, {"operands", p.describe(instr)}};
     events.push_back({{"ph", "X"},
                       {"name", is_dma(instr) ? "trigger " + name : name},

@@ -1,6 +1,6 @@
 // Reports of a timed run: a profiler-style summary (engines, DMA, TensorE flops, memory), idle-time
-// blame and the critical path; as versioned JSON (docs/sim_report.schema.json), a Chrome/Perfetto
-// trace and a text table.
+// blame and the critical path (computed by analysis.hpp); as versioned JSON
+// (docs/sim_report.schema.json), a Chrome/Perfetto trace and a text table.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +33,7 @@ struct TopWait {
 struct EngineSummary {
   std::string name;
   double clock_ghz = 0;
-  uint64_t instructions = 0;
+  uint64_t instruction_count = 0;
   double active_time_ns = 0;
   double active_time_percent = 0;
   double active_cycles = 0;
@@ -92,7 +92,7 @@ struct Report {
   std::string machine;
   uint64_t instruction_count = 0;
   double total_time_ns = 0;
-  double total_cycles = 0;  // at the TensorE clock
+  double total_time_cycles = 0;  // at the TensorE clock
   std::vector<EngineSummary> engines;
 
   // DMA.

@@ -266,7 +266,7 @@ std::string report_html(const Program& p, const TimingResult& t, const Report& r
   html << row("instructions", std::to_string(r.instruction_count));
   for (const auto& e : r.engines)
     html << row(e.name + " active", fmt("%.1f%%", e.active_time_percent) + " (" +
-                                        std::to_string(e.instructions) + " instructions)");
+                                        std::to_string(e.instruction_count) + " instructions)");
   html << row("DMA transfers", std::to_string(r.dma_transfer_count) + ", " +
                                    bytes_label(double(r.dma_transfer_total_bytes)));
   html << row("DMA active time", fmt("%.1f%%", r.dma_active_time_percent));

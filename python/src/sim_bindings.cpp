@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "schedules/paged/schedule.hpp"
+#include "sim/analysis.hpp"
 #include "sim/functional.hpp"
 #include "sim/kernels/flash_paged_attention.hpp"
 #include "sim/kernels/registry.hpp"
@@ -139,82 +140,15 @@ std::shared_ptr<SimRun> time_program(sim::Program program, const sim::KernelPara
 
 // --- flat summary: one number per key, the same keys for Report attributes and sweep columns ---
 
-using Summary = std::vector<std::pair<std::string, double>>;
+using Summary = std::vector<sim::Metric>;
 
-// Every engine and DMA kind appears, with zeros when unused, so that sweep tables have fixed
-// columns whatever the point.
 Summary flat_summary(const sim::Report& r) {
-  Summary s;
-  auto add = [&s](std::string key, double value) { s.emplace_back(std::move(key), value); };
-  add("total_time_ns", r.total_time_ns);
-  add("total_time_us", r.total_time_ns / 1e3);
-  add("total_cycles", r.total_cycles);
-  add("instruction_count", double(r.instruction_count));
-  for (int e = 0; e < sim::kEngineCount; ++e) {
-    const std::string name(sim::engine_name(static_cast<sim::Engine>(e)));
-    const sim::EngineSummary* found = nullptr;
-    for (const auto& engine : r.engines)
-      if (engine.name == name) found = &engine;
-    add(name + "_instructions", found ? double(found->instructions) : 0.0);
-    add(name + "_active_time_ns", found ? found->active_time_ns : 0.0);
-    add(name + "_active_time_percent", found ? found->active_time_percent : 0.0);
-    add(name + "_idle_time_ns", found ? found->idle_time_ns : r.total_time_ns);
-  }
-  add("dma_active_time_ns", r.dma_active_time_ns);
-  add("dma_active_time_percent", r.dma_active_time_percent);
-  add("dma_transfer_count", double(r.dma_transfer_count));
-  add("dma_transfer_total_bytes", double(r.dma_transfer_total_bytes));
-  add("dma_transfer_average_bytes", r.dma_transfer_average_bytes);
-  add("dma_achieved_gbps", r.dma_achieved_gbps);
-  add("dma_peak_gbps", r.dma_peak_gbps);
-  add("dma_utilization_percent", r.dma_utilization_percent);
-  add("hbm_read_bytes", double(r.hbm_read_bytes));
-  add("hbm_write_bytes", double(r.hbm_write_bytes));
-  add("hbm_peak_gbps", r.hbm_peak_gbps);
-  add("mbu_estimated_percent", r.mbu_estimated_percent);
-  for (sim::Opcode kind :
-       {sim::Opcode::dma_copy, sim::Opcode::dma_gather, sim::Opcode::dma_transpose}) {
-    const std::string name(sim::opcode_name(kind));
-    const sim::DmaKindSummary* found = nullptr;
-    for (const auto& k : r.dma_by_kind)
-      if (k.kind == name) found = &k;
-    add(name + "_transfers", found ? double(found->transfers) : 0.0);
-    add(name + "_bytes", found ? double(found->bytes) : 0.0);
-    add(name + "_average_bytes_per_partition", found ? found->average_bytes_per_partition : 0.0);
-    add(name + "_active_time_ns", found ? found->active_time_ns : 0.0);
-    add(name + "_achieved_gbps", found ? found->achieved_gbps : 0.0);
-    add(name + "_utilization_percent", found ? found->utilization_percent : 0.0);
-    add(name + "_engines_used", found ? double(found->engines_used) : 0.0);
-  }
-  add("hardware_flops", r.hardware_flops);
-  add("transpose_flops", r.transpose_flops);
-  add("peak_flops_per_s", r.peak_flops_per_s);
-  add("hfu_percent", r.hfu_percent);
-  add("mfu_percent", r.mfu_percent);
-  add("peak_sbuf_bytes_per_partition", double(r.peak_sbuf_bytes_per_partition));
-  add("sbuf_bytes_per_partition", double(r.sbuf_bytes_per_partition));
-  add("peak_sbuf_percent",
-      r.sbuf_bytes_per_partition
-          ? 100.0 * double(r.peak_sbuf_bytes_per_partition) / double(r.sbuf_bytes_per_partition)
-          : 0.0);
-  add("peak_psum_bytes_per_partition", double(r.peak_psum_bytes_per_partition));
-  add("psum_bytes_per_partition", double(r.psum_bytes_per_partition));
-  add("peak_psum_percent",
-      r.psum_bytes_per_partition
-          ? 100.0 * double(r.peak_psum_bytes_per_partition) / double(r.psum_bytes_per_partition)
-          : 0.0);
-  add("critical_path_instructions", double(r.critical_path_instructions));
-  for (const char* unit : {"tensor", "vector", "scalar", "gpsimd", "sync", "dma"}) {
-    const auto it = r.critical_path_ns_by_unit.find(unit);
-    add(std::string("critical_path_") + unit + "_ns",
-        it == r.critical_path_ns_by_unit.end() ? 0.0 : it->second);
-  }
-  return s;
+  return sim::flat_metrics(r);
 }
 
 py::dict summary_dict(const Summary& summary) {
   py::dict out;
-  for (const auto& [key, value] : summary) out[py::str(key)] = value;
+  for (const auto& metric : summary) out[py::str(metric.name)] = metric.value;
   return out;
 }
 
@@ -527,52 +461,11 @@ py::tuple simulate_arrays(const std::string& machine_source,
 
 // --- reports ---------------------------------------------------------------------------------
 
-// The critical path as report.cpp walks it (from the last instruction to finish, through the
-// instruction that bound each start), as a per-instruction flag for timeline plots.
+// The critical path as a per-instruction flag, for timeline plots.
 std::vector<uint8_t> critical_flags(const SimRun& run) {
-  const auto& t = run.timing.instructions;
-  std::vector<uint8_t> flags(t.size(), 0);
-  uint32_t current = sim::kNone;
-  double latest = -1;
-  for (uint32_t i = 0; i < t.size(); ++i)
-    if (t[i].end_ns > latest) {
-      latest = t[i].end_ns;
-      current = i;
-    }
-  while (current != sim::kNone && !flags[current]) {
-    flags[current] = 1;
-    const sim::InstructionTiming& it = t[current];
-    uint32_t next = sim::kNone;
-    if (run.program.instructions[current].dma != sim::kNone &&
-        it.transfer_reason == sim::WaitReason::dma_engine && it.transfer_wait_on != sim::kNone) {
-      next = it.transfer_wait_on;
-    } else if (it.wait_on != sim::kNone) {
-      next = it.wait_on;
-    } else if (it.engine_previous != sim::kNone &&
-               it.start_ns <= t[it.engine_previous].issue_end_ns + 1e-9) {
-      next = it.engine_previous;
-    }
-    current = next;
-  }
+  std::vector<uint8_t> flags(run.program.instructions.size(), 0);
+  for (uint32_t i : sim::critical_path(run.program, run.timing)) flags[i] = 1;
   return flags;
-}
-
-const char* wait_reason_name(sim::WaitReason reason) {
-  switch (reason) {
-    case sim::WaitReason::none:
-      return "none";
-    case sim::WaitReason::dependency:
-      return "dependency";
-    case sim::WaitReason::port:
-      return "port";
-    case sim::WaitReason::dma_engine:
-      return "dma_engine";
-    case sim::WaitReason::hbm:
-      return "hbm";
-    case sim::WaitReason::dma_trigger:
-      return "dma_trigger";
-  }
-  return "?";
 }
 
 template <typename T>
@@ -612,10 +505,8 @@ py::dict timeline(const py::handle& handle) {
     engine_names.append(std::string(sim::engine_name(static_cast<sim::Engine>(e))));
   for (int o = 0; o < sim::kOpcodeCount; ++o)
     opcode_names.append(std::string(sim::opcode_name(static_cast<sim::Opcode>(o))));
-  for (auto reason :
-       {sim::WaitReason::none, sim::WaitReason::dependency, sim::WaitReason::port,
-        sim::WaitReason::dma_engine, sim::WaitReason::hbm, sim::WaitReason::dma_trigger})
-    reason_names.append(wait_reason_name(reason));
+  for (sim::WaitReason reason : sim::kWaitReasons)
+    reason_names.append(sim::wait_reason_name(reason));
   py::dict d;
   d["engine"] = to_array(engine);
   d["opcode"] = to_array(opcode);
