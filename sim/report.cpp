@@ -8,6 +8,7 @@
 
 #include "analysis.hpp"
 #include "cost.hpp"
+#include "dma/dma.hpp"
 
 namespace tilelab::sim {
 namespace {
@@ -87,11 +88,11 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
     k.average_bytes_per_partition += double(d.bytes_per_partition);
     auto& engines_touched = kind_engines[kind];
     engines_touched.resize(size_t(std::max(m.dma_engines, 1)), false);
-    for (uint32_t part = d.partition_start; part < d.partition_start + d.partitions;
-         part += uint32_t(m.dma_partitions_per_engine)) {
-      const size_t engine = part / uint32_t(m.dma_partitions_per_engine);
-      if (engine < engines_touched.size()) engines_touched[engine] = true;
-    }
+    // The engines split_dma uses: a range that starts inside an engine's partitions still
+    // touches every engine it overlaps.
+    const DmaEngineSpan span = dma_engine_span(m, d.partition_start, d.partitions);
+    for (int engine = span.first; engine < span.end; ++engine)
+      if (size_t(engine) < engines_touched.size()) engines_touched[size_t(engine)] = true;
     auto& q = queues[d.queue];
     q.queue = d.queue;
     ++q.transfers;

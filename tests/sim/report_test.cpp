@@ -226,3 +226,17 @@ TEST_CASE("report: an empty program reports zeros", "[sim][report]") {
   CHECK(j["engines"].size() == 5);
   CHECK(chrome_trace(p, t)["traceEvents"].is_array());
 }
+
+TEST_CASE("report: a DMA starting inside an engine's partitions counts every engine it touches",
+          "[sim][report]") {
+  // trn1: 8 partitions per DMA engine, so partitions [4, 12) are served by engines 0 and 1.
+  REQUIRE(trn1().dma_partitions_per_engine == 8);
+  ProgramBuilder b(trn1(), "offset_dma");
+  const Tensor x = b.hbm_tensor("x", {8, 512}, DType::bf16);
+  const Tile t = b.sbuf_tile("t", 128, 512, DType::bf16);
+  b.dma_copy(b.view(t, 4, 8, 0, 512), b.hbm_rows(x, 0, 8, 0, 512));
+  const Program program = b.finish();
+  const Report report = make_report(program, simulate_timing(program));
+  REQUIRE(report.dma_by_kind.size() == 1);
+  CHECK(report.dma_by_kind[0].engines_used == 2);
+}
