@@ -201,6 +201,8 @@ std::vector<Metric> flat_metrics(const Report& r) {
   add("psum_bytes_per_partition", "bytes", double(r.psum_bytes_per_partition));
   add("peak_psum_percent", "percent",
       percent(double(r.peak_psum_bytes_per_partition), double(r.psum_bytes_per_partition)));
+  add("dependency_region_merges", "count", double(r.dependency_region_merges));
+  add("dependency_records_merged", "count", double(r.dependency_records_merged));
   add("critical_path_instructions", "count", double(r.critical_path_instructions));
   std::vector<std::string> units;
   for (int e = 0; e < kEngineCount; ++e) units.emplace_back(engine_name(static_cast<Engine>(e)));

@@ -173,6 +173,8 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   r.sbuf_bytes_per_partition = m.sbuf_bytes_per_partition;
   r.peak_psum_bytes_per_partition = p.peak_psum_bytes_per_partition;
   r.psum_bytes_per_partition = m.psum_bytes_per_partition;
+  r.dependency_region_merges = t.region_merges;
+  r.dependency_records_merged = t.region_records_merged;
 
   // --- critical path ---
   const std::vector<uint32_t> path = critical_path(p, t);
@@ -295,7 +297,9 @@ json report_json(const Report& r) {
                  {"peak_psum_bytes_per_partition", r.peak_psum_bytes_per_partition},
                  {"psum_bytes_per_partition", r.psum_bytes_per_partition},
                  {"peak_psum_percent", percent(double(r.peak_psum_bytes_per_partition),
-                                               double(r.psum_bytes_per_partition))}};
+                                               double(r.psum_bytes_per_partition))},
+                 {"dependency_region_merges", r.dependency_region_merges},
+                 {"dependency_records_merged", r.dependency_records_merged}};
   json segments = json::array();
   for (const auto& s : r.critical_path)
     segments.push_back({{"unit", s.unit},
@@ -389,6 +393,14 @@ std::string report_text(const Report& r) {
                 static_cast<long long>(r.peak_psum_bytes_per_partition),
                 static_cast<long long>(r.psum_bytes_per_partition));
   out << line;
+  if (r.dependency_region_merges > 0) {
+    std::snprintf(line, sizeof line,
+                  "dependency tracking merged access records %llu times (%llu records): some waits "
+                  "may be longer than the program requires\n",
+                  static_cast<unsigned long long>(r.dependency_region_merges),
+                  static_cast<unsigned long long>(r.dependency_records_merged));
+    out << line;
+  }
   out << "critical path (" << r.critical_path_instructions << " instructions):";
   for (const auto& [unit, ns] : r.critical_path_ns_by_unit) {
     std::snprintf(line, sizeof line, " %s %.3f us (%.1f%%);", unit.c_str(), ns / 1e3,

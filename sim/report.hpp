@@ -16,7 +16,7 @@
 namespace tilelab::sim {
 
 inline constexpr const char* kReportSchema = "tilelab.sim_report";
-inline constexpr int kReportSchemaVersion = 1;
+inline constexpr int kReportSchemaVersion = 2;
 
 // Idle time of one engine attributed to what it waited on.
 struct BlameEntry {
@@ -127,6 +127,11 @@ struct Report {
   int64_t sbuf_bytes_per_partition = 0;
   int64_t peak_psum_bytes_per_partition = 0;
   int64_t psum_bytes_per_partition = 0;
+  // Times the dependency tracker merged a buffer's access records into one conservative record
+  // (more than kMaxAccessRecords live regions) and the records it folded: waits after a merge can
+  // be longer than the program's dependencies require.
+  uint64_t dependency_region_merges = 0;
+  uint64_t dependency_records_merged = 0;
 
   // Critical path (telescoped: contributions sum to total_time_ns).
   std::map<std::string, double> critical_path_ns_by_unit;
@@ -144,7 +149,7 @@ struct ReportOptions {
 Report make_report(const Program& program, const TimingResult& timing,
                    const ReportOptions& options = {});
 
-// The report as JSON ("schema": "tilelab.sim_report", "schema_version": 1).
+// The report as JSON ("schema": "tilelab.sim_report", "schema_version": kReportSchemaVersion).
 nlohmann::json report_json(const Report& report);
 // A human-readable table.
 std::string report_text(const Report& report);

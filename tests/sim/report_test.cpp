@@ -240,3 +240,24 @@ TEST_CASE("report: a DMA starting inside an engine's partitions counts every eng
   REQUIRE(report.dma_by_kind.size() == 1);
   CHECK(report.dma_by_kind[0].engines_used == 2);
 }
+
+TEST_CASE("report: dependency-record merges are reported, in JSON and text", "[sim][report]") {
+  // One more distinct region of src and dst than the tracker keeps: each list merges once.
+  ProgramBuilder b(trn1(), "merges");
+  const Tile src = b.sbuf_tile("src", 1, 2048, DType::fp32);
+  const Tile dst = b.sbuf_tile("dst", 1, 2048, DType::fp32);
+  for (int i = 0; i < static_cast<int>(kMaxAccessRecords) + 1; ++i)
+    b.tensor_copy(b.view(dst, 0, 1, i, 1), b.view(src, 0, 1, i, 1));
+  const Program program = b.finish();
+  const Report report = make_report(program, simulate_timing(program));
+  CHECK(report.dependency_region_merges == 2);
+  CHECK(report_json(report)["memory"]["dependency_region_merges"] == 2);
+  CHECK_THAT(report_text(report), Contains("dependency tracking merged access records 2 times"));
+  ProgramBuilder small(trn1(), "no_merges");
+  const Tile a = small.sbuf_tile("a", 1, 8, DType::fp32);
+  small.tensor_copy(small.view(small.sbuf_tile("c", 1, 8, DType::fp32)), small.view(a));
+  const Program few = small.finish();
+  const Report clean = make_report(few, simulate_timing(few));
+  CHECK(clean.dependency_region_merges == 0);
+  CHECK_THAT(report_text(clean), !Contains("dependency tracking merged"));
+}
