@@ -116,7 +116,7 @@ TEST_CASE("report: JSON follows docs/sim_report.schema.json", "[sim][report]") {
   options.parameters = {{"loads", "16"}};
   const json j = report_json(make_report(p, t, options));
   CHECK(j["schema"] == "tilelab.sim_report");
-  CHECK(j["schema_version"] == 1);
+  CHECK(j["schema_version"] == kReportSchemaVersion);
   validate(j, schema, schema, "report");
   CHECK(j["dma"]["dma_transfer_count"] == 16);
   CHECK(j["dma"]["dma_transfer_total_bytes"] == 16 * 128 * 1024);
