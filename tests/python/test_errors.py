@@ -6,9 +6,9 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
+from attention_reference import random_qkv
 
 import tilelab
-from attention_reference import random_qkv
 
 
 @pytest.fixture

@@ -3,15 +3,15 @@ fresh outputs, inputs left untouched."""
 
 import numpy as np
 import pytest
-
-import tilelab
-from tilelab import _core
 from attention_reference import (
     DTYPES,
     assert_attention_close,
     random_qkv,
     reference_attention,
 )
+
+import tilelab
+from tilelab import _core
 
 
 def check(q, k, v, dtype_name="float32", **options):

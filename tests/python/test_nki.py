@@ -4,14 +4,14 @@ GQA ratios, head sizes, both schedules, mixed precision on and off, continuous-b
 
 import numpy as np
 import pytest
-
-import tilelab.nki as nki
 from nki_reference import (
     BF16,
     continuous_batch,
     reference_paged_attention,
     reorder_context_mask_reference,
 )
+
+import tilelab.nki as nki
 
 UNIT_ROUNDOFF_F32 = 2.0**-24
 UNIT_ROUNDOFF_BF16 = 2.0**-8

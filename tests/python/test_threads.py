@@ -4,9 +4,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from attention_reference import assert_attention_close, random_qkv, reference_attention
 
 import tilelab
-from attention_reference import assert_attention_close, random_qkv, reference_attention
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
