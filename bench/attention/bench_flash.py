@@ -246,7 +246,7 @@ def print_table(rows: list[list[str]]) -> None:
     left_aligned = 4  # text columns, then numbers
     for row in [header] + rows:
         cells = [cell.ljust(w) if i < left_aligned else cell.rjust(w)
-                 for i, (cell, w) in enumerate(zip(row, widths))]
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
         print("  ".join(cells).rstrip(), flush=True)
 
 

@@ -116,5 +116,5 @@ def test_inputs_are_not_modified(rng):
     bias = rng.standard_normal((1, 1, 12, 12), dtype=np.float32)
     copies = [a.copy() for a in (q, k, v, bias)]
     tilelab.flash_attention(q, k, v, bias=bias, causal=True, return_lse=True)
-    for before, after in zip(copies, (q, k, v, bias)):
+    for before, after in zip(copies, (q, k, v, bias), strict=True):
         np.testing.assert_array_equal(before, after)
