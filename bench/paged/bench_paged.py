@@ -25,7 +25,7 @@ import sys
 # Before numpy loads: its OpenBLAS threads would spin on the cores the kernels run on.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "bench"))
