@@ -15,7 +15,7 @@ def alternating_medians(calls, warmup: int, repeats: int) -> list[float]:
             call()
     samples = [[] for _ in calls]
     for _ in range(repeats):
-        for call, times in zip(calls, samples):
+        for call, times in zip(calls, samples, strict=True):
             start = time.perf_counter()
             call()
             times.append(time.perf_counter() - start)

@@ -4,8 +4,9 @@ and triad bandwidth measured in the same run (by tilelab_machine_peak).
 
     python bench/attention/bench_flash.py [--build-dir build] [--threads 2] [--quick] [--json f]
 
-Times are medians over --repeats calls after --warmup calls, ours and PyTorch's alternating. Machines are noisy: the ratio
-torch/ours and the fraction of peak are the figures to compare across runs, not absolute times.
+Times are medians over --repeats calls after --warmup calls, ours and PyTorch's alternating.
+Machines are noisy: the ratio torch/ours and the fraction of peak are the figures to compare
+across runs, not absolute times.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 # Before numpy loads: its OpenBLAS threads would spin on the cores the kernels run on.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "bench"))
@@ -242,11 +243,11 @@ def format_row(result: dict) -> list[str]:
 def print_table(rows: list[list[str]]) -> None:
     header = ["workload", "dtype", "mask", "tilelab impl", "ours ms", "torch ms",
               "torch/ours", "ours rate", "of peak", "torch rate"]
-    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     left_aligned = 4  # text columns, then numbers
-    for row in [header] + rows:
+    for row in [header, *rows]:
         cells = [cell.ljust(w) if i < left_aligned else cell.rjust(w)
-                 for i, (cell, w) in enumerate(zip(row, widths))]
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
         print("  ".join(cells).rstrip(), flush=True)
 
 

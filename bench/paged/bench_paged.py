@@ -25,7 +25,7 @@ import sys
 # Before numpy loads: its OpenBLAS threads would spin on the cores the kernels run on.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "bench"))
@@ -159,7 +159,7 @@ def main() -> None:
           f"Hq {HEADS} Hkv {KV_HEADS} d {HEAD_DIM}, bf16, LARGE_TILE_SZ {LARGE_TILE}; "
           f"{args.threads} threads; medians of {args.repeats}")
     print(f"{'implementation':40s} {'ms':>9s} {'vs paged':>9s} {'GFLOP/s':>9s}")
-    for name, t in zip(names, times):
+    for name, t in zip(names, times, strict=True):
         print(f"{name:40s} {t * 1e3:9.2f} {t / times[0]:8.2f}x {flop / t * 1e-9:9.1f}")
     if torch_out is not None:
         rows = b["mask"].any(axis=1)  # every row of this batch sees a key

@@ -12,16 +12,16 @@ from typing import Literal, overload
 import numpy as np
 
 from . import _core
-from . import nki  # tilelab.nki: NKI-compatible flash paged attention
-from . import sim  # tilelab.sim: the simulator's exploration API
+from . import nki as nki  # tilelab.nki: NKI-compatible flash paged attention
+from . import sim as sim  # tilelab.sim: the simulator's exploration API
 from ._version import __version__
 
 __all__ = [
+    "__version__",
     "flash_attention",
     "flash_attention_implementation",
     "num_threads",
     "set_num_threads",
-    "__version__",
 ]
 
 CausalAlignment = Literal["top_left", "bottom_right"]

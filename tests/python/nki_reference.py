@@ -89,7 +89,7 @@ def continuous_batch(rng, requests, *, n_heads, n_kv_heads, head_dim, block_size
     mask = np.zeros((seq_q, context_len + seq_q), dtype=bool)
     row = 0
     block = 0
-    for (q_len, ctx), n_blocks in zip(requests, blocks_per_request):
+    for (q_len, ctx), n_blocks in zip(requests, blocks_per_request, strict=True):
         start = block * block_size
         for i in range(q_len):
             mask[row + i, start:start + ctx] = True

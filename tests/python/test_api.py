@@ -8,10 +8,10 @@ import threading
 import types
 
 import pytest
+from attention_reference import random_qkv
 
 import tilelab
 from tilelab import _core
-from attention_reference import random_qkv
 
 
 def test_all_lists_the_public_api():

@@ -6,9 +6,9 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
+from attention_reference import random_qkv
 
 import tilelab
-from attention_reference import random_qkv
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def test_wrong_rank_q(qkv):
 
 @pytest.mark.parametrize("name", ["k", "v"])
 def test_wrong_rank_kv(qkv, name):
-    args = dict(zip("qkv", qkv))
+    args = dict(zip("qkv", qkv, strict=True))
     args[name] = args[name][0]
     with raises_naming(ValueError, name):
         tilelab.flash_attention(args["q"], args["k"], args["v"])
@@ -74,7 +74,7 @@ def test_empty_query(rng):
 
 @pytest.mark.parametrize("name", ["k", "v"])
 def test_mixed_dtypes(qkv, name):
-    args = dict(zip("qkv", qkv))
+    args = dict(zip("qkv", qkv, strict=True))
     args[name] = args[name].astype(np.float16)
     with raises_naming(TypeError, name):
         tilelab.flash_attention(args["q"], args["k"], args["v"])
@@ -83,7 +83,7 @@ def test_mixed_dtypes(qkv, name):
 @pytest.mark.parametrize("dtype", [np.float64, np.int32, np.int64, np.uint16, np.complex64])
 @pytest.mark.parametrize("name", ["q", "k", "v"])
 def test_unsupported_dtype(qkv, name, dtype):
-    args = dict(zip("qkv", qkv))
+    args = dict(zip("qkv", qkv, strict=True))
     args[name] = args[name].astype(dtype)
     with raises_naming(TypeError, name) as info:
         tilelab.flash_attention(args["q"], args["k"], args["v"])
@@ -95,7 +95,7 @@ def test_unsupported_dtype(qkv, name, dtype):
     "convert", [lambda a: a.tolist(), lambda a: None, lambda a: 1.0], ids=["list", "none", "float"]
 )
 def test_non_arrays(qkv, name, convert):
-    args = dict(zip("qkv", qkv))
+    args = dict(zip("qkv", qkv, strict=True))
     args[name] = convert(args[name])
     with raises_naming(TypeError, name):
         tilelab.flash_attention(args["q"], args["k"], args["v"])

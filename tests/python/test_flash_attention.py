@@ -4,8 +4,6 @@ import itertools
 
 import numpy as np
 import pytest
-
-import tilelab
 from attention_reference import (
     DTYPES,
     assert_attention_close,
@@ -13,6 +11,8 @@ from attention_reference import (
     random_qkv,
     reference_attention,
 )
+
+import tilelab
 
 MASKS = {
     "full": dict(causal=False),

@@ -3,15 +3,15 @@ fresh outputs, inputs left untouched."""
 
 import numpy as np
 import pytest
-
-import tilelab
-from tilelab import _core
 from attention_reference import (
     DTYPES,
     assert_attention_close,
     random_qkv,
     reference_attention,
 )
+
+import tilelab
+from tilelab import _core
 
 
 def check(q, k, v, dtype_name="float32", **options):
@@ -116,5 +116,5 @@ def test_inputs_are_not_modified(rng):
     bias = rng.standard_normal((1, 1, 12, 12), dtype=np.float32)
     copies = [a.copy() for a in (q, k, v, bias)]
     tilelab.flash_attention(q, k, v, bias=bias, causal=True, return_lse=True)
-    for before, after in zip(copies, (q, k, v, bias)):
+    for before, after in zip(copies, (q, k, v, bias), strict=True):
         np.testing.assert_array_equal(before, after)

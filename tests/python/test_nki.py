@@ -4,14 +4,14 @@ GQA ratios, head sizes, both schedules, mixed precision on and off, continuous-b
 
 import numpy as np
 import pytest
-
-import tilelab.nki as nki
 from nki_reference import (
     BF16,
     continuous_batch,
     reference_paged_attention,
     reorder_context_mask_reference,
 )
+
+import tilelab.nki as nki
 
 UNIT_ROUNDOFF_F32 = 2.0**-24
 UNIT_ROUNDOFF_BF16 = 2.0**-8
@@ -213,7 +213,7 @@ def test_reshape_and_cache(rng, dtype):
 def test_reshape_and_cache_errors(rng):
     cache = np.zeros((2, 2, 1, 4, 8), dtype=np.float32)
     key = np.ones((2, 1, 8), dtype=np.float32)
-    with pytest.raises(ValueError, match="slot_mapping.*8"):
+    with pytest.raises(ValueError, match=r"slot_mapping.*8"):
         nki.reshape_and_cache(key, key, cache, np.array([0, 8]))
     with pytest.raises(TypeError, match="kv_cache"):
         nki.reshape_and_cache(key, key, cache.astype(np.float16), np.array([0, 1]))
@@ -279,7 +279,7 @@ def test_bad_inputs(rng, change, error, pattern):
 def test_head_dim_above_128_rejected(rng):
     args = continuous_batch(rng, [(5, 20)], n_heads=1, n_kv_heads=1, head_dim=160, block_size=16,
                             large_tile=512, dtype=np.float32)
-    with pytest.raises(ValueError, match="head_dim.*128"):
+    with pytest.raises(ValueError, match=r"head_dim.*128"):
         nki.flash_paged_attention(**args, LARGE_TILE_SZ=512)
 
 

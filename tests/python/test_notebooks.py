@@ -23,7 +23,8 @@ def test_notebook_is_committed_without_outputs(path):
     notebook = nbformat.read(path, as_version=4)
     for cell in notebook.cells:
         if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: strip outputs"
+            assert cell.outputs == [], f"{path.name}: strip outputs"
+            assert cell.execution_count is None, f"{path.name}: strip execution counts"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -34,7 +35,8 @@ def test_notebook_runs(path, monkeypatch, tmp_path):
     import tilelab
 
     package_root = str(pathlib.Path(tilelab.__file__).parents[1])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
+    python_path = os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", python_path)
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
         notebook, timeout=TIME_LIMIT_SECONDS, kernel_name="python3",

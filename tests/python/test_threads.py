@@ -4,9 +4,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from attention_reference import assert_attention_close, random_qkv, reference_attention
 
 import tilelab
-from attention_reference import assert_attention_close, random_qkv, reference_attention
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
@@ -21,7 +21,7 @@ def test_concurrent_calls_from_python_threads(rng, dtype_name):
     with ThreadPoolExecutor(max_workers=len(problems)) as pool:
         results = list(pool.map(run, problems))
 
-    for (q, k, v), outs in zip(problems, results):
+    for (q, k, v), outs in zip(problems, results, strict=True):
         reference_out, _ = reference_attention(q, k, v, causal=True)
         for out in outs:
             assert_attention_close(out, reference_out, dtype_name, v, k.shape[2])
