@@ -13,6 +13,7 @@
 #include <tilelab/error.hpp>
 
 #include "sim/functional.hpp"
+#include "sim/kernel_request.hpp"
 #include "sim/kernels/registry.hpp"
 #include "sim/machine.hpp"
 #include "sim/report.hpp"
@@ -275,10 +276,11 @@ int run_sim_command(const std::vector<std::string>& args) {
       std::fprintf(stderr, "tilelab sim: missing KERNEL\nRun 'tilelab sim --help' for usage.\n");
       return 2;
     }
-    const sim::KernelInfo& kernel = sim::kernel_registry().find(o.kernel);
-    const sim::KernelParameters parameters = sim::resolve_parameters(kernel, o.parameters);
-    const sim::Machine machine = sim::load_machine(
-        o.machine.empty() ? kernel.default_machine : o.machine, o.machine_overrides);
+    const sim::ResolvedKernelRequest request =
+        sim::resolve_kernel_request(o.kernel, o.parameters, o.machine, o.machine_overrides);
+    const sim::KernelInfo& kernel = *request.kernel;
+    const sim::KernelParameters& parameters = request.parameters;
+    const sim::Machine& machine = request.machine;
 
     std::string json_path = o.json_path, trace_path = o.trace_path, html_path = o.html_path;
     bool trace_pieces = o.trace_dma_pieces;

@@ -20,6 +20,7 @@
 #include "schedules/paged_attention_schedule.hpp"
 #include "sim/analysis.hpp"
 #include "sim/functional.hpp"
+#include "sim/kernel_request.hpp"
 #include "sim/kernels/flash_paged_attention.hpp"
 #include "sim/kernels/registry.hpp"
 #include "sim/machine.hpp"
@@ -123,7 +124,8 @@ ResolvedPoint resolve_point(const PagedPoint& point) {
   return r;
 }
 
-std::shared_ptr<SimRun> time_program(sim::Program program, const sim::KernelParameters& parameters,
+std::shared_ptr<SimRun> time_program(sim::Program program, const std::string& kernel_name,
+                                     const sim::KernelParameters& parameters,
                                      bool record_dma_pieces, size_t max_critical_path_segments) {
   auto run = std::make_shared<SimRun>();
   run->program = std::move(program);
@@ -131,7 +133,7 @@ std::shared_ptr<SimRun> time_program(sim::Program program, const sim::KernelPara
   timing_options.record_dma_pieces = record_dma_pieces;
   run->timing = sim::simulate_timing(run->program, timing_options);
   sim::ReportOptions report_options;
-  report_options.kernel = kKernelName;
+  report_options.kernel = kernel_name;
   report_options.parameters = parameters;
   report_options.max_critical_path_segments = max_critical_path_segments;
   run->report = sim::make_report(run->program, run->timing, report_options);
@@ -267,10 +269,42 @@ py::capsule simulate_point(const std::string& machine_source,
   {
     py::gil_scoped_release release;
     const ResolvedPoint resolved = resolve_point(parsed);
-    run = time_program(sim::build_flash_paged_attention(machine, resolved.config),
+    run = time_program(sim::build_flash_paged_attention(machine, resolved.config), kKernelName,
                        resolved.parameters, record_dma_pieces, 200);
   }
   return wrap_run(std::move(run));
+}
+
+// Any registered kernel, its parameters resolved as the CLI resolves them.
+py::capsule simulate_kernel(const std::string& kernel, const sim::KernelParameters& parameters,
+                            const std::string& machine_source,
+                            const std::vector<std::string>& machine_overrides,
+                            bool record_dma_pieces) {
+  std::shared_ptr<SimRun> run;
+  {
+    py::gil_scoped_release release;
+    const sim::ResolvedKernelRequest request =
+        sim::resolve_kernel_request(kernel, parameters, machine_source, machine_overrides);
+    run = time_program(request.kernel->build(request.machine, request.parameters),
+                       request.kernel->name, request.parameters, record_dma_pieces, 200);
+  }
+  return wrap_run(std::move(run));
+}
+
+py::list kernels() {
+  py::list out;
+  for (const sim::KernelInfo& k : sim::kernel_registry().kernels()) {
+    py::list parameters;
+    for (const sim::KernelParameter& p : k.parameters)
+      parameters.append(py::make_tuple(p.name, p.default_value, p.help));
+    py::dict d;
+    d["name"] = k.name;
+    d["description"] = k.description;
+    d["default_machine"] = k.default_machine;
+    d["parameters"] = parameters;
+    out.append(d);
+  }
+  return out;
 }
 
 // Runs every point on OpenMP threads with the GIL released. Each point builds and times its own
@@ -454,7 +488,8 @@ py::tuple simulate_arrays(const std::string& machine_source,
     TILELAB_CHECK(result.size() == static_cast<size_t>(output.size()))
         << "output: " << result.size() << " elements, expected " << output.size();
     std::copy(result.begin(), result.end(), output.mutable_data());
-    run = time_program(std::move(program), report_parameters(config, tiling_factor), true, 200);
+    run = time_program(std::move(program), kKernelName, report_parameters(config, tiling_factor),
+                       true, 200);
   }
   return py::make_tuple(wrap_run(std::move(run)), output);
 }
@@ -587,6 +622,15 @@ void register_sim_bindings(py::module_& core) {
   core.def("sim_simulate", &simulate_point, py::arg("machine_source"), py::arg("machine_overrides"),
            py::arg("point"), py::arg("record_dma_pieces") = true,
            "Builds and times the paged attention kernel for one shape-based point; returns a run "
+           "handle.");
+  core.def("sim_kernels", &kernels,
+           "The registered kernels: name, description, default_machine and parameters as "
+           "(name, default, help) tuples.");
+  core.def("sim_simulate_kernel", &simulate_kernel, py::arg("kernel"), py::arg("parameters"),
+           py::arg("machine_source"), py::arg("machine_overrides"),
+           py::arg("record_dma_pieces") = true,
+           "Builds and times any registered kernel with KEY=VALUE parameters (defaults filled "
+           "in, unknown keys rejected) on a machine ('' = the kernel's default); returns a run "
            "handle.");
   core.def("sim_simulate_arrays", &simulate_arrays, py::arg("machine_source"),
            py::arg("machine_overrides"), py::arg("schedule_json"), py::arg("query"), py::arg("key"),

@@ -61,6 +61,14 @@ def sim_schedule(json: str) -> str: ...
 def sim_simulate(
     machine_source: str, machine_overrides: list[str], point: dict, record_dma_pieces: bool = True
 ) -> object: ...
+def sim_kernels() -> list[dict]: ...
+def sim_simulate_kernel(
+    kernel: str,
+    parameters: dict[str, str],
+    machine_source: str,
+    machine_overrides: list[str],
+    record_dma_pieces: bool = True,
+) -> object: ...
 def sim_simulate_arrays(
     machine_source: str,
     machine_overrides: list[str],

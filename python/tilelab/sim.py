@@ -4,6 +4,8 @@ NeuronCore-like tile machine, from Python or a notebook.
 - :class:`Machine`: a machine description (``Machine.preset("trn1")``), fields readable and
   overridable (``m.dma_bytes_per_ns_per_engine = 20``).
 - :class:`PagedAttentionSchedule`: the kernel's knobs, validated when built.
+- :func:`simulate`: any registered kernel (:func:`kernels`) with its ``tilelab sim`` parameters
+  -> :class:`Report`.
 - :func:`simulate_paged_attention_batch`: simulate a batch described by its request lengths
   (timing only, fast) -> :class:`Report`.
 - :func:`simulate_flash_paged_attention`: the arguments of
@@ -35,6 +37,8 @@ __all__ = [
     "PagedAttentionSchedule",
     "Report",
     "default_batch",
+    "kernels",
+    "simulate",
     "simulate_flash_paged_attention",
     "simulate_paged_attention_batch",
     "sweep",
@@ -471,6 +475,66 @@ def _make_timeline(columns: dict) -> np.ndarray:
 
 
 # --- simulation entries ----------------------------------------------------------------------
+
+
+def kernels() -> dict[str, dict[str, Any]]:
+    """The registered kernels by name: ``description``, ``default_machine`` and ``parameters``
+    (name -> ``{"default": str, "help": str}``), as ``tilelab sim --list`` shows them."""
+    out = {}
+    for kernel in _core.sim_kernels():
+        out[kernel["name"]] = {
+            "description": kernel["description"],
+            "default_machine": kernel["default_machine"],
+            "parameters": {
+                name: {"default": default, "help": help_text}
+                for name, default, help_text in kernel["parameters"]
+            },
+        }
+    return out
+
+
+def _parameter_text(name: str, value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise TypeError(f"params[{name!r}]: expected a str, int, float or bool, got {_type_name(value)}")
+
+
+def _kernel_parameters(params: Mapping[str, Any] | None) -> dict[str, str]:
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params: expected a dict of parameter values, got {_type_name(params)}")
+    return {str(name): _parameter_text(str(name), value) for name, value in params.items()}
+
+
+def _machine_spec(machine: Machine | str | os.PathLike | None) -> tuple[str, list[str]]:
+    """("", []) selects the kernel's default machine."""
+    if machine is None:
+        return "", []
+    source, overrides = _as_machine(machine)._spec()
+    return source, list(overrides)
+
+
+def simulate(
+    kernel: str,
+    params: Mapping[str, Any] | None = None,
+    machine: Machine | str | os.PathLike | None = None,
+) -> Report:
+    """Builds and times any registered kernel (:func:`kernels`), as ``tilelab sim KERNEL
+    KEY=VALUE ...`` does: ``params`` maps the kernel's parameter names to values (bools become
+    ``true``/``false``, the rest ``str()``); unset ones take their defaults. ``machine``: a
+    :class:`Machine`, a preset name or a JSON path; None: the kernel's default machine.
+
+    ValueError names the kernel, the parameter or the machine key that does not fit.
+    """
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel: expected a kernel name (str), got {_type_name(kernel)}")
+    source, overrides = _machine_spec(machine)
+    return Report(_core.sim_simulate_kernel(kernel, _kernel_parameters(params), source, overrides))
 
 
 def default_batch() -> tuple[list[tuple[int, int]], list[int]]:

@@ -404,3 +404,42 @@ def test_sweep_and_report_dataframes():
     assert table.loc[table.valid, "total_time_ns"].gt(0).all()
     frame = sim.simulate_paged_attention_batch(**SMALL).to_dataframe()
     assert len(frame) == 1 and "dma_utilization_percent" in frame.columns
+
+
+# --- any registered kernel ---
+
+
+def test_kernels_lists_the_registry():
+    kernels = sim.kernels()
+    assert {"paged-attention", "matmul"} <= set(kernels)
+    matmul = kernels["matmul"]
+    assert matmul["default_machine"] in sim.Machine.presets()
+    assert "variant" in matmul["parameters"] and matmul["parameters"]["variant"]["help"]
+
+
+def test_simulate_any_kernel():
+    report = sim.simulate("matmul", {"variant": "tiled", "M": 512, "K": 1024, "N": 1024}, machine="trn2")
+    assert report.kernel == "matmul" and report.machine == "trn2"
+    assert report.parameters["M"] == "512" and report.parameters["variant"] == "tiled"
+    assert report.total_time_ns > 0 and report.tensor_instruction_count > 0
+    bigger = sim.simulate("matmul", {"variant": "tiled", "M": 1024, "K": 1024, "N": 1024}, machine="trn2")
+    assert bigger.total_time_ns > report.total_time_ns
+    # The shape-based paged-attention entry and the generic one agree.
+    batch = sim.simulate_paged_attention_batch(**SMALL)
+    generic = sim.simulate(
+        "paged-attention",
+        {"prefill": "128:2048,100:1024", "decode": "1024", "num_heads": 4, "num_kv_heads": 2},
+    )
+    assert generic.total_time_ns == batch.total_time_ns
+    assert generic.machine == "trn1"
+
+
+def test_simulate_errors_name_the_kernel_and_parameter():
+    with pytest.raises(ValueError, match="kernel 'nope': unknown; known kernels:.*matmul"):
+        sim.simulate("nope")
+    with pytest.raises(ValueError, match="kernel 'matmul': unknown parameter 'tile_q'"):
+        sim.simulate("matmul", {"tile_q": 3})
+    with pytest.raises(TypeError, match=r"params\['M'\]: expected a str, int, float or bool"):
+        sim.simulate("matmul", {"M": [1]})
+    with pytest.raises(TypeError, match="kernel: expected a kernel name"):
+        sim.simulate(3)
