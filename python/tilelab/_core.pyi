@@ -1,4 +1,5 @@
-# Type stubs of the compiled tilelab._core; tests/python/test_api.py checks they match the module.
+# Type stubs of the compiled tilelab._core; tests/python/test_api.py checks them against the module
+# and against pybind11-stubgen's output (which types arrays and run handles only as typing.Any).
 import numpy as np
 
 def flash_attention(
