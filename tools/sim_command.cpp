@@ -12,7 +12,9 @@
 
 #include <tilelab/error.hpp>
 
+#include "sim/analysis.hpp"
 #include "sim/functional.hpp"
+#include "sim/kernel_request.hpp"
 #include "sim/kernels/registry.hpp"
 #include "sim/machine.hpp"
 #include "sim/report.hpp"
@@ -275,10 +277,11 @@ int run_sim_command(const std::vector<std::string>& args) {
       std::fprintf(stderr, "tilelab sim: missing KERNEL\nRun 'tilelab sim --help' for usage.\n");
       return 2;
     }
-    const sim::KernelInfo& kernel = sim::kernel_registry().find(o.kernel);
-    const sim::KernelParameters parameters = sim::resolve_parameters(kernel, o.parameters);
-    const sim::Machine machine = sim::load_machine(
-        o.machine.empty() ? kernel.default_machine : o.machine, o.machine_overrides);
+    const sim::ResolvedKernelRequest request =
+        sim::resolve_kernel_request(o.kernel, o.parameters, o.machine, o.machine_overrides);
+    const sim::KernelInfo& kernel = *request.kernel;
+    const sim::KernelParameters& parameters = request.parameters;
+    const sim::Machine& machine = request.machine;
 
     std::string json_path = o.json_path, trace_path = o.trace_path, html_path = o.html_path;
     bool trace_pieces = o.trace_dma_pieces;
@@ -374,6 +377,219 @@ int run_sim_command(const std::vector<std::string>& args) {
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "tilelab sim: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+namespace {
+
+struct SweepOptions {
+  std::string kernel;
+  std::string machine;
+  std::vector<std::string> machine_overrides;
+  sim::KernelParameters parameters;
+  std::string over;  // the swept parameter, or machine.<field>
+  std::vector<std::string> values;
+  std::vector<std::string> metrics = {"total_time_us", "dma_utilization_percent",
+                                      "tensor_active_time_percent", "mfu_percent"};
+  std::string csv_path;
+  bool help = false;
+};
+
+std::vector<std::string> split_list(const std::string& text, char separator) {
+  std::vector<std::string> items;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = text.find(separator, begin);
+    items.push_back(text.substr(begin, end - begin));
+    if (end == std::string::npos) return items;
+    begin = end + 1;
+  }
+}
+
+SweepOptions parse_sweep(const std::vector<std::string>& args) {
+  SweepOptions o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= args.size()) throw UsageError(std::string(flag) + " needs a value");
+      return args[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+    } else if (a == "--machine" || a == "-m") {
+      o.machine = value("--machine");
+    } else if (a == "--set") {
+      o.machine_overrides.push_back(value("--set"));
+    } else if (a == "--param" || a == "-p") {
+      add_parameter(o.parameters, value("--param"));
+    } else if (a == "--over") {
+      const std::string over = value("--over");
+      const auto sep = over.find('=');
+      if (sep == std::string::npos || sep == 0 || sep + 1 == over.size())
+        throw UsageError("--over '" + over + "': expected NAME=V1,V2,...");
+      o.over = over.substr(0, sep);
+      // ';' separates values that themselves hold commas (paged-attention's request lists).
+      const std::string list = over.substr(sep + 1);
+      o.values = split_list(list, list.find(';') == std::string::npos ? ',' : ';');
+      for (const auto& v : o.values)
+        if (v.empty()) throw UsageError("--over '" + over + "': empty value in the list");
+    } else if (a == "--metrics") {
+      o.metrics = split_list(value("--metrics"), ',');
+    } else if (a == "--csv") {
+      o.csv_path = value("--csv");
+    } else if (!a.empty() && a[0] == '-') {
+      throw UsageError("unknown option '" + a + "'");
+    } else if (a.find('=') != std::string::npos) {
+      add_parameter(o.parameters, a);
+    } else if (o.kernel.empty()) {
+      o.kernel = a;
+    } else {
+      throw UsageError("unexpected argument '" + a + "' (kernel already given as '" + o.kernel +
+                       "')");
+    }
+  }
+  return o;
+}
+
+// CSV field: quoted when it holds a separator, a quote or a line break.
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (char c : text) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string format_number(double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.6g", value);
+  return text;
+}
+
+}  // namespace
+
+std::string sweep_usage() {
+  return "usage: tilelab sweep KERNEL --over NAME=V1,V2,... [KEY=VALUE ...] [options]\n"
+         "\n"
+         "Simulates KERNEL once per value of one parameter (or machine field) and prints one\n"
+         "row per value: the chosen metrics of the flat report summary.\n"
+         "\n"
+         "options:\n"
+         "  --over NAME=V1,V2,...    the swept kernel parameter, or machine.FIELD for a machine\n"
+         "                           field; values separated by ',', or by ';' when they hold\n"
+         "                           commas ('prefill=128:2048,96:1024;256:4096')\n"
+         "  -m, --machine NAME|FILE  machine preset or JSON file (default: the kernel's machine)\n"
+         "  --set KEY=VALUE          override a machine parameter (repeatable)\n"
+         "  -p, --param KEY=VALUE    fixed kernel parameter (repeatable; bare KEY=VALUE works)\n"
+         "  --metrics A,B,...        columns of the table (default total_time_us,\n"
+         "                           dma_utilization_percent, tensor_active_time_percent,\n"
+         "                           mfu_percent)\n"
+         "  --csv PATH               also write every metric of every point as CSV ('-' = stdout)\n"
+         "  -h, --help               this help\n"
+         "\n"
+         "examples:\n"
+         "  tilelab sweep paged-attention --over large_tile_size=1024,2048,4096\n"
+         "  tilelab sweep matmul variant=tiled --over machine.dma_bytes_per_ns_per_engine=10,20 "
+         "--csv out.csv\n";
+}
+
+int run_sweep_command(const std::vector<std::string>& args) {
+  SweepOptions o;
+  try {
+    o = parse_sweep(args);
+    if (!o.help && o.kernel.empty()) throw UsageError("missing KERNEL");
+    if (!o.help && o.over.empty()) throw UsageError("missing --over NAME=V1,V2,...");
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "tilelab sweep: %s\nRun 'tilelab sweep --help' for usage.\n", e.what());
+    return 2;
+  }
+  if (o.help) {
+    std::cout << sweep_usage();
+    return 0;
+  }
+  try {
+    const std::string machine_prefix = "machine.";
+    const bool over_machine = o.over.rfind(machine_prefix, 0) == 0;
+    if (!over_machine && o.parameters.count(o.over))
+      throw Error("--over '" + o.over +
+                  "': also given as a fixed parameter; give one or the other");
+    std::vector<std::vector<sim::Metric>> rows;
+    for (const std::string& v : o.values) {
+      sim::KernelParameters parameters = o.parameters;
+      std::vector<std::string> overrides = o.machine_overrides;
+      if (over_machine)
+        overrides.push_back(o.over.substr(machine_prefix.size()) + "=" + v);
+      else
+        parameters[o.over] = v;
+      try {
+        const sim::ResolvedKernelRequest request =
+            sim::resolve_kernel_request(o.kernel, parameters, o.machine, overrides);
+        const sim::Program program = request.kernel->build(request.machine, request.parameters);
+        sim::ReportOptions report_options;
+        report_options.kernel = request.kernel->name;
+        report_options.parameters = request.parameters;
+        report_options.max_critical_path_segments = 0;
+        rows.push_back(sim::flat_metrics(
+            sim::make_report(program, sim::simulate_timing(program), report_options)));
+      } catch (const Error& e) {
+        throw Error(o.over + "=" + v + ": " + e.what(), e.kind());
+      }
+    }
+    // Columns of the table, checked against the metric names of the first row.
+    std::vector<size_t> columns;
+    for (const std::string& name : o.metrics) {
+      size_t found = rows.front().size();
+      for (size_t i = 0; i < rows.front().size(); ++i)
+        if (rows.front()[i].name == name) found = i;
+      if (found == rows.front().size()) {
+        std::string known;
+        for (const auto& m : rows.front()) known += " " + m.name;
+        throw Error("--metrics: unknown metric '" + name + "'; known:" + known);
+      }
+      columns.push_back(found);
+    }
+    std::ostringstream table;
+    std::vector<std::string> header = {o.over};
+    std::vector<std::string> units = {""};
+    for (size_t c : columns) {
+      header.push_back(rows.front()[c].name);
+      units.push_back(std::string("[") + rows.front()[c].unit + "]");
+    }
+    std::vector<size_t> width(header.size());
+    for (size_t c = 0; c < header.size(); ++c)
+      width[c] = std::max(header[c].size(), units[c].size());
+    for (const auto& v : o.values) width[0] = std::max(width[0], v.size());
+    auto print_row = [&](const std::vector<std::string>& cells) {
+      for (size_t c = 0; c < cells.size(); ++c) {
+        table << (c ? "  " : "");
+        table << std::string(width[c] > cells[c].size() ? width[c] - cells[c].size() : 0, ' ')
+              << cells[c];
+      }
+      table << "\n";
+    };
+    print_row(header);
+    print_row(units);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      std::vector<std::string> cells = {o.values[r]};
+      for (size_t c : columns) cells.push_back(format_number(rows[r][c].value));
+      print_row(cells);
+    }
+    std::cout << table.str();
+    if (!o.csv_path.empty()) {
+      std::ostringstream csv;
+      csv << csv_field(o.over);
+      for (const auto& m : rows.front()) csv << "," << m.name;
+      csv << "\n";
+      for (size_t r = 0; r < rows.size(); ++r) {
+        csv << csv_field(o.values[r]);
+        for (const auto& m : rows[r]) csv << "," << format_number(m.value);
+        csv << "\n";
+      }
+      write_output(o.csv_path, csv.str());
+    }
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tilelab sweep: error: %s\n", e.what());
     return 1;
   }
 }

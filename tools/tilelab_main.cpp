@@ -12,6 +12,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  sim     simulate a tile program on a NeuronCore-like machine and write reports\n"
+    "  sweep   simulate a kernel over the values of one parameter; print a table or CSV\n"
     "\n"
     "Run 'tilelab <command> --help' for the options of a command.\n";
 
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "sim") return tilelab::tools::run_sim_command({args.begin() + 1, args.end()});
+  if (args[0] == "sweep") return tilelab::tools::run_sweep_command({args.begin() + 1, args.end()});
   std::fprintf(stderr, "tilelab: unknown command '%s'\n\n%s", args[0].c_str(), kUsage);
   return 2;
 }

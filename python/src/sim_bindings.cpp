@@ -20,6 +20,7 @@
 #include "schedules/paged/schedule.hpp"
 #include "sim/analysis.hpp"
 #include "sim/functional.hpp"
+#include "sim/kernel_request.hpp"
 #include "sim/kernels/flash_paged_attention.hpp"
 #include "sim/kernels/registry.hpp"
 #include "sim/machine.hpp"
@@ -123,7 +124,8 @@ ResolvedPoint resolve_point(const PagedPoint& point) {
   return r;
 }
 
-std::shared_ptr<SimRun> time_program(sim::Program program, const sim::KernelParameters& parameters,
+std::shared_ptr<SimRun> time_program(sim::Program program, const std::string& kernel_name,
+                                     const sim::KernelParameters& parameters,
                                      bool record_dma_pieces, size_t max_critical_path_segments) {
   auto run = std::make_shared<SimRun>();
   run->program = std::move(program);
@@ -131,7 +133,7 @@ std::shared_ptr<SimRun> time_program(sim::Program program, const sim::KernelPara
   timing_options.record_dma_pieces = record_dma_pieces;
   run->timing = sim::simulate_timing(run->program, timing_options);
   sim::ReportOptions report_options;
-  report_options.kernel = kKernelName;
+  report_options.kernel = kernel_name;
   report_options.parameters = parameters;
   report_options.max_critical_path_segments = max_critical_path_segments;
   run->report = sim::make_report(run->program, run->timing, report_options);
@@ -267,33 +269,52 @@ py::capsule simulate_point(const std::string& machine_source,
   {
     py::gil_scoped_release release;
     const ResolvedPoint resolved = resolve_point(parsed);
-    run = time_program(sim::build_flash_paged_attention(machine, resolved.config),
+    run = time_program(sim::build_flash_paged_attention(machine, resolved.config), kKernelName,
                        resolved.parameters, record_dma_pieces, 200);
   }
   return wrap_run(std::move(run));
 }
 
-// Runs every point on OpenMP threads with the GIL released. Each point builds and times its own
-// program (timing only, no DMA pieces); a point whose schedule or shape is invalid gets the
-// Error's message instead of a summary. Errors other than tilelab::Error (internal faults) are
-// rethrown after the loop.
-// `machines` is a list of (source, overrides) pairs; taken as py::list so that the signature line
-// stays free of nested type names (tests/python/test_api.py parses it against _core.pyi).
-py::list sweep(const py::list& machine_specs, const py::list& points) {
-  std::vector<sim::Machine> machines;
-  for (const auto& [source, overrides] :
-       machine_specs.cast<std::vector<std::pair<std::string, std::vector<std::string>>>>())
-    machines.push_back(load_machine_spec(source, overrides));
-  std::vector<PagedPoint> parsed;
-  for (const py::handle& point : points) {
-    parsed.push_back(parse_point(py::reinterpret_borrow<py::dict>(point)));
-    if (parsed.back().machine >= machines.size())
-      throw Error("points: machine index " + std::to_string(parsed.back().machine) +
-                  " out of range (" + std::to_string(machines.size()) + " machines)");
+// Any registered kernel, its parameters resolved as the CLI resolves them.
+py::capsule simulate_kernel(const std::string& kernel, const sim::KernelParameters& parameters,
+                            const std::string& machine_source,
+                            const std::vector<std::string>& machine_overrides,
+                            bool record_dma_pieces) {
+  std::shared_ptr<SimRun> run;
+  {
+    py::gil_scoped_release release;
+    const sim::ResolvedKernelRequest request =
+        sim::resolve_kernel_request(kernel, parameters, machine_source, machine_overrides);
+    run = time_program(request.kernel->build(request.machine, request.parameters),
+                       request.kernel->name, request.parameters, record_dma_pieces, 200);
   }
-  const int64_t count = static_cast<int64_t>(parsed.size());
-  std::vector<Summary> summaries(parsed.size());
-  std::vector<std::string> errors(parsed.size());
+  return wrap_run(std::move(run));
+}
+
+py::list kernels() {
+  py::list out;
+  for (const sim::KernelInfo& k : sim::kernel_registry().kernels()) {
+    py::list parameters;
+    for (const sim::KernelParameter& p : k.parameters)
+      parameters.append(py::make_tuple(p.name, p.default_value, p.help));
+    py::dict d;
+    d["name"] = k.name;
+    d["description"] = k.description;
+    d["default_machine"] = k.default_machine;
+    d["parameters"] = parameters;
+    out.append(d);
+  }
+  return out;
+}
+
+// Runs `summarize(i)` for every point on OpenMP threads with the GIL released; returns per
+// point its summary dict or, when the point is invalid (tilelab::Error), the message. Errors
+// other than tilelab::Error (internal faults) are rethrown after the loop.
+template <typename Summarize>
+py::list summarize_in_parallel(size_t point_count, const Summarize& summarize) {
+  const int64_t count = static_cast<int64_t>(point_count);
+  std::vector<Summary> summaries(point_count);
+  std::vector<std::string> errors(point_count);
   std::exception_ptr internal_error;
   std::atomic<bool> failed{false};
   {
@@ -302,17 +323,8 @@ py::list sweep(const py::list& machine_specs, const py::list& points) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < count; ++i) {
       if (failed.load()) continue;
-      const PagedPoint& point = parsed[static_cast<size_t>(i)];
       try {
-        const ResolvedPoint resolved = resolve_point(point);
-        const sim::Program program =
-            sim::build_flash_paged_attention(machines[point.machine], resolved.config);
-        const sim::TimingResult timing = sim::simulate_timing(program);
-        sim::ReportOptions options;
-        options.kernel = kKernelName;
-        options.max_critical_path_segments = 0;  // the per-unit totals are enough for a table
-        summaries[static_cast<size_t>(i)] =
-            flat_summary(sim::make_report(program, timing, options));
+        summaries[static_cast<size_t>(i)] = summarize(static_cast<size_t>(i));
       } catch (const Error& error) {
         if (error.kind() == ErrorKind::internal) {
 #pragma omp critical(tilelab_sweep_error)
@@ -330,13 +342,70 @@ py::list sweep(const py::list& machine_specs, const py::list& points) {
   }
   if (internal_error) std::rethrow_exception(internal_error);
   py::list out;
-  for (size_t i = 0; i < parsed.size(); ++i) {
+  for (size_t i = 0; i < point_count; ++i) {
     if (errors[i].empty())
       out.append(summary_dict(summaries[i]));
     else
       out.append(py::str(errors[i]));
   }
   return out;
+}
+
+// The paged-attention shape-based points. Each point builds and times its own program (timing
+// only, no DMA pieces).
+// `machines` is a list of (source, overrides) pairs; taken as py::list so that the signature line
+// stays free of nested type names (tests/python/test_api.py parses it against _core.pyi).
+py::list sweep(const py::list& machine_specs, const py::list& points) {
+  std::vector<sim::Machine> machines;
+  for (const auto& [source, overrides] :
+       machine_specs.cast<std::vector<std::pair<std::string, std::vector<std::string>>>>())
+    machines.push_back(load_machine_spec(source, overrides));
+  std::vector<PagedPoint> parsed;
+  for (const py::handle& point : points) {
+    parsed.push_back(parse_point(py::reinterpret_borrow<py::dict>(point)));
+    if (parsed.back().machine >= machines.size())
+      throw Error("points: machine index " + std::to_string(parsed.back().machine) +
+                  " out of range (" + std::to_string(machines.size()) + " machines)");
+  }
+  return summarize_in_parallel(parsed.size(), [&](size_t i) {
+    const PagedPoint& point = parsed[i];
+    const ResolvedPoint resolved = resolve_point(point);
+    const sim::Program program =
+        sim::build_flash_paged_attention(machines[point.machine], resolved.config);
+    sim::ReportOptions options;
+    options.kernel = kKernelName;
+    options.max_critical_path_segments = 0;  // the per-unit totals are enough for a table
+    return flat_summary(sim::make_report(program, sim::simulate_timing(program), options));
+  });
+}
+
+// Any registered kernel over points of KEY=VALUE parameters, each with a machine index; as
+// `sweep`, invalid points get the Error's message.
+py::list sweep_kernel(const std::string& kernel_name, const py::list& machine_specs,
+                      const py::list& points) {
+  const sim::KernelInfo& kernel = sim::kernel_registry().find(kernel_name);
+  std::vector<sim::Machine> machines;
+  for (const auto& [source, overrides] :
+       machine_specs.cast<std::vector<std::pair<std::string, std::vector<std::string>>>>())
+    machines.push_back(
+        sim::load_machine(source.empty() ? kernel.default_machine : source, overrides));
+  std::vector<std::pair<sim::KernelParameters, size_t>> parsed;
+  for (const auto& [parameters, machine] :
+       points.cast<std::vector<std::pair<sim::KernelParameters, size_t>>>()) {
+    if (machine >= machines.size())
+      throw Error("points: machine index " + std::to_string(machine) + " out of range (" +
+                  std::to_string(machines.size()) + " machines)");
+    parsed.emplace_back(parameters, machine);
+  }
+  return summarize_in_parallel(parsed.size(), [&](size_t i) {
+    const sim::KernelParameters parameters = sim::resolve_parameters(kernel, parsed[i].first);
+    const sim::Program program = kernel.build(machines[parsed[i].second], parameters);
+    sim::ReportOptions options;
+    options.kernel = kernel.name;
+    options.parameters = parameters;
+    options.max_critical_path_segments = 0;
+    return flat_summary(sim::make_report(program, sim::simulate_timing(program), options));
+  });
 }
 
 // --- array-based (functional) entry ----------------------------------------------------------
@@ -454,7 +523,8 @@ py::tuple simulate_arrays(const std::string& machine_source,
     TILELAB_CHECK(result.size() == static_cast<size_t>(output.size()))
         << "output: " << result.size() << " elements, expected " << output.size();
     std::copy(result.begin(), result.end(), output.mutable_data());
-    run = time_program(std::move(program), report_parameters(config, tiling_factor), true, 200);
+    run = time_program(std::move(program), kKernelName, report_parameters(config, tiling_factor),
+                       true, 200);
   }
   return py::make_tuple(wrap_run(std::move(run)), output);
 }
@@ -588,6 +658,15 @@ void register_sim_bindings(py::module_& core) {
            py::arg("point"), py::arg("record_dma_pieces") = true,
            "Builds and times the paged attention kernel for one shape-based point; returns a run "
            "handle.");
+  core.def("sim_kernels", &kernels,
+           "The registered kernels: name, description, default_machine and parameters as "
+           "(name, default, help) tuples.");
+  core.def("sim_simulate_kernel", &simulate_kernel, py::arg("kernel"), py::arg("parameters"),
+           py::arg("machine_source"), py::arg("machine_overrides"),
+           py::arg("record_dma_pieces") = true,
+           "Builds and times any registered kernel with KEY=VALUE parameters (defaults filled "
+           "in, unknown keys rejected) on a machine ('' = the kernel's default); returns a run "
+           "handle.");
   core.def("sim_simulate_arrays", &simulate_arrays, py::arg("machine_source"),
            py::arg("machine_overrides"), py::arg("schedule_json"), py::arg("query"), py::arg("key"),
            py::arg("value"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("mask"),
@@ -597,6 +676,10 @@ void register_sim_bindings(py::module_& core) {
   core.def("sim_sweep", &sweep, py::arg("machines"), py::arg("points"),
            "Simulates many shape-based points in parallel (OpenMP, GIL released); returns per "
            "point a summary dict or the reason the point is invalid.");
+  core.def("sim_sweep_kernel", &sweep_kernel, py::arg("kernel"), py::arg("machines"),
+           py::arg("points"),
+           "Simulates any registered kernel at many (parameters, machine index) points in "
+           "parallel; returns per point a summary dict or the reason the point is invalid.");
   core.def(
       "sim_summary",
       [](const py::handle& handle) {

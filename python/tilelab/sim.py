@@ -4,12 +4,15 @@ NeuronCore-like tile machine, from Python or a notebook.
 - :class:`Machine`: a machine description (``Machine.preset("trn1")``), fields readable and
   overridable (``m.dma_bytes_per_ns_per_engine = 20``).
 - :class:`PagedAttentionSchedule`: the kernel's knobs, validated when built.
+- :func:`simulate`: any registered kernel (:func:`kernels`) with its ``tilelab sim`` parameters
+  -> :class:`Report`.
 - :func:`simulate_paged_attention_batch`: simulate a batch described by its request lengths
   (timing only, fast) -> :class:`Report`.
 - :func:`simulate_flash_paged_attention`: the arguments of
   :func:`tilelab.nki.flash_paged_attention` (NKI-layout arrays) plus machine and schedule; runs the
   tile program on the numbers and returns ``(report, output)``.
-- :func:`sweep`: many configurations in parallel (OpenMP, GIL released) -> a table.
+- :func:`sweep`: many configurations of any kernel in parallel (OpenMP, GIL released) -> a
+  :class:`SweepResult` (``.to_pandas()`` for a DataFrame).
 
 Times are in ns, sizes in bytes (per partition where the name says so), rates in GB/s.
 """
@@ -34,7 +37,11 @@ __all__ = [
     "Machine",
     "PagedAttentionSchedule",
     "Report",
+    "SweepPoint",
+    "SweepResult",
     "default_batch",
+    "kernels",
+    "simulate",
     "simulate_flash_paged_attention",
     "simulate_paged_attention_batch",
     "sweep",
@@ -473,6 +480,66 @@ def _make_timeline(columns: dict) -> np.ndarray:
 # --- simulation entries ----------------------------------------------------------------------
 
 
+def kernels() -> dict[str, dict[str, Any]]:
+    """The registered kernels by name: ``description``, ``default_machine`` and ``parameters``
+    (name -> ``{"default": str, "help": str}``), as ``tilelab sim --list`` shows them."""
+    out = {}
+    for kernel in _core.sim_kernels():
+        out[kernel["name"]] = {
+            "description": kernel["description"],
+            "default_machine": kernel["default_machine"],
+            "parameters": {
+                name: {"default": default, "help": help_text}
+                for name, default, help_text in kernel["parameters"]
+            },
+        }
+    return out
+
+
+def _parameter_text(name: str, value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise TypeError(f"params[{name!r}]: expected a str, int, float or bool, got {_type_name(value)}")
+
+
+def _kernel_parameters(params: Mapping[str, Any] | None) -> dict[str, str]:
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params: expected a dict of parameter values, got {_type_name(params)}")
+    return {str(name): _parameter_text(str(name), value) for name, value in params.items()}
+
+
+def _machine_spec(machine: Machine | str | os.PathLike | None) -> tuple[str, list[str]]:
+    """("", []) selects the kernel's default machine."""
+    if machine is None:
+        return "", []
+    source, overrides = _as_machine(machine)._spec()
+    return source, list(overrides)
+
+
+def simulate(
+    kernel: str,
+    params: Mapping[str, Any] | None = None,
+    machine: Machine | str | os.PathLike | None = None,
+) -> Report:
+    """Builds and times any registered kernel (:func:`kernels`), as ``tilelab sim KERNEL
+    KEY=VALUE ...`` does: ``params`` maps the kernel's parameter names to values (bools become
+    ``true``/``false``, the rest ``str()``); unset ones take their defaults. ``machine``: a
+    :class:`Machine`, a preset name or a JSON path; None: the kernel's default machine.
+
+    ValueError names the kernel, the parameter or the machine key that does not fit.
+    """
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel: expected a kernel name (str), got {_type_name(kernel)}")
+    source, overrides = _machine_spec(machine)
+    return Report(_core.sim_simulate_kernel(kernel, _kernel_parameters(params), source, overrides))
+
+
 def default_batch() -> tuple[list[tuple[int, int]], list[int]]:
     """The default batch of `tilelab sim paged-attention`: ``(prefill, decode)`` with prefill
     ``(query_len, context_len)`` pairs and decode context lengths (one new token each)."""
@@ -751,37 +818,96 @@ class _Progress:
             sys.stderr.flush()
 
 
-def sweep(
-    base: Mapping[str, Any] | None = None,
-    grid: Mapping[str, Iterable[Any]] | None = None,
-    *,
-    machine: Machine | str | None = None,
-    progress: bool | None = None,
-    as_dataframe: bool | None = None,
-):
-    """Simulates every combination of ``grid`` over ``base`` in parallel and returns a table.
+@dataclasses.dataclass(frozen=True, eq=False)
+class SweepPoint(Mapping):
+    """One point of a :func:`sweep`: the grid values that define it (``settings``), whether it
+    was simulated (``valid``; else ``error`` says why) and the :class:`Report` summary fields
+    (``metrics``; NaN when invalid). Reading it as a mapping gives the flat row:
+    ``point["block_size"]``, ``point["valid"]``, ``point["total_time_ns"]``."""
 
-    ``base`` holds keyword arguments of :func:`simulate_paged_attention_batch` (``prefill``,
-    ``decode``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``dtype``, ``tiling_factor``,
-    ``seed``, ``softmax_scale``, ``schedule``) and, flat, any :class:`PagedAttentionSchedule`
-    field (``block_size=16``). ``grid`` maps any of those names, ``"machine"`` (Machines or
-    preset names) or ``"machine.<field>"`` (a machine override, e.g.
-    ``"machine.dma_bytes_per_ns_per_engine"``) to the values to try; points are the Cartesian
-    product in the grid's key order.
+    settings: dict[str, Any]
+    valid: bool
+    error: str | None
+    metrics: dict[str, float]
 
-    Points run on tilelab's OpenMP threads (:func:`tilelab.set_num_threads`) with the GIL
-    released, timing only. A point whose schedule or shape is invalid is not simulated: its row
-    has ``valid`` False, the reason in ``error`` and NaN in the summary columns. ``progress``:
-    True shows a counter on stderr, False never, None once the sweep has run for 2 s.
+    def to_dict(self) -> dict[str, Any]:
+        """The flat row: settings, ``valid``, ``error``, then the metrics."""
+        return {**self.settings, "valid": self.valid, "error": self.error, **self.metrics}
 
-    Returns one row per point (grid values, ``valid``, ``error``, then every :class:`Report`
-    summary field): a pandas DataFrame when pandas is importable (``as_dataframe=None``) or
-    requested (True), else a list of dicts.
-    """
-    base = dict(base or {})
-    grid = {key: list(values) for key, values in (grid or {}).items()}
-    schedule_fields = _schedule_fields()
-    allowed = set(_PROBLEM_KEYS) | set(schedule_fields) | {"schedule"}
+    def __getitem__(self, key: str) -> Any:
+        if key in self.settings:
+            return self.settings[key]
+        if key == "valid":
+            return self.valid
+        if key == "error":
+            return self.error
+        return self.metrics[key]
+
+    def __iter__(self):
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
+class SweepResult(list):
+    """The points of a :func:`sweep` (a list of :class:`SweepPoint`, in grid order)."""
+
+    def to_pandas(self):
+        """One row per point (:meth:`SweepPoint.to_dict`) as a pandas DataFrame; ImportError
+        when pandas is not installed."""
+        try:
+            import pandas
+        except ImportError as error:
+            raise ImportError("SweepResult.to_pandas needs pandas (pip install pandas)") from error
+        return pandas.DataFrame([point.to_dict() for point in self])
+
+    to_dataframe = to_pandas
+
+
+def _run_points(
+    run_chunk, rows: list[dict[str, Any]], points: list[Any], progress: bool | None
+) -> SweepResult:
+    """Runs `points` in chunks through `run_chunk` (a _core sweep) and pairs each result with its
+    row of grid values."""
+    results: list[Any] = []
+    chunk = max(16, 8 * _core.num_threads())
+    meter = _Progress(len(points), progress)
+    try:
+        for begin in range(0, len(points), chunk):
+            results.extend(run_chunk(points[begin : begin + chunk]))
+            meter.update(len(results))
+    finally:
+        meter.close()
+    metric_names = next((list(r) for r in results if isinstance(r, dict)), [])
+    out = SweepResult()
+    for row, result in zip(rows, results):
+        valid = isinstance(result, dict)
+        metrics = {k: result[k] if valid else math.nan for k in metric_names}
+        out.append(SweepPoint(row, valid, None if valid else result, metrics))
+    return out
+
+
+class _MachineTable:
+    """The distinct machines of a sweep, each loaded once in C++ and referred to by index."""
+
+    def __init__(self) -> None:
+        self.specs: list[tuple[str, list[str]]] = []
+        self._index: dict[tuple[str, tuple[str, ...]], int] = {}
+
+    def index(self, base: Machine, chosen: Mapping[str, Any]) -> int:
+        machine = _as_machine(chosen.get("machine", base), "grid['machine']")
+        overrides = {k[len("machine."):]: v for k, v in chosen.items() if k.startswith("machine.")}
+        if overrides:
+            machine = machine.with_overrides(**overrides)
+        spec = machine._spec()
+        if spec not in self._index:
+            self._index[spec] = len(self.specs)
+            self.specs.append((spec[0], list(spec[1])))
+        return self._index[spec]
+
+
+def _check_keys(base: Mapping[str, Any], grid: Mapping[str, list], allowed: set[str]) -> None:
     for key in base:
         if key not in allowed:
             raise ValueError(f"base: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}")
@@ -793,36 +919,74 @@ def sweep(
             )
         if not values:
             raise ValueError(f"grid[{key!r}]: expected at least one value, got none")
-    if as_dataframe is not False:
-        try:
-            import pandas
-        except ImportError:
-            if as_dataframe:
-                raise ImportError("sweep(as_dataframe=True) needs pandas (pip install pandas)") from None
-            pandas = None
-    else:
-        pandas = None
+
+
+def _sweep_kernel(kernel, base, grid, machine, progress) -> SweepResult:
+    known = kernels()
+    if kernel not in known:
+        raise ValueError(f"kernel: unknown kernel {kernel!r}; known: {', '.join(sorted(known))}")
+    _check_keys(base, grid, set(known[kernel]["parameters"]))
+    base_machine = _as_machine(machine if machine is not None else known[kernel]["default_machine"])
+    machines = _MachineTable()
+    points, rows = [], []
+    keys = list(grid)
+    for combination in itertools.product(*(grid[key] for key in keys)):
+        chosen = dict(zip(keys, combination))
+        settings = {**base, **{k: v for k, v in chosen.items() if not k.startswith("machine")}}
+        points.append((_kernel_parameters(settings), machines.index(base_machine, chosen)))
+        rows.append({key: _column_value(value) for key, value in chosen.items()})
+    return _run_points(
+        lambda chunk: _core.sim_sweep_kernel(kernel, machines.specs, chunk), rows, points, progress
+    )
+
+
+def sweep(
+    base: Mapping[str, Any] | None = None,
+    grid: Mapping[str, Iterable[Any]] | None = None,
+    *,
+    kernel: str | None = None,
+    machine: Machine | str | None = None,
+    progress: bool | None = None,
+) -> SweepResult:
+    """Simulates every combination of ``grid`` over ``base`` in parallel; returns a
+    :class:`SweepResult` (one :class:`SweepPoint` per combination; ``.to_pandas()`` for a
+    DataFrame).
+
+    ``kernel`` None: the flash paged attention batch. ``base`` holds keyword arguments of
+    :func:`simulate_paged_attention_batch` (``prefill``, ``decode``, ``num_heads``,
+    ``num_kv_heads``, ``head_dim``, ``dtype``, ``tiling_factor``, ``seed``, ``softmax_scale``,
+    ``schedule``) and, flat, any :class:`PagedAttentionSchedule` field (``block_size=16``).
+    ``kernel`` a registered kernel name (:func:`kernels`): ``base`` and ``grid`` hold its
+    parameters, as :func:`simulate` takes them. ``grid`` maps any of those names, ``"machine"``
+    (Machines or preset names) or ``"machine.<field>"`` (a machine override, e.g.
+    ``"machine.dma_bytes_per_ns_per_engine"``) to the values to try; points are the Cartesian
+    product in the grid's key order.
+
+    Points run on tilelab's OpenMP threads (:func:`tilelab.set_num_threads`) with the GIL
+    released, timing only. A point whose parameters are invalid is not simulated: ``valid`` is
+    False, ``error`` the reason and its metrics NaN. ``progress``: True shows a counter on
+    stderr, False never, None once the sweep has run for 2 s.
+    """
+    base = dict(base or {})
+    grid = {key: list(values) for key, values in (grid or {}).items()}
+    if kernel is not None:
+        return _sweep_kernel(kernel, base, grid, machine, progress)
+    schedule_fields = _schedule_fields()
+    allowed = set(_PROBLEM_KEYS) | set(schedule_fields) | {"schedule"}
+    _check_keys(base, grid, allowed)
 
     base_machine = _as_machine(machine)
     base_schedule = base.pop("schedule", None) or PagedAttentionSchedule()
     if not isinstance(base_schedule, PagedAttentionSchedule):
         raise TypeError(f"base['schedule']: expected a PagedAttentionSchedule, got {_type_name(base_schedule)}")
 
-    machine_specs: list[tuple[str, list[str]]] = []
-    machine_index: dict[tuple[str, tuple[str, ...]], int] = {}
+    machines = _MachineTable()
     points, rows = [], []
     keys = list(grid)
     for combination in itertools.product(*(grid[key] for key in keys)):
         chosen = dict(zip(keys, combination))
         settings = {**base, **{k: v for k, v in chosen.items() if not k.startswith("machine")}}
-        point_machine = _as_machine(chosen.get("machine", base_machine), "grid['machine']")
-        machine_overrides = {k[len("machine."):]: v for k, v in chosen.items() if k.startswith("machine.")}
-        if machine_overrides:
-            point_machine = point_machine.with_overrides(**machine_overrides)
-        spec = point_machine._spec()
-        if spec not in machine_index:
-            machine_index[spec] = len(machine_specs)
-            machine_specs.append((spec[0], list(spec[1])))
+        machine_index = machines.index(base_machine, chosen)
         schedule = settings.pop("schedule", base_schedule)
         if not isinstance(schedule, PagedAttentionSchedule):
             raise TypeError(f"grid['schedule']: expected PagedAttentionSchedules, got {_type_name(schedule)}")
@@ -832,32 +996,7 @@ def sweep(
                 value = settings.pop(name)
                 payload[name] = value.item() if isinstance(value, np.generic) else value
         point = _point(payload, **settings)
-        point["machine"] = machine_index[spec]
+        point["machine"] = machine_index
         points.append(point)
         rows.append({key: _column_value(value) for key, value in chosen.items()})
-
-    results: list[Any] = []
-    chunk = max(16, 8 * _core.num_threads())
-    meter = _Progress(len(points), progress)
-    try:
-        for begin in range(0, len(points), chunk):
-            results.extend(_core.sim_sweep(machine_specs, points[begin : begin + chunk]))
-            meter.update(len(results))
-    finally:
-        meter.close()
-
-    summary_keys: list[str] = []
-    for result in results:
-        if isinstance(result, dict):
-            summary_keys = list(result)
-            break
-    table = []
-    for row, result in zip(rows, results):
-        valid = isinstance(result, dict)
-        row = {**row, "valid": valid, "error": None if valid else result}
-        for key in summary_keys:
-            row[key] = result[key] if valid else math.nan
-        table.append(row)
-    if pandas is not None:
-        return pandas.DataFrame(table)
-    return table
+    return _run_points(lambda chunk: _core.sim_sweep(machines.specs, chunk), rows, points, progress)

@@ -23,7 +23,7 @@ SMOKE = textwrap.dedent(
     report = sim.simulate_paged_attention_batch(prefill=[(128, 2048)], num_heads=2, num_kv_heads=1)
     assert report.total_time_ns > 0
     rows = sim.sweep({"prefill": [(128, 2048)], "num_heads": 2, "num_kv_heads": 1},
-                     grid={"kv_buffers": [1, 2]}, as_dataframe=False)
+                     grid={"kv_buffers": [1, 2]})
     assert [r["valid"] for r in rows] == [True, True]
     package = pathlib.Path(tilelab.__file__).parent
     print(tilelab.__version__, sorted(p.name for p in package.iterdir() if ".so" in p.name))

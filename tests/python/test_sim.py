@@ -333,7 +333,6 @@ def test_sweep_list_of_dicts_with_invalid_points():
     rows = sim.sweep(
         SMALL,
         grid={"block_size": [16, 32, 48], "kv_buffers": [1, 2]},
-        as_dataframe=False,
         progress=False,
     )
     assert isinstance(rows, list) and len(rows) == 6
@@ -356,7 +355,6 @@ def test_sweep_machines_and_overrides():
     rows = sim.sweep(
         SMALL,
         grid={"machine": ["trn1", sim.Machine.preset("trn2")], "machine.dma_bytes_per_ns_per_engine": [10.0, 40.0]},
-        as_dataframe=False,
     )
     assert [r["machine"] for r in rows] == ["trn1", "trn1", "trn2", "trn2"]
     assert rows[0]["total_time_ns"] > rows[1]["total_time_ns"]  # slower DMA, longer run
@@ -366,9 +364,9 @@ def test_sweep_machines_and_overrides():
 def test_sweep_is_deterministic_across_thread_counts(restore_num_threads):
     grid = {"large_tile_size": [1024, 2048], "tiling_factor": [None, 1]}
     tilelab.set_num_threads(1)
-    one = sim.sweep(SMALL, grid=grid, as_dataframe=False)
+    one = sim.sweep(SMALL, grid=grid)
     tilelab.set_num_threads(2)
-    two = sim.sweep(SMALL, grid=grid, as_dataframe=False)
+    two = sim.sweep(SMALL, grid=grid)
     assert [r["total_time_ns"] for r in one] == [r["total_time_ns"] for r in two]
 
 
@@ -382,7 +380,7 @@ def test_sweep_errors_name_the_key():
 
 
 def test_sweep_progress_counter(capsys):
-    sim.sweep(SMALL, grid={"seed": [1, 2]}, progress=True, as_dataframe=False)
+    sim.sweep(SMALL, grid={"seed": [1, 2]}, progress=True)
     assert "sweep: 2/2 points" in capsys.readouterr().err
 
 
@@ -391,16 +389,87 @@ def test_sweep_without_pandas(monkeypatch):
     rows = sim.sweep(SMALL, grid={"seed": [1]})
     assert isinstance(rows, list)
     with pytest.raises(ImportError, match="pandas"):
-        sim.sweep(SMALL, grid={"seed": [1]}, as_dataframe=True)
+        rows.to_pandas()
     with pytest.raises(ImportError, match="pandas"):
         sim.simulate_paged_attention_batch(**SMALL).to_dataframe()
 
 
 def test_sweep_and_report_dataframes():
     pandas = pytest.importorskip("pandas")
-    table = sim.sweep(SMALL, grid={"kv_buffers": [1, 2], "block_size": [32, 48]})
+    table = sim.sweep(SMALL, grid={"kv_buffers": [1, 2], "block_size": [32, 48]}).to_pandas()
     assert isinstance(table, pandas.DataFrame) and len(table) == 4
     assert table["valid"].tolist() == [True, False, True, False]
     assert table.loc[table.valid, "total_time_ns"].gt(0).all()
     frame = sim.simulate_paged_attention_batch(**SMALL).to_dataframe()
     assert len(frame) == 1 and "dma_utilization_percent" in frame.columns
+
+
+# --- any registered kernel ---
+
+
+def test_kernels_lists_the_registry():
+    kernels = sim.kernels()
+    assert {"paged-attention", "matmul"} <= set(kernels)
+    matmul = kernels["matmul"]
+    assert matmul["default_machine"] in sim.Machine.presets()
+    assert "variant" in matmul["parameters"] and matmul["parameters"]["variant"]["help"]
+
+
+def test_simulate_any_kernel():
+    report = sim.simulate("matmul", {"variant": "tiled", "M": 512, "K": 1024, "N": 1024}, machine="trn2")
+    assert report.kernel == "matmul" and report.machine == "trn2"
+    assert report.parameters["M"] == "512" and report.parameters["variant"] == "tiled"
+    assert report.total_time_ns > 0 and report.tensor_instruction_count > 0
+    bigger = sim.simulate("matmul", {"variant": "tiled", "M": 1024, "K": 1024, "N": 1024}, machine="trn2")
+    assert bigger.total_time_ns > report.total_time_ns
+    # The shape-based paged-attention entry and the generic one agree.
+    batch = sim.simulate_paged_attention_batch(**SMALL)
+    generic = sim.simulate(
+        "paged-attention",
+        {"prefill": "128:2048,100:1024", "decode": "1024", "num_heads": 4, "num_kv_heads": 2},
+    )
+    assert generic.total_time_ns == batch.total_time_ns
+    assert generic.machine == "trn1"
+
+
+def test_simulate_errors_name_the_kernel_and_parameter():
+    with pytest.raises(ValueError, match="kernel 'nope': unknown; known kernels:.*matmul"):
+        sim.simulate("nope")
+    with pytest.raises(ValueError, match="kernel 'matmul': unknown parameter 'tile_q'"):
+        sim.simulate("matmul", {"tile_q": 3})
+    with pytest.raises(TypeError, match=r"params\['M'\]: expected a str, int, float or bool"):
+        sim.simulate("matmul", {"M": [1]})
+    with pytest.raises(TypeError, match="kernel: expected a kernel name"):
+        sim.simulate(3)
+
+
+def test_sweep_returns_typed_points_whether_or_not_pandas_imports(monkeypatch):
+    with_pandas = sim.sweep(SMALL, grid={"kv_buffers": [1, 2]})
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    without = sim.sweep(SMALL, grid={"kv_buffers": [1, 2]})
+    for rows in (with_pandas, without):
+        assert type(rows) is sim.SweepResult and all(type(p) is sim.SweepPoint for p in rows)
+    point = without[1]
+    assert point.settings == {"kv_buffers": 2} and point.valid and point.error is None
+    assert point.metrics["total_time_ns"] == point["total_time_ns"] == with_pandas[1]["total_time_ns"]
+    assert point.to_dict()["kv_buffers"] == 2
+    with pytest.raises(ImportError, match="SweepResult.to_pandas needs pandas"):
+        without.to_dataframe()
+
+
+def test_sweep_any_kernel():
+    rows = sim.sweep(
+        {"variant": "tiled", "K": 1024, "N": 1024},
+        grid={"M": [256, 512, 100], "machine": ["trn1", "trn2"]},
+        kernel="matmul",
+    )
+    assert [(r["M"], r["machine"]) for r in rows][:2] == [(256, "trn1"), (256, "trn2")]
+    assert [r.valid for r in rows] == [True, True, True, True, False, False]
+    assert "M = 100 must be a positive multiple of 128" in rows[4].error
+    single = sim.simulate("matmul", {"variant": "tiled", "M": 512, "K": 1024, "N": 1024}, machine="trn2")
+    assert rows[3]["total_time_ns"] == single.total_time_ns
+    assert rows[2]["total_time_ns"] > rows[0]["total_time_ns"]
+    with pytest.raises(ValueError, match="grid: unknown key 'tile_q'"):
+        sim.sweep(grid={"tile_q": [1]}, kernel="matmul")
+    with pytest.raises(ValueError, match="kernel: unknown kernel 'nope'"):
+        sim.sweep(kernel="nope")
