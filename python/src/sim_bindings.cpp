@@ -28,6 +28,7 @@
 #include "sim/report.hpp"
 #include "sim/report_html.hpp"
 #include "sim/timing.hpp"
+#include "tilelab/detail/argument_checks.hpp"
 #include "tilelab/error.hpp"
 
 namespace py = pybind11;
@@ -413,20 +414,19 @@ py::list sweep_kernel(const std::string& kernel_name, const py::list& machine_sp
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
-std::string shape_text(const py::array& array) {
-  std::string out = "(";
-  for (py::ssize_t i = 0; i < array.ndim(); ++i)
-    out += (i ? ", " : "") + std::to_string(array.shape(i));
-  return out + (array.ndim() == 1 ? ",)" : ")");
-}
-
-void require_shape(const py::array& array, const char* name, std::vector<py::ssize_t> expected,
-                   const char* layout) {
-  bool same = array.ndim() == static_cast<py::ssize_t>(expected.size());
-  for (size_t i = 0; same && i < expected.size(); ++i)
-    same = expected[i] < 0 || array.shape(static_cast<py::ssize_t>(i)) == expected[i];
-  if (!same)
-    throw Error(std::string(name) + ": expected shape " + layout + ", got " + shape_text(array));
+// The runtime's shape check on a C-contiguous numpy array (the facade passes float32 / int32).
+void require_shape(const py::array& array, const char* name,
+                   std::initializer_list<std::int64_t> expected, const char* layout) {
+  TILELAB_REQUIRE(array.ndim() == static_cast<py::ssize_t>(expected.size()))
+      << name << ": expected shape " << layout << " (rank " << expected.size() << "), got a rank-"
+      << array.ndim() << " array";
+  std::vector<std::int64_t> shape(array.shape(), array.shape() + array.ndim());
+  std::vector<std::int64_t> strides(shape.size());
+  for (size_t i = 0; i < strides.size(); ++i)
+    strides[i] = array.strides(static_cast<py::ssize_t>(i)) / array.itemsize();
+  const TensorView view(const_cast<void*>(array.data()), DType::f32, static_cast<int>(shape.size()),
+                        shape.data(), strides.data());
+  tilelab::detail::require_shape(view, name, layout, expected);
 }
 
 std::span<const float> span_of(const FloatArray& array) {
