@@ -388,13 +388,13 @@ TEST_CASE("nki: KvGatherTiling lays every token of a large tile out exactly once
 TEST_CASE("nki: the schedule's field table drives its JSON, every field round-trips",
           "[nki][schedule]") {
   const auto& fields = tilelab::schedules::paged_attention_schedule_fields();
-  PagedAttentionSchedule changed;
-  changed.large_tile_size = 4096;
-  changed.block_size = 64;
-  changed.mixed_precision = false;
-  changed.transpose = tilelab::schedules::TransposeMethod::dma;
-  changed.kv_buffers = 3;
-  changed.block_size_tiling_factor_override = 1;
+  // Every field away from its default, read through the table.
+  const PagedAttentionSchedule changed = PagedAttentionSchedule::from_json(
+      R"({"schema": "tilelab.paged_attention_schedule", "schema_version": 1,
+          "large_tile_size": 4096, "block_size": 64, "mixed_precision": false,
+          "transpose": "dma", "kv_buffers": 3, "block_size_tiling_factor_override": 1})");
+  CHECK(changed.transpose == tilelab::schedules::TransposeMethod::dma);
+  CHECK((changed.kv_buffers == 3 && !changed.mixed_precision && changed.block_size == 64));
   const std::string json = changed.to_json();
   for (const auto& field : fields) {
     INFO(field.name);

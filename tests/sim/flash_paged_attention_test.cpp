@@ -14,10 +14,7 @@
 namespace tilelab::sim {
 namespace {
 
-using test::error_of;
-using test::random_values;
-using test::trn1;
-using test::trn2;
+using namespace test;
 
 struct Case {
   int64_t block_size = 32;

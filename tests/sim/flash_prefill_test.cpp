@@ -11,10 +11,7 @@
 namespace tilelab::sim {
 namespace {
 
-using test::error_of;
-using test::random_values;
-using test::trn1;
-using test::trn2;
+using namespace test;
 
 // Runs the kernel on random data; returns the largest |kernel - fp64 reference| (NaN if any).
 double max_error(const Machine& machine, const FlashPrefillConfig& c) {
