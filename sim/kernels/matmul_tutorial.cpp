@@ -25,6 +25,14 @@ struct Context {
   Tensor lhsT, rhs, result;
 };
 
+// The result tile (tile_m, tile_n) leaves PSUM through an SBUF tile of `out_pool` and is stored.
+void evict_result(Context& x, TilePool& out_pool, Tile acc, int64_t tile_m, int64_t tile_n) {
+  const Tile out = x.b.next(out_pool);
+  x.b.tensor_copy(x.b.view(out), x.b.view(acc), x.c.evict_engine);
+  x.b.dma_copy(x.b.hbm_rows(x.result, tile_m * kTileM, kTileM, tile_n * kTileN, kTileN),
+               x.b.view(out));
+}
+
 // Original tiled kernel: every iteration loads a fresh lhsT [128,128] and rhs [128,512] tile.
 void build_tiled(Context& x) {
   auto& b = x.b;
@@ -44,9 +52,7 @@ void build_tiled(Context& x) {
         b.dma_copy(b.view(rhs), b.hbm_rows(x.rhs, k * kTileK, kTileK, n * kTileN, kTileN));
         b.matmul(b.view(acc), b.view(lhsT), b.view(rhs), k > 0);
       }
-      const Tile out = b.next(out_pool);
-      b.tensor_copy(b.view(out), b.view(acc), c.evict_engine);
-      b.dma_copy(b.hbm_rows(x.result, m * kTileM, kTileM, n * kTileN, kTileN), b.view(out));
+      evict_result(x, out_pool, acc, m, n);
     }
 }
 
@@ -73,9 +79,7 @@ void build_hoist_load(Context& x) {
       for (int64_t k = 0; k < k_tiles; ++k)
         b.matmul(b.view(acc), b.view(lhsT_tiles, 0, kTileK, k * kTileN, kTileM),
                  b.view(rhs_tiles, 0, kTileK, k * kTileN, kTileN), k > 0);
-      const Tile out = b.next(out_pool);
-      b.tensor_copy(b.view(out), b.view(acc), c.evict_engine);
-      b.dma_copy(b.hbm_rows(x.result, m * kTileM, kTileM, n * kTileN, kTileN), b.view(out));
+      evict_result(x, out_pool, acc, m, n);
     }
   }
 }
@@ -108,11 +112,7 @@ void build_block_free(Context& x) {
             b.matmul(b.view(acc),
                      b.view(lhsT_tiles, 0, kTileK, (bm * k_tiles + k) * kTileM, kTileM),
                      b.view(rhs_tiles, 0, kTileK, (bn * k_tiles + k) * kTileN, kTileN), k > 0);
-          const Tile out = b.next(out_pool);
-          b.tensor_copy(b.view(out), b.view(acc), c.evict_engine);
-          b.dma_copy(b.hbm_rows(x.result, (kTilesM * m + bm) * kTileM, kTileM,
-                                (kTilesN * n + bn) * kTileN, kTileN),
-                     b.view(out));
+          evict_result(x, out_pool, acc, kTilesM * m + bm, kTilesN * n + bn);
         }
     }
   }
