@@ -473,3 +473,18 @@ def test_sweep_any_kernel():
         sim.sweep(grid={"tile_q": [1]}, kernel="matmul")
     with pytest.raises(ValueError, match="kernel: unknown kernel 'nope'"):
         sim.sweep(kernel="nope")
+
+
+def test_machine_fields_come_from_the_machine_key_table():
+    table = {name: (kind, low, high) for name, kind, low, high in tilelab._core.SimMachine.fields()}
+    machine = sim.Machine.preset("trn1")
+    assert set(machine.fields) == {"name", "description", *table}
+    assert table["partitions"] == ("integer", 1, 128) and table["dma_efficiency_curve"][0] == "curve"
+    assert "in [1, 128]" in type(machine).partitions.__doc__
+    assert machine.dma_efficiency_curve == [list(p) for p in machine.to_dict()["dma_efficiency_curve"]]
+    copy = machine.with_overrides(dma_start_latency_ns=123.0)
+    machine.dma_start_latency_ns = 7.0  # edits this machine only
+    assert (machine.dma_start_latency_ns, copy.dma_start_latency_ns) == (7.0, 123.0)
+    with pytest.raises(ValueError, match="key 'partitions': value 129 is out of range"):
+        machine.partitions = 129
+    assert machine.partitions == 128
