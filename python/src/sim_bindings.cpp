@@ -635,6 +635,15 @@ void register_sim_bindings(py::module_& core) {
            py::arg("point"), py::arg("record_dma_pieces") = true,
            "Builds and times the paged attention kernel for one shape-based point; returns a run "
            "handle.");
+  core.def(
+      "sim_metrics",
+      [] {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const sim::Metric& m : sim::flat_metrics(sim::Report{}))
+          out.emplace_back(m.name, m.unit);
+        return out;
+      },
+      "The flat summary's metrics as (name, unit), in order (sim/analysis.hpp).");
   core.def("sim_kernels", &kernels,
            "The registered kernels: name, description, default_machine and parameters as "
            "(name, default, help) tuples.");

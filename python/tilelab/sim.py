@@ -342,14 +342,10 @@ class Report:
         self._json: dict | None = None
         self._timeline: np.ndarray | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        summary = object.__getattribute__(self, "_summary")
-        if name in summary:
-            return summary[name]
-        raise AttributeError(f"Report has no field {name!r}")
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(self._summary))
+    @staticmethod
+    def metric_units() -> dict[str, str]:
+        """Unit of every summary field ("ns", "percent", "bytes", "GB/s", "count", ...)."""
+        return dict(_METRICS)
 
     @property
     def summary_fields(self) -> list[str]:
@@ -460,6 +456,19 @@ class Report:
             f"DMA utilization {self.dma_utilization_percent:.1f}%, "
             f"TensorE {self.tensor_active_time_percent:.1f}% active>"
         )
+
+
+def _metric_property(name: str, unit: str) -> property:
+    def get(self: Report) -> float:
+        return self._summary[name]
+
+    return property(get, doc=f"{name} [{unit}] (flat summary, sim/analysis.hpp)")
+
+
+# One read-only property per flat-summary metric, declared with its unit in sim/analysis.cpp.
+_METRICS: tuple[tuple[str, str], ...] = tuple(_core.sim_metrics())
+for _name, _unit in _METRICS:
+    setattr(Report, _name, _metric_property(_name, _unit))
 
 
 _TIMELINE_DTYPE = np.dtype(

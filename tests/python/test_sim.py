@@ -488,3 +488,14 @@ def test_machine_fields_come_from_the_machine_key_table():
     with pytest.raises(ValueError, match="key 'partitions': value 129 is out of range"):
         machine.partitions = 129
     assert machine.partitions == 128
+
+
+def test_report_fields_are_properties_with_units(report):
+    units = sim.Report.metric_units()
+    assert list(units) == report.summary_fields
+    assert units["total_time_ns"] == "ns" and units["dma_utilization_percent"] == "percent"
+    assert units["tensor_instruction_count"] == "count" and units["dma_achieved_gbps"] == "GB/s"
+    assert isinstance(sim.Report.total_time_ns, property) and "[ns]" in sim.Report.total_time_ns.__doc__
+    assert report.total_time_cycles == pytest.approx(report.to_json()["total_time_cycles"])
+    with pytest.raises(AttributeError):
+        report.total_cycles  # noqa: B018 (the old name is gone)
