@@ -27,22 +27,35 @@ struct KeySpec {
   double min;
   double max;
   std::function<void(Machine&, const json&)> assign;
+  std::function<json(const Machine&)> read;
   // Capability keys may be left out of a machine file: the feature is then unsupported.
   bool capability = false;
 };
 
 template <typename T>
 KeySpec integer_key(const char* key, T Machine::* field, double min, double max) {
-  return {key, Kind::integer, min, max,
-          [field](Machine& m, const json& v) { m.*field = static_cast<T>(v.get<int64_t>()); }};
+  return {key,
+          Kind::integer,
+          min,
+          max,
+          [field](Machine& m, const json& v) { m.*field = static_cast<T>(v.get<int64_t>()); },
+          [field](const Machine& m) { return json(int64_t(m.*field)); }};
 }
 KeySpec number_key(const char* key, double Machine::* field, double min, double max) {
-  return {key, Kind::number, min, max,
-          [field](Machine& m, const json& v) { m.*field = v.get<double>(); }};
+  return {key,
+          Kind::number,
+          min,
+          max,
+          [field](Machine& m, const json& v) { m.*field = v.get<double>(); },
+          [field](const Machine& m) { return json(m.*field); }};
 }
 KeySpec bool_key(const char* key, bool Machine::* field) {
-  return {key, Kind::boolean, 0, 1,
-          [field](Machine& m, const json& v) { m.*field = v.get<bool>(); }};
+  return {key,
+          Kind::boolean,
+          0,
+          1,
+          [field](Machine& m, const json& v) { m.*field = v.get<bool>(); },
+          [field](const Machine& m) { return json(m.*field); }};
 }
 KeySpec capability_key(const char* key, bool Machine::* field) {
   KeySpec spec = bool_key(key, field);
@@ -110,6 +123,12 @@ const std::vector<KeySpec>& key_specs() {
          m.dma_efficiency_curve.clear();
          for (const auto& point : v)
            m.dma_efficiency_curve.push_back({point[0].get<double>(), point[1].get<double>()});
+       },
+       [](const Machine& m) {
+         json curve = json::array();
+         for (const auto& point : m.dma_efficiency_curve)
+           curve.push_back({point.bytes_per_partition, point.efficiency});
+         return curve;
        }},
       bool_key("dma_transpose_supported", &Machine::dma_transpose_supported),
       number_key("dma_transpose_efficiency_hbm_to_sbuf",
@@ -335,6 +354,38 @@ Machine parse_machine_json(const std::string& text, const std::string& origin,
   }
   check_consistency(origin, machine);
   return machine;
+}
+
+const std::vector<MachineField>& machine_fields() {
+  static const std::vector<MachineField> fields = [] {
+    std::vector<MachineField> out;
+    for (const auto& spec : key_specs()) {
+      std::string kind = kind_name(spec.kind);
+      kind = kind.substr(kind.find(' ') + 1);  // "an integer" -> "integer"
+      if (spec.kind == Kind::curve) kind = "curve";
+      out.push_back({spec.key, kind, spec.min, spec.max});
+    }
+    return out;
+  }();
+  return fields;
+}
+
+nlohmann::json machine_field_value(const Machine& machine, const std::string& name) {
+  const KeySpec* spec = find_spec(name);
+  TILELAB_REQUIRE(spec) << "machine field '" << name << "': unknown";
+  return spec->read(machine);
+}
+
+void set_machine_field(Machine& machine, const std::string& name, const nlohmann::json& value) {
+  const KeySpec* spec = find_spec(name);
+  TILELAB_REQUIRE(spec) << "machine field '" << name << "': unknown";
+  const std::string where = "machine '" + machine.name + "'";
+  check_value(where, *spec, value);
+  Machine changed = machine;
+  spec->assign(changed, value);
+  check_consistency(where, changed);
+  changed.source_of_key[name] = "override";
+  machine = std::move(changed);
 }
 
 std::vector<std::string> machine_preset_names() {

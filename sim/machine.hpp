@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace tilelab::sim {
 
 // One point of the DMA efficiency curve: the fraction of per-engine peak reached by transfers with
@@ -110,6 +112,20 @@ Machine load_machine(const std::string& preset_or_path,
 // Parses machine JSON text; `origin` names the text in error messages.
 Machine parse_machine_json(const std::string& text, const std::string& origin,
                            const std::vector<std::string>& overrides = {});
+
+// Every machine parameter as the machine JSON declares it, in declaration order.
+struct MachineField {
+  std::string name;
+  std::string kind;  // "integer", "number", "boolean" or "curve" ([[bytes, efficiency], ...])
+  double min = 0;
+  double max = 0;
+};
+const std::vector<MachineField>& machine_fields();
+// The value of one parameter, in its JSON form. Throws tilelab::Error for an unknown name.
+nlohmann::json machine_field_value(const Machine& machine, const std::string& name);
+// Sets one parameter, validated as a JSON override is (type, range, then consistency with the
+// other keys); on error the machine is unchanged. Its source becomes "override".
+void set_machine_field(Machine& machine, const std::string& name, const nlohmann::json& value);
 
 // The built-in preset names and their JSON text (embedded from sim/machines at build time).
 std::vector<std::string> machine_preset_names();

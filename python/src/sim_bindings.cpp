@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -181,65 +182,13 @@ sim::Machine load_machine_spec(const std::string& source,
   return sim::load_machine(source, overrides);
 }
 
-py::dict machine_dict(const std::string& source, const std::vector<std::string>& overrides) {
-  const sim::Machine m = load_machine_spec(source, overrides);
-  py::dict d;
-#define TILELAB_MACHINE_FIELD(field) d[#field] = m.field
-  TILELAB_MACHINE_FIELD(name);
-  TILELAB_MACHINE_FIELD(description);
-  TILELAB_MACHINE_FIELD(nc_version);
-  TILELAB_MACHINE_FIELD(partitions);
-  TILELAB_MACHINE_FIELD(sbuf_bytes_per_partition);
-  TILELAB_MACHINE_FIELD(psum_bytes_per_partition);
-  TILELAB_MACHINE_FIELD(psum_banks);
-  TILELAB_MACHINE_FIELD(psum_bank_bytes_per_partition);
-  TILELAB_MACHINE_FIELD(tensor_clock_ghz);
-  TILELAB_MACHINE_FIELD(vector_clock_ghz);
-  TILELAB_MACHINE_FIELD(scalar_clock_ghz);
-  TILELAB_MACHINE_FIELD(gpsimd_clock_ghz);
-  TILELAB_MACHINE_FIELD(sync_clock_ghz);
-  TILELAB_MACHINE_FIELD(tensor_peak_bf16_tflops);
-  TILELAB_MACHINE_FIELD(matmul_max_contraction);
-  TILELAB_MACHINE_FIELD(matmul_max_stationary_free);
-  TILELAB_MACHINE_FIELD(matmul_max_moving_free);
-  TILELAB_MACHINE_FIELD(engine_max_free_elements_sbuf);
-  TILELAB_MACHINE_FIELD(engine_max_free_elements_psum);
-  TILELAB_MACHINE_FIELD(matmul_stationary_floor_cycles);
-  TILELAB_MACHINE_FIELD(matmul_fp32_cost_multiplier);
-  TILELAB_MACHINE_FIELD(transpose_free_floor_cycles);
-  TILELAB_MACHINE_FIELD(min_ii_cycles);
-  TILELAB_MACHINE_FIELD(activation_reduce_extra_cycles);
-  TILELAB_MACHINE_FIELD(gpsimd_start_overhead_cycles);
-  TILELAB_MACHINE_FIELD(stride_penalty_threshold_bytes);
-  TILELAB_MACHINE_FIELD(stride_penalty_factor);
-  TILELAB_MACHINE_FIELD(engine_access_overhead_cycles);
-  TILELAB_MACHINE_FIELD(engine_access_overhead_applied);
-  TILELAB_MACHINE_FIELD(vector_16bit_copy_speedup_contiguous);
-  TILELAB_MACHINE_FIELD(vector_16bit_copy_speedup_other);
-  TILELAB_MACHINE_FIELD(vector_tensor_tensor_16bit_sbuf_speedup);
-  TILELAB_MACHINE_FIELD(vector_gpsimd_share_sbuf_port);
-  TILELAB_MACHINE_FIELD(vector_scalar_share_psum_port);
-  TILELAB_MACHINE_FIELD(semaphore_wait_cycles);
-  TILELAB_MACHINE_FIELD(dma_engines);
-  TILELAB_MACHINE_FIELD(dma_queues_per_engine);
-  TILELAB_MACHINE_FIELD(dma_partitions_per_engine);
-  TILELAB_MACHINE_FIELD(dma_bytes_per_ns_per_engine);
-  TILELAB_MACHINE_FIELD(dma_fixed_cost_ns_per_piece);
-  TILELAB_MACHINE_FIELD(dma_start_latency_ns);
-  TILELAB_MACHINE_FIELD(dma_trigger_cycles);
-  TILELAB_MACHINE_FIELD(dma_transpose_supported);
-  TILELAB_MACHINE_FIELD(dma_transpose_efficiency_hbm_to_sbuf);
-  TILELAB_MACHINE_FIELD(dma_transpose_efficiency_sbuf_to_sbuf);
-  TILELAB_MACHINE_FIELD(swdge_descriptor_fixed_cycles);
-  TILELAB_MACHINE_FIELD(swdge_descriptor_cycles_per_partition);
-  TILELAB_MACHINE_FIELD(hbm_bytes_per_ns);
-  TILELAB_MACHINE_FIELD(source_of_key);
-#undef TILELAB_MACHINE_FIELD
-  py::list curve;
-  for (const auto& point : m.dma_efficiency_curve)
-    curve.append(py::make_tuple(point.bytes_per_partition, point.efficiency));
-  d["dma_efficiency_curve"] = curve;
-  return d;
+py::object to_python(const nlohmann::json& value) {
+  return py::module_::import("json").attr("loads")(value.dump());
+}
+
+nlohmann::json from_python(const py::handle& value) {
+  return nlohmann::json::parse(
+      py::module_::import("json").attr("dumps")(value).cast<std::string>());
 }
 
 // --- points ----------------------------------------------------------------------------------
@@ -645,9 +594,37 @@ void register_sim_bindings(py::module_& core) {
         return out;
       },
       "The default batch of `tilelab sim paged-attention` as (query_len, context_len) pairs.");
-  core.def("sim_machine", &machine_dict, py::arg("source"), py::arg("overrides"),
-           "Loads a machine (preset name or JSON path) with KEY=VALUE overrides; returns its "
-           "fields as a dict.");
+  py::class_<sim::Machine>(core, "SimMachine",
+                           "A loaded machine; fields are read and set by name, validated.")
+      .def_static("load", &load_machine_spec, py::arg("source"), py::arg("overrides"),
+                  "Loads a machine (preset name or JSON path) with KEY=VALUE overrides.")
+      .def_static(
+          "fields",
+          [] {
+            std::vector<std::tuple<std::string, std::string, double, double>> out;
+            for (const sim::MachineField& f : sim::machine_fields())
+              out.emplace_back(f.name, f.kind, f.min, f.max);
+            return out;
+          },
+          "Every parameter as (name, kind, min, max), from the machine JSON's key table.")
+      .def(
+          "get",
+          [](const sim::Machine& m, const std::string& name) {
+            return to_python(sim::machine_field_value(m, name));
+          },
+          py::arg("name"), "The value of one parameter.")
+      .def(
+          "set",
+          [](sim::Machine& m, const std::string& name, const py::object& value) {
+            sim::set_machine_field(m, name, from_python(value));
+          },
+          py::arg("name"), py::arg("value"),
+          "Sets one parameter in place, validated (range and consistency); unchanged on error.")
+      .def(
+          "copy", [](const sim::Machine& m) { return m; }, "An independent copy.")
+      .def_readonly("name", &sim::Machine::name)
+      .def_readonly("description", &sim::Machine::description)
+      .def_readonly("source_of_key", &sim::Machine::source_of_key);
   core.def(
       "sim_schedule",
       [](const std::string& json) { return PagedAttentionSchedule::from_json(json).to_json(); },
@@ -658,6 +635,15 @@ void register_sim_bindings(py::module_& core) {
            py::arg("point"), py::arg("record_dma_pieces") = true,
            "Builds and times the paged attention kernel for one shape-based point; returns a run "
            "handle.");
+  core.def(
+      "sim_metrics",
+      [] {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const sim::Metric& m : sim::flat_metrics(sim::Report{}))
+          out.emplace_back(m.name, m.unit);
+        return out;
+      },
+      "The flat summary's metrics as (name, unit), in order (sim/analysis.hpp).");
   core.def("sim_kernels", &kernels,
            "The registered kernels: name, description, default_machine and parameters as "
            "(name, default, help) tuples.");

@@ -64,15 +64,17 @@ class Machine:
     """A NeuronCore-like machine: a preset or JSON file plus ``key=value`` overrides.
 
     Every number the simulator uses is an attribute named as in the machine JSON (units in the
-    names: ``dma_bytes_per_ns_per_engine``, ``sbuf_bytes_per_partition``, ...). Assigning one
-    overrides it and re-validates the machine (ValueError naming the key when out of range):
+    names: ``dma_bytes_per_ns_per_engine``, ``sbuf_bytes_per_partition``, ...); the attributes
+    come from the machine's own key table (:attr:`fields`). The machine is parsed once;
+    assigning a field changes it in place after validation (ValueError naming the key when out
+    of range or inconsistent with the others; the machine is then unchanged):
 
         m = Machine.preset("trn1")
         m.dma_bytes_per_ns_per_engine = 20.0
         faster = m.with_overrides(tensor_clock_ghz=3.0)   # a changed copy
     """
 
-    __slots__ = ("_source", "_overrides", "_fields")
+    __slots__ = ("_machine", "_overrides", "_source")
 
     def __init__(self, source: str, overrides: Mapping[str, Any] | None = None):
         """Prefer :meth:`preset` and :meth:`from_json`. ``source`` is a preset name or a path."""
@@ -80,7 +82,7 @@ class Machine:
             raise TypeError(f"source: expected a preset name or path (str), got {_type_name(source)}")
         object.__setattr__(self, "_source", source)
         object.__setattr__(self, "_overrides", {})
-        object.__setattr__(self, "_fields", {})
+        object.__setattr__(self, "_machine", _core.SimMachine.load(source, []))
         self._apply(dict(overrides or {}))
 
     @staticmethod
@@ -106,38 +108,38 @@ class Machine:
         return cls(path)
 
     def _apply(self, changes: Mapping[str, Any]) -> None:
-        overrides = dict(self._overrides)
         for key, value in changes.items():
             if key in _MACHINE_READ_ONLY:
                 raise ValueError(f"{key}: describes the machine and cannot be overridden")
+            if key not in _MACHINE_FIELDS:
+                raise AttributeError(f"Machine has no field {key!r}")
             if isinstance(value, np.generic):
                 value = value.item()
-            overrides[key] = value
-        assignments = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
-        fields = _core.sim_machine(self._source, assignments)
-        object.__setattr__(self, "_overrides", overrides)
-        object.__setattr__(self, "_fields", fields)
-
-    def __getattr__(self, name: str) -> Any:
-        fields = object.__getattribute__(self, "_fields")
-        if name in fields:
-            value = fields[name]
-            return list(value) if isinstance(value, list) else value
-        raise AttributeError(f"Machine has no field {name!r}")
+            self._machine.set(key, value)
+            self._overrides[key] = value
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name not in self._fields:
+        if name not in _MACHINE_FIELDS:
             raise AttributeError(f"Machine has no field {name!r}")
         self._apply({name: value})
 
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(self._fields))
-
     def with_overrides(self, **values: Any) -> Machine:
         """A copy with these fields changed (this machine is left as it is)."""
-        copy = Machine(self._source, self._overrides)
+        copy = object.__new__(Machine)
+        object.__setattr__(copy, "_source", self._source)
+        object.__setattr__(copy, "_overrides", dict(self._overrides))
+        object.__setattr__(copy, "_machine", self._machine.copy())
         copy._apply(values)
         return copy
+
+    @property
+    def name(self) -> str:
+        """The machine's name (from its JSON)."""
+        return self._machine.name
+
+    @property
+    def description(self) -> str:
+        return self._machine.description
 
     @property
     def source(self) -> str:
@@ -152,18 +154,23 @@ class Machine:
     @property
     def fields(self) -> list[str]:
         """Names of every field (attribute) of the machine."""
-        return [k for k in self._fields if k != "source_of_key"]
+        return ["name", "description", *_MACHINE_FIELDS]
 
     def to_dict(self) -> dict[str, Any]:
         """Every field and its value (``source_of_key`` maps each key to where its number comes
         from)."""
-        return dict(self._fields)
+        return {
+            "name": self.name,
+            "description": self.description,
+            **{key: self._machine.get(key) for key in _MACHINE_FIELDS},
+            "source_of_key": dict(self._machine.source_of_key),
+        }
 
     def _spec(self) -> tuple[str, tuple[str, ...]]:
         return self._source, tuple(f"{k}={json.dumps(v)}" for k, v in self._overrides.items())
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Machine) and self._fields == other._fields
+        return isinstance(other, Machine) and self.to_dict() == other.to_dict()
 
     def __hash__(self) -> int:
         return hash(self._spec())
@@ -173,6 +180,22 @@ class Machine:
             return f"Machine({self.name!r})"
         changed = ", ".join(f"{k}={v!r}" for k, v in self._overrides.items())
         return f"Machine({self.name!r}, {changed})"
+
+
+def _machine_field_property(name: str, kind: str, low: float, high: float) -> property:
+    def get(self: Machine) -> Any:
+        return self._machine.get(name)
+
+    def set_(self: Machine, value: Any) -> None:
+        self._apply({name: value})
+
+    allowed = "" if kind in ("boolean", "curve") else f" in [{low:g}, {high:g}]"
+    return property(get, set_, doc=f"{kind}{allowed} (machine JSON key {name!r})")
+
+
+_MACHINE_FIELDS: tuple[str, ...] = tuple(name for name, *_ in _core.SimMachine.fields())
+for _name, _kind, _low, _high in _core.SimMachine.fields():
+    setattr(Machine, _name, _machine_field_property(_name, _kind, _low, _high))
 
 
 def _as_machine(machine: Machine | str | os.PathLike | None, argument: str = "machine") -> Machine:
@@ -319,14 +342,10 @@ class Report:
         self._json: dict | None = None
         self._timeline: np.ndarray | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        summary = object.__getattribute__(self, "_summary")
-        if name in summary:
-            return summary[name]
-        raise AttributeError(f"Report has no field {name!r}")
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(self._summary))
+    @staticmethod
+    def metric_units() -> dict[str, str]:
+        """Unit of every summary field ("ns", "percent", "bytes", "GB/s", "count", ...)."""
+        return dict(_METRICS)
 
     @property
     def summary_fields(self) -> list[str]:
@@ -437,6 +456,19 @@ class Report:
             f"DMA utilization {self.dma_utilization_percent:.1f}%, "
             f"TensorE {self.tensor_active_time_percent:.1f}% active>"
         )
+
+
+def _metric_property(name: str, unit: str) -> property:
+    def get(self: Report) -> float:
+        return self._summary[name]
+
+    return property(get, doc=f"{name} [{unit}] (flat summary, sim/analysis.hpp)")
+
+
+# One read-only property per flat-summary metric, declared with its unit in sim/analysis.cpp.
+_METRICS: tuple[tuple[str, str], ...] = tuple(_core.sim_metrics())
+for _name, _unit in _METRICS:
+    setattr(Report, _name, _metric_property(_name, _unit))
 
 
 _TIMELINE_DTYPE = np.dtype(

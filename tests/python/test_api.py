@@ -64,20 +64,38 @@ def _signature_of(node):
     return ([a.arg for a in args.posonlyargs + args.args], [a.arg for a in args.kwonlyargs])
 
 
+def _methods(class_node):
+    """The methods of a stubbed class, without properties and dunder methods."""
+    for node in class_node.body:
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("__"):
+            continue
+        decorators = {ast.unparse(d) for d in node.decorator_list}
+        if "property" not in decorators and not any(d.endswith(".setter") for d in decorators):
+            yield node
+
+
 def stub_signatures():
     """{name: signature} of _core.pyi's functions; a submodule `sub` is stubbed as a namespace
-    class with static methods plus `sub: _Class`, and appears as {"sub.function": signature}."""
+    class with static methods plus `sub: _Class`, and appears as {"sub.function": signature};
+    a bound class's methods appear as {"Class.method": signature}."""
     stub = pathlib.Path(tilelab.__file__).with_name("_core.pyi")
     tree = ast.parse(stub.read_text())
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    namespaces = {
+        node.annotation.id
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name)
+    }
     signatures = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef):
             signatures[node.name] = _signature_of(node)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name):
-            for method in classes[node.annotation.id].body:
-                if isinstance(method, ast.FunctionDef):
-                    signatures[f"{node.target.id}.{method.name}"] = _signature_of(method)
+            for method in _methods(classes[node.annotation.id]):
+                signatures[f"{node.target.id}.{method.name}"] = _signature_of(method)
+        elif isinstance(node, ast.ClassDef) and node.name not in namespaces:
+            for method in _methods(node):
+                signatures[f"{node.name}.{method.name}"] = _signature_of(method)
     return signatures
 
 
@@ -91,6 +109,10 @@ def compiled_functions():
         if isinstance(value, types.ModuleType):
             for inner in dir(value):
                 if not inner.startswith("__"):
+                    functions[f"{name}.{inner}"] = getattr(value, inner)
+        elif isinstance(value, type):
+            for inner, member in vars(value).items():
+                if not inner.startswith("_") and not isinstance(member, property):
                     functions[f"{name}.{inner}"] = getattr(value, inner)
         else:
             functions[name] = value
@@ -147,6 +169,9 @@ def generated_stub_signatures(out_dir):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef):
                 signatures[prefix + node.name] = _signature_of(node)
+            elif isinstance(node, ast.ClassDef):
+                for method in _methods(node):
+                    signatures[f"{prefix}{node.name}.{method.name}"] = _signature_of(method)
     return signatures
 
 

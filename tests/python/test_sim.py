@@ -473,3 +473,29 @@ def test_sweep_any_kernel():
         sim.sweep(grid={"tile_q": [1]}, kernel="matmul")
     with pytest.raises(ValueError, match="kernel: unknown kernel 'nope'"):
         sim.sweep(kernel="nope")
+
+
+def test_machine_fields_come_from_the_machine_key_table():
+    table = {name: (kind, low, high) for name, kind, low, high in tilelab._core.SimMachine.fields()}
+    machine = sim.Machine.preset("trn1")
+    assert set(machine.fields) == {"name", "description", *table}
+    assert table["partitions"] == ("integer", 1, 128) and table["dma_efficiency_curve"][0] == "curve"
+    assert "in [1, 128]" in type(machine).partitions.__doc__
+    assert machine.dma_efficiency_curve == [list(p) for p in machine.to_dict()["dma_efficiency_curve"]]
+    copy = machine.with_overrides(dma_start_latency_ns=123.0)
+    machine.dma_start_latency_ns = 7.0  # edits this machine only
+    assert (machine.dma_start_latency_ns, copy.dma_start_latency_ns) == (7.0, 123.0)
+    with pytest.raises(ValueError, match="key 'partitions': value 129 is out of range"):
+        machine.partitions = 129
+    assert machine.partitions == 128
+
+
+def test_report_fields_are_properties_with_units(report):
+    units = sim.Report.metric_units()
+    assert list(units) == report.summary_fields
+    assert units["total_time_ns"] == "ns" and units["dma_utilization_percent"] == "percent"
+    assert units["tensor_instruction_count"] == "count" and units["dma_achieved_gbps"] == "GB/s"
+    assert isinstance(sim.Report.total_time_ns, property) and "[ns]" in sim.Report.total_time_ns.__doc__
+    assert report.total_time_cycles == pytest.approx(report.to_json()["total_time_cycles"])
+    with pytest.raises(AttributeError):
+        report.total_cycles  # noqa: B018 (the old name is gone)
