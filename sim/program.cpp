@@ -423,6 +423,33 @@ void ProgramBuilder::dma_copy(const HbmPattern& dst, const TileRef& src, DmaOpti
   dma_between_hbm_and_tile(src, dst, /*hbm_is_source=*/false, options);
 }
 
+namespace {
+
+// A dma_copy of `partitions` rows of `free_count` elements of `dtype` from partition
+// `partition_start`, contiguous in runs of `run_elements`.
+DmaRecord copy_record(uint32_t partition_start, int partitions, int64_t free_count,
+                      int64_t run_elements, DType dtype) {
+  DmaRecord r;
+  r.partition_start = partition_start;
+  r.partitions = static_cast<uint32_t>(partitions);
+  r.bytes_per_partition = static_cast<uint64_t>(free_count) * dtype_size(dtype);
+  r.run_bytes = static_cast<uint64_t>(run_elements) * dtype_size(dtype);
+  return r;
+}
+
+}  // namespace
+
+void ProgramBuilder::push_dma_copy(const DmaRecord& record, const DmaOptions& options,
+                                   const TileRef& dst, const TileRef& src) {
+  Instruction instr;
+  instr.opcode = Opcode::dma_copy;
+  instr.engine = options.trigger;
+  instr.dma = add_dma(record, options);
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  push(instr);
+}
+
 // A load (HBM -> SBUF tile) or a store (SBUF tile -> HBM): one checked path for both directions.
 void ProgramBuilder::dma_between_hbm_and_tile(const TileRef& tile_in, const HbmPattern& hbm_in,
                                               bool hbm_is_source, const DmaOptions& options) {
@@ -447,22 +474,13 @@ void ProgramBuilder::dma_between_hbm_and_tile(const TileRef& tile_in, const HbmP
   HbmPattern hbm = hbm_in;
   hbm.partitions = static_cast<uint32_t>(partitions);
   const Buffer& tensor = program_.buffers[hbm.tensor];
-  DmaRecord r;
+  DmaRecord r = copy_record(tile.partition_start, partitions, tile.free_count,
+                            std::min(contiguous_run_elements(hbm), contiguous_run_elements(tile)),
+                            tensor.dtype);
   r.hbm = hbm;
   r.hbm_is_source = hbm_is_source;
   r.hbm_is_destination = !hbm_is_source;
-  r.partition_start = tile.partition_start;
-  r.partitions = static_cast<uint32_t>(partitions);
-  r.bytes_per_partition = static_cast<uint64_t>(tile.free_count) * dtype_size(tensor.dtype);
-  r.run_bytes =
-      static_cast<uint64_t>(std::min(contiguous_run_elements(hbm), contiguous_run_elements(tile))) *
-      dtype_size(tensor.dtype);
-  Instruction instr;
-  instr.opcode = Opcode::dma_copy;
-  instr.engine = options.trigger;
-  instr.dma = add_dma(r, options);
-  instr.operands[hbm_is_source ? kDst : kSrc0] = tile;
-  push(instr);
+  push_dma_copy(r, options, hbm_is_source ? tile : TileRef{}, hbm_is_source ? TileRef{} : tile);
 }
 
 void ProgramBuilder::dma_copy(const TileRef& dst_in, const TileRef& src_in, DmaOptions options) {
@@ -476,20 +494,10 @@ void ProgramBuilder::dma_copy(const TileRef& dst_in, const TileRef& src_in, DmaO
   TileRef dst = dst_in;
   TileRef src = src_in;
   dst.partition_count = src.partition_count = static_cast<uint16_t>(partitions);
-  DmaRecord r;
-  r.partition_start = dst.partition_start;
-  r.partitions = static_cast<uint32_t>(partitions);
-  r.bytes_per_partition = static_cast<uint64_t>(src.free_count) * dtype_size(src_buffer.dtype);
-  r.run_bytes =
-      static_cast<uint64_t>(std::min(contiguous_run_elements(dst), contiguous_run_elements(src))) *
-      dtype_size(src_buffer.dtype);
-  Instruction instr;
-  instr.opcode = Opcode::dma_copy;
-  instr.engine = options.trigger;
-  instr.dma = add_dma(r, options);
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  push(instr);
+  const DmaRecord r = copy_record(
+      dst.partition_start, partitions, src.free_count,
+      std::min(contiguous_run_elements(dst), contiguous_run_elements(src)), src_buffer.dtype);
+  push_dma_copy(r, options, dst, src);
 }
 
 void ProgramBuilder::dma_gather(const TileRef& dst, Tensor tensor, const TileRef& index,
