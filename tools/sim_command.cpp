@@ -28,11 +28,16 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct Options {
+// What both verbs take: the kernel, its parameters and the machine.
+struct RequestOptions {
   std::string kernel;
   std::string machine;
   std::vector<std::string> machine_overrides;
   sim::KernelParameters parameters;
+  bool help = false;
+};
+
+struct Options : RequestOptions {
   std::string json_path;
   std::string trace_path;
   std::string html_path;
@@ -45,7 +50,6 @@ struct Options {
   size_t max_trace_events = 500000;
   bool list = false;
   bool describe_machine = false;
-  bool help = false;
 };
 
 void add_parameter(sim::KernelParameters& parameters, const std::string& assignment) {
@@ -55,26 +59,47 @@ void add_parameter(sim::KernelParameters& parameters, const std::string& assignm
   parameters[assignment.substr(0, eq)] = assignment.substr(eq + 1);
 }
 
-Options parse(const std::vector<std::string>& args) {
-  Options o;
+// The value after option `flag`.
+using OptionValue = std::function<std::string(const char* flag)>;
+
+// Parses the options both verbs share and the kernel name and bare KEY=VALUE parameters; every
+// other option goes to `own(option, value)`, which returns false for one it does not know.
+void parse_request(const std::vector<std::string>& args, RequestOptions& o,
+                   const std::function<bool(const std::string&, const OptionValue&)>& own) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value = [&](const char* flag) -> std::string {
+    const OptionValue value = [&](const char* flag) -> std::string {
       if (i + 1 >= args.size()) throw UsageError(std::string(flag) + " needs a value");
       return args[++i];
     };
     if (a == "-h" || a == "--help") {
       o.help = true;
-    } else if (a == "--list") {
-      o.list = true;
-    } else if (a == "--describe-machine") {
-      o.describe_machine = true;
     } else if (a == "--machine" || a == "-m") {
       o.machine = value("--machine");
     } else if (a == "--set") {
       o.machine_overrides.push_back(value("--set"));
     } else if (a == "--param" || a == "-p") {
       add_parameter(o.parameters, value("--param"));
+    } else if (!a.empty() && a[0] == '-') {
+      if (!own(a, value)) throw UsageError("unknown option '" + a + "'");
+    } else if (a.find('=') != std::string::npos) {
+      add_parameter(o.parameters, a);  // bare KEY=VALUE after the kernel
+    } else if (o.kernel.empty()) {
+      o.kernel = a;
+    } else {
+      throw UsageError("unexpected argument '" + a + "' (kernel already given as '" + o.kernel +
+                       "')");
+    }
+  }
+}
+
+Options parse(const std::vector<std::string>& args) {
+  Options o;
+  parse_request(args, o, [&o](const std::string& a, const OptionValue& value) {
+    if (a == "--list") {
+      o.list = true;
+    } else if (a == "--describe-machine") {
+      o.describe_machine = true;
     } else if (a == "--json") {
       o.json_path = value("--json");
     } else if (a == "--trace") {
@@ -103,17 +128,11 @@ Options parse(const std::vector<std::string>& args) {
       } catch (const std::exception&) {
         throw UsageError("--max-trace-events: expected a count, got '" + v + "'");
       }
-    } else if (!a.empty() && a[0] == '-') {
-      throw UsageError("unknown option '" + a + "'");
-    } else if (a.find('=') != std::string::npos) {
-      add_parameter(o.parameters, a);  // bare KEY=VALUE after the kernel
-    } else if (o.kernel.empty()) {
-      o.kernel = a;
     } else {
-      throw UsageError("unexpected argument '" + a + "' (kernel already given as '" + o.kernel +
-                       "')");
+      return false;
     }
-  }
+    return true;
+  });
   return o;
 }
 
@@ -383,17 +402,12 @@ int run_sim_command(const std::vector<std::string>& args) {
 
 namespace {
 
-struct SweepOptions {
-  std::string kernel;
-  std::string machine;
-  std::vector<std::string> machine_overrides;
-  sim::KernelParameters parameters;
+struct SweepOptions : RequestOptions {
   std::string over;  // the swept parameter, or machine.<field>
   std::vector<std::string> values;
   std::vector<std::string> metrics = {"total_time_us", "dma_utilization_percent",
                                       "tensor_active_time_percent", "mfu_percent"};
   std::string csv_path;
-  bool help = false;
 };
 
 std::vector<std::string> split_list(const std::string& text, char separator) {
@@ -409,21 +423,8 @@ std::vector<std::string> split_list(const std::string& text, char separator) {
 
 SweepOptions parse_sweep(const std::vector<std::string>& args) {
   SweepOptions o;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag) -> std::string {
-      if (i + 1 >= args.size()) throw UsageError(std::string(flag) + " needs a value");
-      return args[++i];
-    };
-    if (a == "-h" || a == "--help") {
-      o.help = true;
-    } else if (a == "--machine" || a == "-m") {
-      o.machine = value("--machine");
-    } else if (a == "--set") {
-      o.machine_overrides.push_back(value("--set"));
-    } else if (a == "--param" || a == "-p") {
-      add_parameter(o.parameters, value("--param"));
-    } else if (a == "--over") {
+  parse_request(args, o, [&o](const std::string& a, const OptionValue& value) {
+    if (a == "--over") {
       const std::string over = value("--over");
       const auto sep = over.find('=');
       if (sep == std::string::npos || sep == 0 || sep + 1 == over.size())
@@ -438,17 +439,11 @@ SweepOptions parse_sweep(const std::vector<std::string>& args) {
       o.metrics = split_list(value("--metrics"), ',');
     } else if (a == "--csv") {
       o.csv_path = value("--csv");
-    } else if (!a.empty() && a[0] == '-') {
-      throw UsageError("unknown option '" + a + "'");
-    } else if (a.find('=') != std::string::npos) {
-      add_parameter(o.parameters, a);
-    } else if (o.kernel.empty()) {
-      o.kernel = a;
     } else {
-      throw UsageError("unexpected argument '" + a + "' (kernel already given as '" + o.kernel +
-                       "')");
+      return false;
     }
-  }
+    return true;
+  });
   return o;
 }
 
