@@ -425,7 +425,7 @@ void ProgramBuilder::dma_copy(const HbmPattern& dst, const TileRef& src, DmaOpti
 
 namespace {
 
-// A dma_copy of `partitions` rows of `free_count` elements of `dtype` from partition
+// A transfer of `partitions` rows of `free_count` elements of `dtype` from partition
 // `partition_start`, contiguous in runs of `run_elements`.
 DmaRecord copy_record(uint32_t partition_start, int partitions, int64_t free_count,
                       int64_t run_elements, DType dtype) {
@@ -439,10 +439,10 @@ DmaRecord copy_record(uint32_t partition_start, int partitions, int64_t free_cou
 
 }  // namespace
 
-void ProgramBuilder::push_dma_copy(const DmaRecord& record, const DmaOptions& options,
-                                   const TileRef& dst, const TileRef& src) {
+void ProgramBuilder::push_dma(Opcode opcode, const DmaRecord& record, const DmaOptions& options,
+                              const TileRef& dst, const TileRef& src) {
   Instruction instr;
-  instr.opcode = Opcode::dma_copy;
+  instr.opcode = opcode;
   instr.engine = options.trigger;
   instr.dma = add_dma(record, options);
   instr.operands[kDst] = dst;
@@ -480,7 +480,8 @@ void ProgramBuilder::dma_between_hbm_and_tile(const TileRef& tile_in, const HbmP
   r.hbm = hbm;
   r.hbm_is_source = hbm_is_source;
   r.hbm_is_destination = !hbm_is_source;
-  push_dma_copy(r, options, hbm_is_source ? tile : TileRef{}, hbm_is_source ? TileRef{} : tile);
+  push_dma(Opcode::dma_copy, r, options, hbm_is_source ? tile : TileRef{},
+           hbm_is_source ? TileRef{} : tile);
 }
 
 void ProgramBuilder::dma_copy(const TileRef& dst_in, const TileRef& src_in, DmaOptions options) {
@@ -497,7 +498,7 @@ void ProgramBuilder::dma_copy(const TileRef& dst_in, const TileRef& src_in, DmaO
   const DmaRecord r = copy_record(
       dst.partition_start, partitions, src.free_count,
       std::min(contiguous_run_elements(dst), contiguous_run_elements(src)), src_buffer.dtype);
-  push_dma_copy(r, options, dst, src);
+  push_dma(Opcode::dma_copy, r, options, dst, src);
 }
 
 void ProgramBuilder::dma_gather(const TileRef& dst, Tensor tensor, const TileRef& index,
@@ -595,20 +596,13 @@ void ProgramBuilder::dma_transpose(const TileRef& dst, const HbmPattern& src, Dm
       << "dma_transpose: src [" << src.partitions << ", " << src.counts[0] << "] needs dst ["
       << src.counts[0] << ", " << src.partitions << "], got [" << dst.partition_count << ", "
       << dst.free_count << "]";
-  DmaRecord r;
+  // A transpose writes whole destination rows: its runs are the rows.
+  DmaRecord r = copy_record(dst.partition_start, dst.partition_count, dst.free_count,
+                            dst.free_count, tensor.dtype);
   r.hbm = src;
   r.hbm_is_source = true;
   r.transpose = true;
-  r.partition_start = dst.partition_start;
-  r.partitions = dst.partition_count;
-  r.bytes_per_partition = static_cast<uint64_t>(dst.free_count) * dtype_size(tensor.dtype);
-  r.run_bytes = r.bytes_per_partition;
-  Instruction instr;
-  instr.opcode = Opcode::dma_transpose;
-  instr.engine = options.trigger;
-  instr.dma = add_dma(r, options);
-  instr.operands[kDst] = dst;
-  push(instr);
+  push_dma(Opcode::dma_transpose, r, options, dst, TileRef{});
 }
 
 void ProgramBuilder::dma_transpose(const TileRef& dst, const TileRef& src, DmaOptions options) {
@@ -624,19 +618,10 @@ void ProgramBuilder::dma_transpose(const TileRef& dst, const TileRef& src, DmaOp
       << "dma_transpose: src [" << src.partition_count << ", " << src.free_count << "] needs dst ["
       << src.free_count << ", " << src.partition_count << "], got [" << dst.partition_count << ", "
       << dst.free_count << "]";
-  DmaRecord r;
+  DmaRecord r = copy_record(dst.partition_start, dst.partition_count, dst.free_count,
+                            dst.free_count, src_buffer.dtype);
   r.transpose = true;
-  r.partition_start = dst.partition_start;
-  r.partitions = dst.partition_count;
-  r.bytes_per_partition = static_cast<uint64_t>(dst.free_count) * dtype_size(src_buffer.dtype);
-  r.run_bytes = r.bytes_per_partition;
-  Instruction instr;
-  instr.opcode = Opcode::dma_transpose;
-  instr.engine = options.trigger;
-  instr.dma = add_dma(r, options);
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  push(instr);
+  push_dma(Opcode::dma_transpose, r, options, dst, src);
 }
 
 void ProgramBuilder::matmul(const TileRef& dst, const TileRef& stationary, const TileRef& moving,

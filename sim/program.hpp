@@ -198,9 +198,9 @@ class ProgramBuilder {
   void check_scalar(const Scalar& s, const TileRef& data, const char* instruction,
                     const char* operand) const;
   uint32_t add_dma(DmaRecord record, const DmaOptions& options);
-  // A dma_copy instruction of `record`; dst / src are the tile operands (empty on the HBM side).
-  void push_dma_copy(const DmaRecord& record, const DmaOptions& options, const TileRef& dst,
-                     const TileRef& src);
+  // A DMA instruction of `record`; dst / src are the tile operands (empty on the HBM side).
+  void push_dma(Opcode opcode, const DmaRecord& record, const DmaOptions& options,
+                const TileRef& dst, const TileRef& src);
   void dma_between_hbm_and_tile(const TileRef& tile, const HbmPattern& hbm, bool hbm_is_source,
                                 const DmaOptions& options);
   void gather_rows(const TileRef& dst, Tensor tensor, int64_t row_offset, int64_t rows,
