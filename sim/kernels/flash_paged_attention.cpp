@@ -379,6 +379,21 @@ std::vector<uint8_t> reorder_context_mask(const std::vector<uint8_t>& mask, int6
   return out;
 }
 
+PagedAttentionRun paged_attention_run(const schedules::PagedAttentionSchedule& schedule,
+                                      const std::vector<PagedAttentionRequest>& requests,
+                                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                      DType dtype, uint32_t seed) {
+  PagedAttentionRun r;
+  r.config.schedule = schedule;
+  r.batch = make_paged_attention_batch(requests, schedule.block_size, schedule.large_tile_size,
+                                       schedule.partition_tile, seed);
+  r.config.shape = {num_heads, num_kv_heads, head_dim, r.batch.query_len,
+                    r.batch.num_active_blocks};
+  r.config.num_cache_blocks = r.batch.num_cache_blocks;
+  r.config.dtype = dtype;
+  return r;
+}
+
 Program build_flash_paged_attention(const Machine& machine,
                                     const FlashPagedAttentionConfig& config) {
   return Builder(machine, config).build();

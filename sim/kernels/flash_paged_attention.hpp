@@ -52,6 +52,17 @@ std::vector<uint8_t> reorder_context_mask(const std::vector<uint8_t>& mask, int6
                                           int64_t context_len, const KvTileLayout& layout,
                                           int64_t large_tile_size);
 
+// A run of the kernel on a generated batch: the batch of `requests` (block tables, mask; random
+// cache block order from `seed`) and the configuration whose shape and cache size it fills in.
+struct PagedAttentionRun {
+  FlashPagedAttentionConfig config;
+  PagedAttentionBatch batch;
+};
+PagedAttentionRun paged_attention_run(const schedules::PagedAttentionSchedule& schedule,
+                                      const std::vector<PagedAttentionRequest>& requests,
+                                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                      DType dtype, uint32_t seed);
+
 // The HBM tensors: "query" (1, n_heads, d, seq_q), "key" (1, n_kv_heads, d, seq_q), "value"
 // (1, n_kv_heads, seq_q, d), "kv_cache" declared in the kernel's flattened view (2, num_blocks ·
 // n_kv_heads · tiling_factor, tiled_block_size · d) — the same bytes as (2, num_blocks,

@@ -53,14 +53,8 @@ std::vector<PagedAttentionRequest> requests_from(const KernelParameters& p) {
   return requests;
 }
 
-struct ResolvedPaged {
-  FlashPagedAttentionConfig config;
-  PagedAttentionBatch batch;
-};
-
-ResolvedPaged resolve_paged(const KernelParameters& p) {
-  ResolvedPaged r;
-  auto& s = r.config.schedule;
+PagedAttentionRun resolve_paged(const KernelParameters& p) {
+  schedules::PagedAttentionSchedule s;
   s.large_tile_size = parameter_int(p, "large_tile_size", 1, 1 << 20);
   s.block_size = parameter_int(p, "block_size", 1, 1 << 20);
   s.kv_buffers = static_cast<int>(parameter_int(p, "kv_buffers", 0, 64));
@@ -69,23 +63,18 @@ ResolvedPaged resolve_paged(const KernelParameters& p) {
                     ? schedules::TransposeMethod::dma
                     : schedules::TransposeMethod::pe;
   s.validate();
-  auto& shape = r.config.shape;
-  shape.num_heads = parameter_int(p, "num_heads", 1, 4096);
-  shape.num_kv_heads = parameter_int(p, "num_kv_heads", 1, 4096);
-  shape.head_dim = parameter_int(p, "head_dim", 1, 1 << 20);
-  r.config.dtype = parameter_dtype(p, "dtype");
+  const int64_t num_heads = parameter_int(p, "num_heads", 1, 4096);
+  const int64_t num_kv_heads = parameter_int(p, "num_kv_heads", 1, 4096);
+  const int64_t head_dim = parameter_int(p, "head_dim", 1, 1 << 20);
+  const DType dtype = parameter_dtype(p, "dtype");
   // The CLI's tiling_factor sets the schedule field (validated with the schedule below).
   const std::string factor = p.at("tiling_factor");
   s.block_size_tiling_factor_override =
       factor == "auto" ? 0 : parameter_int(p, "tiling_factor", 1, s.partition_tile);
   s.validate();
   const int64_t seed = parameter_int(p, "seed", 0, UINT32_MAX);
-  r.batch = make_paged_attention_batch(requests_from(p), s.block_size, s.large_tile_size,
-                                       s.partition_tile, static_cast<uint32_t>(seed));
-  shape.query_len = r.batch.query_len;
-  shape.num_active_blocks = r.batch.num_active_blocks;
-  r.config.num_cache_blocks = r.batch.num_cache_blocks;
-  return r;
+  return paged_attention_run(s, requests_from(p), num_heads, num_kv_heads, head_dim, dtype,
+                             static_cast<uint32_t>(seed));
 }
 
 }  // namespace
@@ -134,14 +123,14 @@ void register_paged_attention(KernelRegistry& registry) {
       {"seed", "1", "block placement in the cache (shuffled)"},
   };
   info.build = [](const Machine& machine, const KernelParameters& p) {
-    const ResolvedPaged r = resolve_paged(p);
+    const PagedAttentionRun r = resolve_paged(p);
     return build_flash_paged_attention(machine, r.config);
   };
   info.writes_reports_by_default = true;
   // The block-size tiling trick made visible: the same batch with the trick turned off.
   info.default_comparisons = {"tiling_factor=1"};
   info.functional_inputs = [](const KernelParameters& p) {
-    const ResolvedPaged r = resolve_paged(p);
+    const PagedAttentionRun r = resolve_paged(p);
     std::map<std::string, std::vector<float>> inputs;
     inputs["block_tables"].assign(r.batch.block_tables.begin(), r.batch.block_tables.end());
     const auto reordered = reorder_context_mask(

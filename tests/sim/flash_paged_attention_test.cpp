@@ -27,31 +27,20 @@ struct Case {
   std::vector<PagedAttentionRequest> requests = {{40, 70}, {1, 300}, {1, 33}, {25, 0}, {1, 1}};
 };
 
-struct Prepared {
-  FlashPagedAttentionConfig config;
-  PagedAttentionBatch batch;
-};
-
-Prepared prepare(const Case& c) {
-  Prepared p;
-  auto& s = p.config.schedule;
+PagedAttentionRun prepare(const Case& c) {
+  schedules::PagedAttentionSchedule s;
   s.block_size = c.block_size;
   s.large_tile_size = c.large_tile_size;
   s.mixed_precision = c.mixed_precision;
   s.transpose = c.transpose;
-  p.batch =
-      make_paged_attention_batch(c.requests, c.block_size, c.large_tile_size, s.partition_tile, 7);
-  p.config.shape = {c.heads, c.kv_heads, c.head_dim, p.batch.query_len, p.batch.num_active_blocks};
-  p.config.num_cache_blocks = p.batch.num_cache_blocks;
-  p.config.dtype = c.dtype;
   s.block_size_tiling_factor_override = c.tiling_factor;
-  return p;
+  return paged_attention_run(s, c.requests, c.heads, c.kv_heads, c.head_dim, c.dtype, 7);
 }
 
 // Runs the kernel on random data and returns the largest |kernel - reference| over the rows of
 // real requests (padding rows attend nothing and are not compared).
 double max_error(const Machine& machine, const Case& c) {
-  const Prepared p = prepare(c);
+  const PagedAttentionRun p = prepare(c);
   const auto& shape = p.config.shape;
   const int64_t H = shape.num_heads, KH = shape.num_kv_heads, d = shape.head_dim;
   const int64_t seq_q = p.batch.query_len, bs = c.block_size;
