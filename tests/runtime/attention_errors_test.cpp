@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "host_tensor.hpp"
@@ -44,6 +45,15 @@ struct ValidCall {
     options.lse = lse.view();
   }
 };
+
+// The argument of `call` named `name`: q, k, v, out, bias or lse.
+TensorView& argument_of(ValidCall& call, const std::string& name) {
+  if (name == "q") return call.q_view;
+  if (name == "k") return call.k_view;
+  if (name == "v") return call.v_view;
+  if (name == "out") return call.out_view;
+  return name == "bias" ? *call.options.bias : *call.options.lse;
+}
 
 // Calls flash_attention with `call` as given; expects an Error of `kind` whose message names
 // `argument` (and contains `also`, when given), and out and lse still holding their sentinels.
@@ -154,82 +164,41 @@ TEST_CASE("flash_attention errors: ranks", "[runtime][errors]") {
 }
 
 TEST_CASE("flash_attention errors: dtypes", "[runtime][errors]") {
-  ValidCall call;
-  SECTION("q of an unsupported dtype") {
-    call.q_view = with_dtype(call.q_view, DType::i32);
-    expect_error(call, ErrorKind::invalid_type, "q", "int32");
-  }
-  SECTION("k differing from q") {
-    call.k_view = with_dtype(call.k_view, DType::f16);
-    expect_error(call, ErrorKind::invalid_type, "k", "float32");
-  }
-  SECTION("v differing from q") {
-    call.v_view = with_dtype(call.v_view, DType::bf16);
-    expect_error(call, ErrorKind::invalid_type, "v", "float32");
-  }
-  SECTION("out differing from q") {
-    call.out_view = with_dtype(call.out_view, DType::f16);
-    expect_error(call, ErrorKind::invalid_type, "out", "float32");
-  }
-  SECTION("bias not fp32") {
-    call.options.bias = with_dtype(*call.options.bias, DType::bf16);
-    expect_error(call, ErrorKind::invalid_type, "bias", "float32");
-  }
-  SECTION("lse not fp32") {
-    call.options.lse = with_dtype(*call.options.lse, DType::f16);
-    expect_error(call, ErrorKind::invalid_type, "lse", "float32");
+  // q of an unsupported dtype, then each other argument differing from q (bias and lse: not fp32).
+  const std::tuple<const char*, DType, const char*> cases[] = {
+      {"q", DType::i32, "int32"},       {"k", DType::f16, "float32"},
+      {"v", DType::bf16, "float32"},    {"out", DType::f16, "float32"},
+      {"bias", DType::bf16, "float32"}, {"lse", DType::f16, "float32"}};
+  for (const auto& [name, dtype, also] : cases) {
+    DYNAMIC_SECTION(name << " of dtype " << tilelab::dtype_name(dtype)) {
+      ValidCall call;
+      TensorView& argument = argument_of(call, name);
+      argument = with_dtype(argument, dtype);
+      expect_error(call, ErrorKind::invalid_type, name, also);
+    }
   }
 }
 
 TEST_CASE("flash_attention errors: null data and negative strides", "[runtime][errors]") {
-  ValidCall call;
-  SECTION("null q") {
-    call.q_view = with_data(call.q_view, nullptr);
-    expect_error(call, ErrorKind::invalid_value, "q", "null");
+  for (const char* name : {"q", "k", "v", "out", "bias", "lse"}) {
+    DYNAMIC_SECTION("null " << name) {
+      ValidCall call;
+      TensorView& argument = argument_of(call, name);
+      argument = with_data(argument, nullptr);
+      expect_error(call, ErrorKind::invalid_value, name, "null");
+    }
   }
-  SECTION("null k") {
-    call.k_view = with_data(call.k_view, nullptr);
-    expect_error(call, ErrorKind::invalid_value, "k", "null");
-  }
-  SECTION("null v") {
-    call.v_view = with_data(call.v_view, nullptr);
-    expect_error(call, ErrorKind::invalid_value, "v", "null");
-  }
-  SECTION("null out") {
-    call.out_view = with_data(call.out_view, nullptr);
-    expect_error(call, ErrorKind::invalid_value, "out", "null");
-  }
-  SECTION("null bias") {
-    call.options.bias = with_data(*call.options.bias, nullptr);
-    expect_error(call, ErrorKind::invalid_value, "bias", "null");
-  }
-  SECTION("null lse") {
-    call.options.lse = with_data(*call.options.lse, nullptr);
-    expect_error(call, ErrorKind::invalid_value, "lse", "null");
-  }
-  SECTION("negative stride in q") {
-    call.q_view = with_stride(call.q_view, 2, -ValidCall::D);
-    expect_error(call, ErrorKind::invalid_value, "q", "non-negative");
-  }
-  SECTION("negative stride in k") {
-    call.k_view = with_stride(call.k_view, 3, -1);
-    expect_error(call, ErrorKind::invalid_value, "k", "non-negative");
-  }
-  SECTION("negative stride in v") {
-    call.v_view = with_stride(call.v_view, 0, -1);
-    expect_error(call, ErrorKind::invalid_value, "v", "non-negative");
-  }
-  SECTION("negative stride in out") {
-    call.out_view = with_stride(call.out_view, 1, -1);
-    expect_error(call, ErrorKind::invalid_value, "out", "non-negative");
-  }
-  SECTION("negative stride in bias") {
-    call.options.bias = with_stride(*call.options.bias, 3, -1);
-    expect_error(call, ErrorKind::invalid_value, "bias", "non-negative");
-  }
-  SECTION("negative stride in lse") {
-    call.options.lse = with_stride(*call.options.lse, 2, -1);
-    expect_error(call, ErrorKind::invalid_value, "lse", "non-negative");
+  // A negative stride in one dimension of each argument.
+  const std::tuple<const char*, int, std::int64_t> strides[] = {
+      {"q", 2, -ValidCall::D}, {"k", 3, -1},    {"v", 0, -1},
+      {"out", 1, -1},          {"bias", 3, -1}, {"lse", 2, -1}};
+  for (const auto& [name, dim, stride] : strides) {
+    DYNAMIC_SECTION("negative stride in " << name) {
+      ValidCall call;
+      TensorView& argument = argument_of(call, name);
+      argument = with_stride(argument, dim, stride);
+      expect_error(call, ErrorKind::invalid_value, name, "non-negative");
+    }
   }
 }
 
