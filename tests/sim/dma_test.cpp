@@ -37,6 +37,18 @@ double stream_throughput(const Machine& machine, int partitions, int64_t bytes_p
   return double(count) * partitions * bytes_per_partition / (last - first);
 }
 
+// An HBM transfer of `partitions` rows of `bytes_per_partition` bytes in runs of `run_bytes`.
+DmaRecord hbm_record(uint32_t partition_start, uint32_t partitions, uint64_t bytes_per_partition,
+                     uint64_t run_bytes) {
+  DmaRecord d;
+  d.partition_start = partition_start;
+  d.partitions = partitions;
+  d.bytes_per_partition = bytes_per_partition;
+  d.run_bytes = run_bytes;
+  d.hbm.tensor = 0;
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("dma: splits a transfer across engines by partition", "[sim][dma]") {
@@ -84,12 +96,7 @@ TEST_CASE("dma: the partition -> engine map and the default queues", "[sim][dma]
 
 TEST_CASE("dma: split pieces are costed by the one piece formula", "[sim][dma]") {
   const Machine& m = trn2();
-  DmaRecord d;
-  d.partition_start = 60;
-  d.partitions = 40;
-  d.bytes_per_partition = 3000;
-  d.run_bytes = 600;
-  d.hbm.tensor = 0;
+  const DmaRecord d = hbm_record(60, 40, 3000, 600);
   DmaPiece pieces[16];
   const int count = split_dma(m, d, pieces);
   REQUIRE(count == 6);
@@ -99,11 +106,7 @@ TEST_CASE("dma: split pieces are costed by the one piece formula", "[sim][dma]")
 
 TEST_CASE("dma: a piece costs fixed overhead + bytes / (bandwidth x efficiency)", "[sim][dma]") {
   const Machine& m = trn1();
-  DmaRecord d;
-  d.partitions = 128;
-  d.bytes_per_partition = 2048;
-  d.run_bytes = 2048;
-  d.hbm.tensor = 0;
+  DmaRecord d = hbm_record(0, 128, 2048, 2048);
   const double expected = m.dma_fixed_cost_ns_per_piece + 16384.0 / (17.0 * 0.814);
   CHECK(dma_piece_ns(m, d, 16384) == Approx(expected));
   // Strided HBM rows (2-byte runs) are costed at the descriptor size, not the partition size.
