@@ -23,9 +23,9 @@ def main() -> None:
     grid = {"block_size": [8, 16, 32, 64, 128], "large_tile_size": [512, 1024, 2048, 4096, 8192],
             "kv_buffers": [1, 2, 3, 4], "seed": list(range(1, seeds + 1))}
     start = time.perf_counter()
-    rows = sim.sweep(grid=grid, machine="trn1", as_dataframe=False, progress=False)
+    rows = sim.sweep(grid=grid, machine="trn1", progress=False)
     seconds = time.perf_counter() - start
-    valid = sum(r["valid"] for r in rows)
+    valid = sum(r.valid for r in rows)
     print(f"{len(rows)} points ({valid} valid, {len(rows) - valid} skipped) on {args.threads} "
           f"threads: {seconds:.2f} s, {len(rows) / seconds:.0f} points/s")
 
