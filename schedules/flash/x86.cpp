@@ -20,7 +20,8 @@
 // per (d, row, block), about a third of the FMA work at D = 128, KB = 64. Keeping the running
 // max as its own Func (recomputed from stored block maxima) moves the exps to per-row work.
 // Tried, no gain: key blocks of 32 or 128 (64 balances per-block overhead against causal skipping:
-// B1 H16 S512 D128 fp32 full 8.4 / 7.6 / 7.4 ms, causal 5.1 / 4.8 / 5.1 ms); fast_exp (within
+// B1 H16 S512 D128 fp32 full 8.4 / 7.6 / 7.4 ms, causal 5.1 / 4.8 / 5.1 ms; 2026-11, machine and
+// peak not recorded, so only the ratios between the three carry over); fast_exp (within
 // noise); software prefetch of the next K/V block in decode (0-10% slower: the hardware
 // prefetchers already follow the two streams); (m, l) in their own Func fused with compute_with
 // (bounds become unions over both stages' loops: 300x slower).

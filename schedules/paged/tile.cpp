@@ -36,8 +36,10 @@
 // simulator kernel shares the gather. The final normalization divides by l instead of multiplying
 // by exp(m - lse) (fp32 rounding only).
 //
-// Measured (Zen 4, 2 threads, 2026-11; H 8/2, d 128, seq_q 256, context 4096, block_size 32,
-// LTS 2048): 106 ms, ~43 GFLOP/s: a test-harness speed, not a target (the cpu schedule: 23 ms).
+// Measured (H 8/2, d 128, seq_q 256, context 4096, block_size 32, LTS 2048, 2 threads): AMD EPYC
+// Zen 3 (AVX2), 2026-11-23: 174 ms = 26 GFLOP/s = 13% of the fp32 FMA peak measured in the same
+// run (cpu schedule: 75-84 ms); Zen 4, 2026-11 (peak not recorded): 106 ms (cpu schedule: 23 ms).
+// A test-harness speed, not a target.
 // Most of it is the per-tile K transpose and P transpose copies and scalar P·V, as intended.
 #include "schedules/paged/tile.hpp"
 

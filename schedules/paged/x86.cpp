@@ -20,9 +20,12 @@
 // Register budget (AVX-512): 16 accumulators + 2–8 operands, at most 26/32 zmm.
 // Buffers per task: scores and P of 32 × LTS fp32 each (256 KiB each at LTS = 2048) in L2.
 //
-// Measured (Zen 4, 2 threads, 2026-11; H 8/2, d 128, seq_q 256, context 4096, block_size 32,
-// LTS 2048; median of 5): 23 ms mixed precision, 23 ms fp32, about 200 GFLOP/s counting every
-// score (masked ones included), vs 106 ms for the tile schedule. The per-call K/V pre-pass is
+// Measured (H 8/2, d 128, seq_q 256, context 4096, block_size 32, LTS 2048, mixed precision;
+// median of 5, 2 threads; GFLOP/s count every score, masked ones included):
+//   AMD EPYC Zen 3 (AVX2), 2026-11-23: 75-84 ms = 55-61 GFLOP/s = 27-30% of the fp32 FMA peak
+//     measured in the same run (203 GFLOP/s, tilelab_machine_peak); tile schedule 174 ms (13%).
+//   Zen 4 (AVX-512), 2026-11 (peak not recorded): 23 ms mixed precision and fp32, about 200
+//     GFLOP/s, vs 106 ms for the tile schedule. The per-call K/V pre-pass is
 // ~8% of the time. With numpy's OpenBLAS threads spinning on the same 2 cores (after an einsum)
 // the same call takes 80-130 ms: set OPENBLAS_NUM_THREADS=1 when measuring.
 // Tried: gathering and transposing K per (query tile, large tile) as the tile schedule does:
