@@ -79,7 +79,9 @@ class Machine:
     def __init__(self, source: str, overrides: Mapping[str, Any] | None = None):
         """Prefer :meth:`preset` and :meth:`from_json`. ``source`` is a preset name or a path."""
         if not isinstance(source, str):
-            raise TypeError(f"source: expected a preset name or path (str), got {_type_name(source)}")
+            raise TypeError(
+                f"source: expected a preset name or path (str), got {_type_name(source)}"
+            )
         object.__setattr__(self, "_source", source)
         object.__setattr__(self, "_overrides", {})
         object.__setattr__(self, "_machine", _core.SimMachine.load(source, []))
@@ -253,7 +255,9 @@ class PagedAttentionSchedule:
         if isinstance(self.mixed_precision, np.bool_):
             object.__setattr__(self, "mixed_precision", bool(self.mixed_precision))
         if not isinstance(self.mixed_precision, bool):
-            raise TypeError(f"mixed_precision: expected a bool, got {_type_name(self.mixed_precision)}")
+            raise TypeError(
+                f"mixed_precision: expected a bool, got {_type_name(self.mixed_precision)}"
+            )
         if self.transpose not in ("pe", "dma"):
             raise ValueError(f"transpose: expected 'pe' or 'dma', got {self.transpose!r}")
         normalized = json.loads(_core.sim_schedule(json.dumps(self._payload())))
@@ -326,14 +330,15 @@ def _schedule_fields() -> tuple[str, ...]:
 class Report:
     """The report of one simulated run.
 
-    Every summary field is an attribute (``report.total_time_ns``, ``report.dma_utilization_percent``,
-    ``report.tensor_active_time_percent``, ``report.dma_gather_average_bytes_per_partition``, ...;
+    Every summary field is an attribute (``report.total_time_ns``,
+    ``report.dma_utilization_percent``, ``report.tensor_active_time_percent``,
+    ``report.dma_gather_average_bytes_per_partition``, ...;
     :attr:`summary_fields` lists them, the same keys as :func:`sweep`'s columns). The nested
     report (schema ``tilelab.sim_report``, docs/sim_report.schema.json) is :meth:`to_json`;
     :attr:`timeline` has one row per instruction.
     """
 
-    __slots__ = ("_handle", "_summary", "_json", "_timeline")
+    __slots__ = ("_handle", "_json", "_summary", "_timeline")
 
     def __init__(self, handle: Any):
         """Reports come from the simulate functions; do not build one directly."""
@@ -535,7 +540,9 @@ def _parameter_text(name: str, value: Any) -> str:
         value = value.item()
     if isinstance(value, (int, float, str)):
         return str(value)
-    raise TypeError(f"params[{name!r}]: expected a str, int, float or bool, got {_type_name(value)}")
+    raise TypeError(
+        f"params[{name!r}]: expected a str, int, float or bool, got {_type_name(value)}"
+    )
 
 
 def _kernel_parameters(params: Mapping[str, Any] | None) -> dict[str, str]:
@@ -616,7 +623,9 @@ def _tiling_factor(value: Any) -> int:
     return factor
 
 
-def _resolve_schedule(schedule: PagedAttentionSchedule | None, **fields: Any) -> PagedAttentionSchedule:
+def _resolve_schedule(
+    schedule: PagedAttentionSchedule | None, **fields: Any
+) -> PagedAttentionSchedule:
     if schedule is None:
         return PagedAttentionSchedule(**{k: v for k, v in fields.items() if v is not None})
     if not isinstance(schedule, PagedAttentionSchedule):
@@ -913,7 +922,7 @@ def _run_points(
         meter.close()
     metric_names = next((list(r) for r in results if isinstance(r, dict)), [])
     out = SweepResult()
-    for row, result in zip(rows, results):
+    for row, result in zip(rows, results, strict=True):
         valid = isinstance(result, dict)
         metrics = {k: result[k] if valid else math.nan for k in metric_names}
         out.append(SweepPoint(row, valid, None if valid else result, metrics))
@@ -963,7 +972,7 @@ def _sweep_kernel(kernel, base, grid, machine, progress) -> SweepResult:
     points, rows = [], []
     keys = list(grid)
     for combination in itertools.product(*(grid[key] for key in keys)):
-        chosen = dict(zip(keys, combination))
+        chosen = dict(zip(keys, combination, strict=True))
         settings = {**base, **{k: v for k, v in chosen.items() if not k.startswith("machine")}}
         points.append((_kernel_parameters(settings), machines.index(base_machine, chosen)))
         rows.append({key: _column_value(value) for key, value in chosen.items()})
@@ -1010,18 +1019,23 @@ def sweep(
     base_machine = _as_machine(machine)
     base_schedule = base.pop("schedule", None) or PagedAttentionSchedule()
     if not isinstance(base_schedule, PagedAttentionSchedule):
-        raise TypeError(f"base['schedule']: expected a PagedAttentionSchedule, got {_type_name(base_schedule)}")
+        raise TypeError(
+            "base['schedule']: expected a PagedAttentionSchedule, got "
+            f"{_type_name(base_schedule)}"
+        )
 
     machines = _MachineTable()
     points, rows = [], []
     keys = list(grid)
     for combination in itertools.product(*(grid[key] for key in keys)):
-        chosen = dict(zip(keys, combination))
+        chosen = dict(zip(keys, combination, strict=True))
         settings = {**base, **{k: v for k, v in chosen.items() if not k.startswith("machine")}}
         machine_index = machines.index(base_machine, chosen)
         schedule = settings.pop("schedule", base_schedule)
         if not isinstance(schedule, PagedAttentionSchedule):
-            raise TypeError(f"grid['schedule']: expected PagedAttentionSchedules, got {_type_name(schedule)}")
+            raise TypeError(
+                f"grid['schedule']: expected PagedAttentionSchedules, got {_type_name(schedule)}"
+            )
         payload = schedule._payload()
         for name in schedule_fields:
             if name in settings:

@@ -36,7 +36,9 @@ def test_presets_load_with_readable_fields():
 
 def test_machine_overrides_change_the_simulation():
     machine = sim.Machine.preset("trn1")
-    slow = machine.with_overrides(dma_bytes_per_ns_per_engine=machine.dma_bytes_per_ns_per_engine / 4)
+    slow = machine.with_overrides(
+        dma_bytes_per_ns_per_engine=machine.dma_bytes_per_ns_per_engine / 4
+    )
     assert machine.overrides == {} and slow.overrides
     fast_report = sim.simulate_paged_attention_batch(machine=machine, **SMALL)
     slow_report = sim.simulate_paged_attention_batch(machine=slow, **SMALL)
@@ -115,7 +117,8 @@ def test_schedule_errors_explain_the_constraint(fields, message):
 
 
 @pytest.mark.parametrize(
-    "fields, name", [({"block_size": 32.0}, "block_size"), ({"mixed_precision": 1}, "mixed_precision")]
+    "fields, name",
+    [({"block_size": 32.0}, "block_size"), ({"mixed_precision": 1}, "mixed_precision")],
 )
 def test_schedule_type_errors_name_the_field(fields, name):
     with pytest.raises(TypeError, match=name):
@@ -228,7 +231,8 @@ def test_dma_transpose_needs_nc_v3():
     schedule = sim.PagedAttentionSchedule(transpose="dma")
     with pytest.raises(ValueError, match="transpose"):
         sim.simulate_paged_attention_batch(schedule=schedule, machine="trn1", **SMALL)
-    assert sim.simulate_paged_attention_batch(schedule=schedule, machine="trn2", **SMALL).total_time_ns > 0
+    report = sim.simulate_paged_attention_batch(schedule=schedule, machine="trn2", **SMALL)
+    assert report.total_time_ns > 0
 
 
 # --- array-based (functional) entry ---
@@ -286,7 +290,7 @@ def test_functional_run_matches_reference(rng, tiling_factor):
 
 
 def test_functional_run_bf16(rng):
-    import ml_dtypes  # noqa: PLC0415
+    import ml_dtypes
 
     inputs = nki_inputs(rng, block_size=64, large=1024, dtype=ml_dtypes.bfloat16)
     query, key, value, kv_cache, block_tables, mask = inputs
@@ -322,7 +326,8 @@ def test_functional_errors_name_the_argument(rng):
         sim.simulate_flash_paged_attention(**{**good, "LARGE_TILE_SZ": None}, schedule=schedule)
     with pytest.raises(ValueError, match="large_tile_size: 1024 disagrees"):
         sim.simulate_flash_paged_attention(
-            **{**good, "LARGE_TILE_SZ": 1024}, schedule=sim.PagedAttentionSchedule(large_tile_size=512)
+            **{**good, "LARGE_TILE_SZ": 1024},
+            schedule=sim.PagedAttentionSchedule(large_tile_size=512),
         )
 
 
@@ -354,7 +359,10 @@ def test_sweep_list_of_dicts_with_invalid_points():
 def test_sweep_machines_and_overrides():
     rows = sim.sweep(
         SMALL,
-        grid={"machine": ["trn1", sim.Machine.preset("trn2")], "machine.dma_bytes_per_ns_per_engine": [10.0, 40.0]},
+        grid={
+            "machine": ["trn1", sim.Machine.preset("trn2")],
+            "machine.dma_bytes_per_ns_per_engine": [10.0, 40.0],
+        },
     )
     assert [r["machine"] for r in rows] == ["trn1", "trn1", "trn2", "trn2"]
     assert rows[0]["total_time_ns"] > rows[1]["total_time_ns"]  # slower DMA, longer run
@@ -416,11 +424,12 @@ def test_kernels_lists_the_registry():
 
 
 def test_simulate_any_kernel():
-    report = sim.simulate("matmul", {"variant": "tiled", "M": 512, "K": 1024, "N": 1024}, machine="trn2")
+    tiled = {"variant": "tiled", "M": 512, "K": 1024, "N": 1024}
+    report = sim.simulate("matmul", tiled, machine="trn2")
     assert report.kernel == "matmul" and report.machine == "trn2"
     assert report.parameters["M"] == "512" and report.parameters["variant"] == "tiled"
     assert report.total_time_ns > 0 and report.tensor_instruction_count > 0
-    bigger = sim.simulate("matmul", {"variant": "tiled", "M": 1024, "K": 1024, "N": 1024}, machine="trn2")
+    bigger = sim.simulate("matmul", {**tiled, "M": 1024}, machine="trn2")
     assert bigger.total_time_ns > report.total_time_ns
     # The shape-based paged-attention entry and the generic one agree.
     batch = sim.simulate_paged_attention_batch(**SMALL)
@@ -433,7 +442,7 @@ def test_simulate_any_kernel():
 
 
 def test_simulate_errors_name_the_kernel_and_parameter():
-    with pytest.raises(ValueError, match="kernel 'nope': unknown; known kernels:.*matmul"):
+    with pytest.raises(ValueError, match=r"kernel 'nope': unknown; known kernels:.*matmul"):
         sim.simulate("nope")
     with pytest.raises(ValueError, match="kernel 'matmul': unknown parameter 'tile_q'"):
         sim.simulate("matmul", {"tile_q": 3})
@@ -451,9 +460,10 @@ def test_sweep_returns_typed_points_whether_or_not_pandas_imports(monkeypatch):
         assert type(rows) is sim.SweepResult and all(type(p) is sim.SweepPoint for p in rows)
     point = without[1]
     assert point.settings == {"kv_buffers": 2} and point.valid and point.error is None
-    assert point.metrics["total_time_ns"] == point["total_time_ns"] == with_pandas[1]["total_time_ns"]
+    total = point.metrics["total_time_ns"]
+    assert total == point["total_time_ns"] == with_pandas[1]["total_time_ns"]
     assert point.to_dict()["kv_buffers"] == 2
-    with pytest.raises(ImportError, match="SweepResult.to_pandas needs pandas"):
+    with pytest.raises(ImportError, match=r"SweepResult\.to_pandas needs pandas"):
         without.to_dataframe()
 
 
@@ -466,7 +476,9 @@ def test_sweep_any_kernel():
     assert [(r["M"], r["machine"]) for r in rows][:2] == [(256, "trn1"), (256, "trn2")]
     assert [r.valid for r in rows] == [True, True, True, True, False, False]
     assert "M = 100 must be a positive multiple of 128" in rows[4].error
-    single = sim.simulate("matmul", {"variant": "tiled", "M": 512, "K": 1024, "N": 1024}, machine="trn2")
+    single = sim.simulate(
+        "matmul", {"variant": "tiled", "M": 512, "K": 1024, "N": 1024}, machine="trn2"
+    )
     assert rows[3]["total_time_ns"] == single.total_time_ns
     assert rows[2]["total_time_ns"] > rows[0]["total_time_ns"]
     with pytest.raises(ValueError, match="grid: unknown key 'tile_q'"):
@@ -479,9 +491,11 @@ def test_machine_fields_come_from_the_machine_key_table():
     table = {name: (kind, low, high) for name, kind, low, high in tilelab._core.SimMachine.fields()}
     machine = sim.Machine.preset("trn1")
     assert set(machine.fields) == {"name", "description", *table}
-    assert table["partitions"] == ("integer", 1, 128) and table["dma_efficiency_curve"][0] == "curve"
+    assert table["partitions"] == ("integer", 1, 128)
+    assert table["dma_efficiency_curve"][0] == "curve"
     assert "in [1, 128]" in type(machine).partitions.__doc__
-    assert machine.dma_efficiency_curve == [list(p) for p in machine.to_dict()["dma_efficiency_curve"]]
+    curve = machine.to_dict()["dma_efficiency_curve"]
+    assert machine.dma_efficiency_curve == [list(p) for p in curve]
     copy = machine.with_overrides(dma_start_latency_ns=123.0)
     machine.dma_start_latency_ns = 7.0  # edits this machine only
     assert (machine.dma_start_latency_ns, copy.dma_start_latency_ns) == (7.0, 123.0)
@@ -495,7 +509,8 @@ def test_report_fields_are_properties_with_units(report):
     assert list(units) == report.summary_fields
     assert units["total_time_ns"] == "ns" and units["dma_utilization_percent"] == "percent"
     assert units["tensor_instruction_count"] == "count" and units["dma_achieved_gbps"] == "GB/s"
-    assert isinstance(sim.Report.total_time_ns, property) and "[ns]" in sim.Report.total_time_ns.__doc__
+    assert isinstance(sim.Report.total_time_ns, property)
+    assert "[ns]" in sim.Report.total_time_ns.__doc__
     assert report.total_time_cycles == pytest.approx(report.to_json()["total_time_cycles"])
     with pytest.raises(AttributeError):
         report.total_cycles  # noqa: B018 (the old name is gone)
