@@ -20,8 +20,7 @@ bool in_psum(const Program& p, const TileRef& ref) {
 
 // Innermost free stride above the threshold halves SBUF bandwidth (AR2); broadcast (stride 0) and
 // PSUM operands are not penalised.
-double stride_factor(const Program& p, const Instruction& instr) {
-  const Machine& m = p.machine;
+double stride_factor(const Program& p, const Machine& m, const Instruction& instr) {
   for (const TileRef& ref : instr.operands) {
     if (!ref.valid()) continue;
     const Buffer& b = buffer(p, ref);
@@ -38,8 +37,8 @@ bool contiguous(const TileRef& ref) {
 
 // NC-v3 VectorE perf modes for copies and tensor_scalar (AR3): 4x for 16-bit SBUF->SBUF
 // contiguous data, 2x for 16-bit data that is strided or has one side in PSUM.
-double vector_16bit_speedup(const Program& p, const TileRef& dst, const TileRef& src) {
-  const Machine& m = p.machine;
+double vector_16bit_speedup(const Program& p, const Machine& m, const TileRef& dst,
+                            const TileRef& src) {
   if (!is_16bit_float(buffer(p, dst).dtype) || !is_16bit_float(buffer(p, src).dtype)) return 1.0;
   const bool sbuf_only = !in_psum(p, dst) && !in_psum(p, src);
   if (sbuf_only && contiguous(dst) && contiguous(src))
@@ -65,8 +64,7 @@ double engine_clock_ghz(const Machine& m, Engine engine) {
   return 1.0;
 }
 
-double instruction_cycles(const Program& p, const Instruction& instr) {
-  const Machine& m = p.machine;
+double instruction_cycles(const Program& p, const Machine& m, const Instruction& instr) {
   const TileRef& dst = instr.operands[kDst];
   const TileRef& src0 = instr.operands[kSrc0];
   const TileRef& src1 = instr.operands[kSrc1];
@@ -99,7 +97,7 @@ double instruction_cycles(const Program& p, const Instruction& instr) {
     }
     case Opcode::activation: {
       // max(MIN_II, N); with a fused reduce, + MIN_II for ActReadAccumulator (I).
-      double cycles = max_ii(m, src0.free_count * stride_factor(p, instr));
+      double cycles = max_ii(m, src0.free_count * stride_factor(p, m, instr));
       if (instr.flags & kFlagReduce) cycles += m.activation_reduce_extra_cycles;
       return cycles + access_overhead;
     }
@@ -122,14 +120,14 @@ double instruction_cycles(const Program& p, const Instruction& instr) {
       if (!in_psum(p, a) && !in_psum(p, b) && is_16bit_float(buffer(p, a).dtype) &&
           is_16bit_float(buffer(p, b).dtype))
         streaming /= m.vector_tensor_tensor_16bit_sbuf_speedup;
-      return max_ii(m, streaming * stride_factor(p, instr)) + access_overhead;
+      return max_ii(m, streaming * stride_factor(p, m, instr)) + access_overhead;
     }
     case Opcode::tensor_scalar:
     case Opcode::tensor_copy: {
       // max(MIN_II, N) (I); NC-v3 VectorE perf modes (AR3).
       double streaming = dst.free_count;
-      if (instr.engine == Engine::vector) streaming /= vector_16bit_speedup(p, dst, src0);
-      return max_ii(m, streaming * stride_factor(p, instr)) + access_overhead;
+      if (instr.engine == Engine::vector) streaming /= vector_16bit_speedup(p, m, dst, src0);
+      return max_ii(m, streaming * stride_factor(p, m, instr)) + access_overhead;
     }
     case Opcode::tensor_reduce: {
       // N/2 when input and output are bf16 and the op is add or max, else N; MIN_II floor (I).
@@ -138,13 +136,13 @@ double instruction_cycles(const Program& p, const Instruction& instr) {
                         buffer(p, dst).dtype == DType::bf16 &&
                         (op == AluOp::add || op == AluOp::max);
       const double streaming = half ? src0.free_count / 2.0 : src0.free_count;
-      return max_ii(m, streaming * stride_factor(p, instr)) + access_overhead;
+      return max_ii(m, streaming * stride_factor(p, m, instr)) + access_overhead;
     }
     case Opcode::memset: {
       // max(MIN_II, N/2) for 0 in bf16/fp16, else max(MIN_II, N) (I).
       const bool half = instr.imm0 == 0.0f && is_16bit_float(buffer(p, dst).dtype);
       const double streaming = half ? dst.free_count / 2.0 : dst.free_count;
-      return max_ii(m, streaming * stride_factor(p, instr)) + access_overhead;
+      return max_ii(m, streaming * stride_factor(p, m, instr)) + access_overhead;
     }
     case Opcode::iota:
       // 150 + N GpSimd cycles (I).
@@ -153,6 +151,10 @@ double instruction_cycles(const Program& p, const Instruction& instr) {
       break;
   }
   return 0;
+}
+
+double instruction_cycles(const Program& p, const Instruction& instr) {
+  return instruction_cycles(p, p.machine, instr);
 }
 
 }  // namespace tilelab::sim

@@ -13,5 +13,7 @@ double engine_clock_ghz(const Machine& machine, Engine engine);
 // Engine cycles of a compute instruction on its engine. For DMA instructions: the cycles the
 // triggering engine spends issuing it (descriptor generation on GpSimd for indirect DMA).
 double instruction_cycles(const Program& program, const Instruction& instr);
+// The same on `machine`'s timing parameters (its build-time limits equal the program's).
+double instruction_cycles(const Program& program, const Machine& machine, const Instruction& instr);
 
 }  // namespace tilelab::sim

@@ -370,6 +370,40 @@ const std::vector<MachineField>& machine_fields() {
   return fields;
 }
 
+const std::vector<std::string>& machine_build_limits() {
+  static const std::vector<std::string> limits = {
+      "nc_version",
+      "partitions",
+      "sbuf_bytes_per_partition",
+      "psum_bytes_per_partition",
+      "psum_banks",
+      "psum_bank_bytes_per_partition",
+      "matmul_max_contraction",
+      "matmul_max_stationary_free",
+      "matmul_max_moving_free",
+      "engine_max_free_elements_sbuf",
+      "engine_max_free_elements_psum",
+      "pe_transpose_16bit_output_supported",
+      "dma_transpose_supported",
+      "dma_engines",
+      "dma_queues_per_engine",
+      "dma_partitions_per_engine",
+  };
+  return limits;
+}
+
+void require_same_build_limits(const Machine& built_for, const Machine& timing) {
+  for (const std::string& key : machine_build_limits()) {
+    const KeySpec* spec = find_spec(key);
+    TILELAB_CHECK(spec) << "build limit '" << key << "' is not a machine key";
+    const json built = spec->read(built_for), given = spec->read(timing);
+    TILELAB_REQUIRE(built == given)
+        << "machine: '" << key << "' is a build-time limit; the program was built for "
+        << built.dump() << ", got " << given.dump()
+        << " (rebuild the program to change it; timing parameters may differ)";
+  }
+}
+
 nlohmann::json machine_field_value(const Machine& machine, const std::string& name) {
   const KeySpec* spec = find_spec(name);
   TILELAB_REQUIRE(spec) << "machine field '" << name << "': unknown";

@@ -121,6 +121,14 @@ struct MachineField {
   double max = 0;
 };
 const std::vector<MachineField>& machine_fields();
+
+// The build-time limits: the keys a program is built and validated against (partitions, memory
+// capacities, operand limits, capabilities, the DMA engine and queue layout). Every other key is
+// a timing parameter, which simulate_timing(program, machine) may change without a rebuild.
+const std::vector<std::string>& machine_build_limits();
+// Throws tilelab::Error naming the first build-time limit in which `timing` differs from
+// `built_for`, with both values.
+void require_same_build_limits(const Machine& built_for, const Machine& timing);
 // The value of one parameter, in its JSON form. Throws tilelab::Error for an unknown name.
 nlohmann::json machine_field_value(const Machine& machine, const std::string& name);
 // Sets one parameter, validated as a JSON override is (type, range, then consistency with the

@@ -38,7 +38,9 @@ double percent(double part, double whole) {
 }  // namespace
 
 Report make_report(const Program& p, const TimingResult& t, const ReportOptions& options) {
-  const Machine& m = p.machine;
+  // The machine the run was timed on: its limits are the program's, its peaks and clocks those
+  // the timing used.
+  const Machine& m = t.machine;
   Report r;
   r.kernel = options.kernel.empty() ? p.name : options.kernel;
   r.parameters = options.parameters;

@@ -223,9 +223,15 @@ struct Port {
 }  // namespace
 
 TimingResult simulate_timing(const Program& program, const TimingOptions& options) {
-  const Machine& m = program.machine;
+  return simulate_timing(program, program.machine, options);
+}
+
+TimingResult simulate_timing(const Program& program, const Machine& m,
+                             const TimingOptions& options) {
+  require_same_build_limits(program.machine, m);
   const auto& instructions = program.instructions;
   TimingResult result;
+  result.machine = m;
   result.instructions.resize(instructions.size());
 
   std::array<double, kEngineCount> ready{};
@@ -282,7 +288,7 @@ TimingResult simulate_timing(const Program& program, const TimingOptions& option
     }
 
     const double start = bound;
-    const double engine_ns = instruction_cycles(program, instr) * ns_per_cycle[e];
+    const double engine_ns = instruction_cycles(program, m, instr) * ns_per_cycle[e];
     const double issue_end = start + engine_ns;
     double done = issue_end;
     t.start_ns = start;

@@ -69,9 +69,16 @@ struct TimingResult {
   // the records folded by those merges. Nonzero means some waits may be conservative.
   uint64_t region_merges = 0;
   uint64_t region_records_merged = 0;
+  // The machine whose timing parameters were simulated (the report's peaks come from it).
+  Machine machine;
 };
 
 // Simulates the program's timing without data. Deterministic; linear in the instruction count.
 TimingResult simulate_timing(const Program& program, const TimingOptions& options = {});
+// The same with the timing parameters of `machine` (clocks, costs, DMA bandwidth, ...), so that a
+// sweep over them reuses one built program. Throws tilelab::Error naming the key when `machine`
+// differs from the program's machine in a build-time limit (machine_build_limits()).
+TimingResult simulate_timing(const Program& program, const Machine& machine,
+                             const TimingOptions& options = {});
 
 }  // namespace tilelab::sim

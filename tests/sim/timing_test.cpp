@@ -1,9 +1,12 @@
 // Timing engine: dependencies become semaphore waits, engines overlap, queues run in order, and
 // NC-v2 shared ports serialise VectorE with GpSimd (SBUF) and ScalarE (PSUM).
+#include "sim/kernels/registry.hpp"
+#include "sim/report.hpp"
 #include "test_util.hpp"
 
 using namespace tilelab::sim;
 using namespace tilelab::sim::test;
+using Catch::Matchers::Contains;
 
 TEST_CASE("timing: a read after a DMA write waits for completion plus a semaphore",
           "[sim][timing]") {
@@ -145,4 +148,27 @@ TEST_CASE("timing: region merges past the tracker's record limit are counted", "
   CHECK(above.region_records_merged == 2 * (kMaxAccessRecords + 1));
   const TimingResult twice = run(2 * limit + 2);
   CHECK(twice.region_merges == 4);
+}
+
+TEST_CASE("timing: a built program is timed on other timing parameters without a rebuild",
+          "[sim][timing]") {
+  const KernelInfo& kernel = kernel_registry().find("paged-attention");
+  const KernelParameters parameters = resolve_parameters(kernel, {});
+  const Program program = kernel.build(trn1(), parameters);
+  // Timing parameters only: DMA bandwidth and a clock.
+  Machine faster = trn1();
+  faster.dma_bytes_per_ns_per_engine *= 2;
+  faster.vector_clock_ghz *= 1.5;
+  const TimingResult reused = simulate_timing(program, faster);
+  const Program rebuilt = kernel.build(faster, parameters);
+  const TimingResult fresh = simulate_timing(rebuilt);
+  CHECK(reused.total_ns == fresh.total_ns);
+  CHECK(reused.total_ns < simulate_timing(program).total_ns);
+  CHECK(report_json(make_report(program, reused)) == report_json(make_report(rebuilt, fresh)));
+  // A build-time limit cannot change under a built program.
+  Machine fewer_engines = trn1();
+  fewer_engines.dma_engines = 8;
+  CHECK_THAT(error_of([&] { simulate_timing(program, fewer_engines); }),
+             Contains("machine: 'dma_engines' is a build-time limit; the program was built for 16, "
+                      "got 8"));
 }
