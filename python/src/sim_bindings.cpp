@@ -446,7 +446,7 @@ py::tuple simulate_arrays(const std::string& machine_source,
     auto_config.schedule.block_size_tiling_factor_override = 0;
     const sim::KvTileLayout auto_layout = sim::kv_tile_layout(auto_config);
     const int64_t large = config.schedule.large_tile_size;
-    if (layout.tiled_block_size != auto_layout.tiled_block_size && context % large == 0) {
+    if (layout.tiled_block_size() != auto_layout.tiled_block_size() && context % large == 0) {
       const std::vector<int64_t> token = sim::context_token_of_column(auto_layout, large);
       const int64_t width = context + seq_q;
       std::vector<uint8_t> natural = mask_values;

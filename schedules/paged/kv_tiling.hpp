@@ -75,6 +75,12 @@ struct KvGatherTiling {
   // Score columns one load feeds the tensor engine: partitions per load × tiled block size.
   Int log2_load_columns() const { return log2_partitions_per_load + log2_tiled_block_size(); }
 
+  // The same quantities as counts.
+  Int tiling_factor() const { return Int(1) << log2_tiling_factor; }
+  Int tiled_block_size() const { return Int(1) << log2_tiled_block_size(); }
+  Int partitions_per_load() const { return Int(1) << log2_partitions_per_load; }
+  Int loads_per_large_tile() const { return Int(1) << log2_loads_per_large_tile(); }
+
   // Where column `c` of a large tile lives: its load, its partition and its token within that
   // partition's piece.
   Int load_of_column(const Int& c) const { return c >> log2_load_columns(); }

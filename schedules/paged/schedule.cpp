@@ -33,10 +33,6 @@ std::int64_t log2_of(std::int64_t power_of_two) {
   return power_of_two > 0 ? std::countr_zero(static_cast<std::uint64_t>(power_of_two)) : 0;
 }
 
-std::int64_t exp2_of(std::int64_t log2) {
-  return std::int64_t{1} << log2;
-}
-
 }  // namespace
 
 paged::KvGatherTiling<std::int64_t> PagedAttentionTiling::kv_gather_tiling() const {
@@ -48,24 +44,24 @@ paged::KvGatherTiling<std::int64_t> PagedAttentionTiling::kv_gather_tiling() con
 }
 
 std::int64_t PagedAttentionTiling::derived_block_size_tiling_factor() const {
-  return exp2_of(paged::KvGatherTiling<std::int64_t>::log2_derived_tiling_factor(
-      log2_of(num_blocks_per_large_tile())));
+  return std::int64_t{1} << (paged::KvGatherTiling<std::int64_t>::log2_derived_tiling_factor(
+             log2_of(num_blocks_per_large_tile())));
 }
 
 std::int64_t PagedAttentionTiling::block_size_tiling_factor() const {
-  return exp2_of(kv_gather_tiling().log2_tiling_factor);
+  return kv_gather_tiling().tiling_factor();
 }
 
 std::int64_t PagedAttentionTiling::tiled_block_size() const {
-  return exp2_of(kv_gather_tiling().log2_tiled_block_size());
+  return kv_gather_tiling().tiled_block_size();
 }
 
 std::int64_t PagedAttentionTiling::partitions_per_load() const {
-  return exp2_of(kv_gather_tiling().log2_partitions_per_load);
+  return kv_gather_tiling().partitions_per_load();
 }
 
 std::int64_t PagedAttentionTiling::loads_per_large_tile() const {
-  return exp2_of(kv_gather_tiling().log2_loads_per_large_tile());
+  return kv_gather_tiling().loads_per_large_tile();
 }
 
 std::int64_t PagedAttentionTiling::reduction_tile() const {

@@ -54,7 +54,7 @@ class Builder {
   const FlashPagedAttentionConfig& c_;
   const schedules::PagedAttentionSchedule s_;  // with the tiling factor applied
   ProgramBuilder b_;
-  KvTileLayout layout_;
+  KvTileLayout layout_{};
 
   // Shapes.
   int64_t P_ = 0, d_ = 0, heads_ = 0, kv_heads_ = 0, group_ = 0, seq_q_ = 0, q_tiles_ = 0;
@@ -75,7 +75,7 @@ void Builder::allocate() {
   const int64_t tile_max = std::max(large_, seq_q_);
   const int64_t active_chunks = seq_q_ / P_;
   const int64_t chunk_max = std::max(chunks_, active_chunks);
-  const int64_t rows = layout_.rows_per_load;
+  const int64_t rows = layout_.partitions_per_load();
   const int kv = s_.kv_buffers;
   const int p = static_cast<int>(P_);
   const int d = static_cast<int>(d_);
@@ -123,24 +123,24 @@ void Builder::load_block_tables() {
     block_tables_sbuf_.push_back(t);
   }
   const int64_t tiles = std::min(P_, large_tiles_);
-  const int64_t row_elements = blocks_per_tile_ * layout_.tiling_factor;
+  const int64_t row_elements = blocks_per_tile_ * layout_.tiling_factor();
   bt_folded_ =
       b_.sbuf_tile("block_tables_folded", static_cast<int>(tiles), row_elements, DType::int32);
-  bt_fp32_ = b_.sbuf_tile("block_tables_fp32", static_cast<int>(tiles), layout_.rows_per_load,
-                          DType::fp32);
-  index_pool_ =
-      b_.pool("block_tables_transposed", Memory::sbuf, static_cast<int>(layout_.rows_per_load),
-              layout_.loads * large_tiles_, DType::int32, 2);
-  bt_psum_ = b_.pool("block_tables_psum", Memory::psum, static_cast<int>(layout_.rows_per_load),
-                     tiles, DType::fp32, 1);
+  bt_fp32_ = b_.sbuf_tile("block_tables_fp32", static_cast<int>(tiles),
+                          layout_.partitions_per_load(), DType::fp32);
+  index_pool_ = b_.pool("block_tables_transposed", Memory::sbuf,
+                        static_cast<int>(layout_.partitions_per_load()),
+                        layout_.loads_per_large_tile() * large_tiles_, DType::int32, 2);
+  bt_psum_ = b_.pool("block_tables_psum", Memory::psum,
+                     static_cast<int>(layout_.partitions_per_load()), tiles, DType::fp32, 1);
 }
 
 // transform_block_tables_for_indirect_load: row of the flattened cache for (block, head, piece)
 // = (block·n_kv_heads + head)·f + piece, then transposed so that the rows of one gather lie on
 // the partitions: index[l][p, tile] for gather l of large tile `tile`.
 Tile Builder::transform_block_tables(int64_t head) {
-  const int64_t f = layout_.tiling_factor;
-  const int64_t rows = layout_.rows_per_load;
+  const int64_t f = layout_.tiling_factor();
+  const int64_t rows = layout_.partitions_per_load();
   const Tile index = b_.next(index_pool_);
   for (size_t chunk = 0; chunk < block_tables_sbuf_.size(); ++chunk) {
     const Tile bt = block_tables_sbuf_[chunk];
@@ -153,7 +153,7 @@ Tile Builder::transform_block_tables(int64_t head) {
                        Scalar::constant(static_cast<float>(kv_heads_ * f)), AluOp::add,
                        Scalar::constant(static_cast<float>(head * f + j)), Engine::gpsimd);
     // Transpose on the PE array (through fp32: exact below 2^24, checked in build()).
-    for (int64_t load = 0; load < layout_.loads; ++load) {
+    for (int64_t load = 0; load < layout_.loads_per_large_tile(); ++load) {
       const TileRef src = b_.view(bt_folded_, 0, tiles, load * rows, rows);
       const TileRef as_float = b_.view(bt_fp32_, 0, tiles, 0, rows);
       b_.tensor_copy(as_float, src, Engine::gpsimd);
@@ -171,10 +171,11 @@ Tile Builder::transform_block_tables(int64_t head) {
 // load_kv_tile_from_cache: `loads` gathers of `rows` rows (tiled_block_size·d contiguous elements
 // each) for K and for V, then K transposed on the PE array into (d, keys).
 void Builder::load_context_tile(int64_t tile, Tile index, Tile& k_t, Tile& v) {
-  const int64_t rows = layout_.rows_per_load;
-  const int64_t run = layout_.tiled_block_size * d_;
+  const int64_t rows = layout_.partitions_per_load();
+  const int64_t run = layout_.tiled_block_size() * d_;
   const Tile k_gathered = b_.next(x_.k_gathered);
-  lib::gather_kv(b_, k_gathered, kv_cache_, 0, index, tile, large_tiles_, layout_.loads, rows, run);
+  lib::gather_kv(b_, k_gathered, kv_cache_, 0, index, tile, large_tiles_,
+                 layout_.loads_per_large_tile(), rows, run);
   Tile k_source = k_gathered;
   if (c_.dtype != kernel_dtype_) {  // nl.copy(loaded, dtype=kernel_dtype)
     k_source = b_.next(x_.k_cast);
@@ -191,11 +192,12 @@ void Builder::load_context_tile(int64_t tile, Tile index, Tile& k_t, Tile& v) {
                         s_.transpose, Engine::scalar, x_.kt_psum);
   v = b_.next(x_.v);
   if (c_.dtype == kernel_dtype_) {
-    lib::gather_kv(b_, v, kv_cache_, 1, index, tile, large_tiles_, layout_.loads, rows, run);
+    lib::gather_kv(b_, v, kv_cache_, 1, index, tile, large_tiles_, layout_.loads_per_large_tile(),
+                   rows, run);
   } else {
     const Tile v_gathered = b_.next(x_.v_gathered);
-    lib::gather_kv(b_, v_gathered, kv_cache_, 1, index, tile, large_tiles_, layout_.loads, rows,
-                   run);
+    lib::gather_kv(b_, v_gathered, kv_cache_, 1, index, tile, large_tiles_,
+                   layout_.loads_per_large_tile(), rows, run);
     b_.tensor_copy(b_.view(v, 0, static_cast<int>(rows), 0, chunks_ * d_), b_.view(v_gathered),
                    Engine::gpsimd);
   }
@@ -280,22 +282,22 @@ Program Builder::build() {
   large_ = s_.large_tile_size;
   blocks_per_tile_ = s_.num_blocks_per_large_tile();
   large_tiles_ = shape.num_active_blocks * s_.block_size / large_;
-  chunks_ = large_ / layout_.rows_per_load;
+  chunks_ = large_ / layout_.partitions_per_load();
   kernel_dtype_ = s_.mixed_precision ? DType::bf16 : c_.dtype;
   acc_dtype_ = s_.mixed_precision ? DType::fp32 : c_.dtype;
   scale_ = c_.softmax_scale > 0 ? c_.softmax_scale : 1.0f / std::sqrt(static_cast<float>(d_));
   TILELAB_REQUIRE(c_.num_cache_blocks >= 1)
       << "num_cache_blocks: expected at least 1, got " << c_.num_cache_blocks;
-  const int64_t cache_rows = c_.num_cache_blocks * kv_heads_ * layout_.tiling_factor;
+  const int64_t cache_rows = c_.num_cache_blocks * kv_heads_ * layout_.tiling_factor();
   TILELAB_REQUIRE(cache_rows < (int64_t(1) << 24))
       << "num_cache_blocks: " << c_.num_cache_blocks << " blocks x " << kv_heads_
-      << " kv heads x tiling factor " << layout_.tiling_factor
+      << " kv heads x tiling factor " << layout_.tiling_factor()
       << " rows exceed 2^24 (block-table rows are transposed through fp32)";
 
   query_ = b_.hbm_tensor("query", {1, heads_, d_, seq_q_}, c_.dtype);
   key_ = b_.hbm_tensor("key", {1, kv_heads_, d_, seq_q_}, c_.dtype);
   value_ = b_.hbm_tensor("value", {1, kv_heads_, seq_q_, d_}, c_.dtype);
-  kv_cache_ = b_.hbm_tensor("kv_cache", {2, cache_rows, layout_.tiled_block_size * d_}, c_.dtype);
+  kv_cache_ = b_.hbm_tensor("kv_cache", {2, cache_rows, layout_.tiled_block_size() * d_}, c_.dtype);
   block_tables_ = b_.hbm_tensor("block_tables", {shape.num_active_blocks}, DType::int32);
   mask_ = b_.hbm_tensor("mask", {seq_q_, shape.num_active_blocks * s_.block_size + seq_q_},
                         DType::uint8);
@@ -315,7 +317,7 @@ Program Builder::build() {
       load_context_tile(tile, index, context.k_t, context.v);
       context.keys = large_;
       context.score_tile = s_.free_tile;
-      context.rows = layout_.rows_per_load;
+      context.rows = layout_.partitions_per_load();
       context.reduction = s_.reduction_tile();
       context.initialize = tile == 0;
       attend(head, context, tile * large_);
@@ -343,20 +345,13 @@ schedules::PagedAttentionSchedule effective_schedule(const FlashPagedAttentionCo
 }
 
 KvTileLayout kv_tile_layout(const FlashPagedAttentionConfig& config) {
-  const schedules::PagedAttentionSchedule s = effective_schedule(config);
-  KvTileLayout layout;
-  layout.tiling_factor = s.block_size_tiling_factor();
-  layout.tiled_block_size = s.tiled_block_size();
-  layout.rows_per_load = s.partitions_per_load();
-  layout.loads = s.loads_per_large_tile();
-  layout.tiling = s.kv_gather_tiling();
-  return layout;
+  return effective_schedule(config).kv_gather_tiling();
 }
 
 std::vector<int64_t> context_token_of_column(const KvTileLayout& layout, int64_t large_tile_size) {
   std::vector<int64_t> token(static_cast<size_t>(large_tile_size));
   for (int64_t c = 0; c < large_tile_size; ++c)
-    token[static_cast<size_t>(c)] = layout.tiling.token_of_column(c);
+    token[static_cast<size_t>(c)] = layout.token_of_column(c);
   return token;
 }
 

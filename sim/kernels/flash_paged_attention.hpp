@@ -26,15 +26,10 @@ struct FlashPagedAttentionConfig {
 // config.schedule, validated: the schedule the kernel runs.
 schedules::PagedAttentionSchedule effective_schedule(const FlashPagedAttentionConfig& config);
 
-// How one large KV tile is gathered and in which order its tokens reach the score columns.
-struct KvTileLayout {
-  int64_t tiling_factor = 1;     // pieces per cache block
-  int64_t tiled_block_size = 1;  // tokens per partition per gather
-  int64_t rows_per_load = 1;     // partitions one gather spans = keys per TensorE chunk
-  int64_t loads = 1;             // gathers per large tile, for K and for V each
-  // The arithmetic the numbers above come from, shared with the generated kernels.
-  schedules::paged::KvGatherTiling<int64_t> tiling{0, 0, 0, 0};
-};
+// How one large KV tile is gathered and in which order its tokens reach the score columns: the
+// shared arithmetic of schedules/paged/kv_tiling.hpp (partitions_per_load() = keys per TensorE
+// chunk).
+using KvTileLayout = schedules::paged::KvGatherTiling<int64_t>;
 
 // The gather layout of effective_schedule(config) (Error names
 // `block_size_tiling_factor_override` for a factor that does not fit).
