@@ -962,6 +962,16 @@ def _check_keys(base: Mapping[str, Any], grid: Mapping[str, list], allowed: set[
             raise ValueError(f"grid[{key!r}]: expected at least one value, got none")
 
 
+def _grid_points(base: dict[str, Any], grid: dict[str, list[Any]]):
+    """The Cartesian product of ``grid`` in its key order: per point, the chosen values, the
+    settings (``base`` updated with the chosen non-machine values) and its row of grid values."""
+    keys = list(grid)
+    for combination in itertools.product(*(grid[key] for key in keys)):
+        chosen = dict(zip(keys, combination, strict=True))
+        settings = {**base, **{k: v for k, v in chosen.items() if not k.startswith("machine")}}
+        yield chosen, settings, {key: _column_value(value) for key, value in chosen.items()}
+
+
 def _sweep_kernel(kernel, base, grid, machine, progress) -> SweepResult:
     known = kernels()
     if kernel not in known:
@@ -970,12 +980,9 @@ def _sweep_kernel(kernel, base, grid, machine, progress) -> SweepResult:
     base_machine = _as_machine(machine if machine is not None else known[kernel]["default_machine"])
     machines = _MachineTable()
     points, rows = [], []
-    keys = list(grid)
-    for combination in itertools.product(*(grid[key] for key in keys)):
-        chosen = dict(zip(keys, combination, strict=True))
-        settings = {**base, **{k: v for k, v in chosen.items() if not k.startswith("machine")}}
+    for chosen, settings, row in _grid_points(base, grid):
         points.append((_kernel_parameters(settings), machines.index(base_machine, chosen)))
-        rows.append({key: _column_value(value) for key, value in chosen.items()})
+        rows.append(row)
     return _run_points(
         lambda chunk: _core.sim_sweep_kernel(kernel, machines.specs, chunk), rows, points, progress
     )
@@ -1026,10 +1033,7 @@ def sweep(
 
     machines = _MachineTable()
     points, rows = [], []
-    keys = list(grid)
-    for combination in itertools.product(*(grid[key] for key in keys)):
-        chosen = dict(zip(keys, combination, strict=True))
-        settings = {**base, **{k: v for k, v in chosen.items() if not k.startswith("machine")}}
+    for chosen, settings, row in _grid_points(base, grid):
         machine_index = machines.index(base_machine, chosen)
         schedule = settings.pop("schedule", base_schedule)
         if not isinstance(schedule, PagedAttentionSchedule):
@@ -1044,5 +1048,5 @@ def sweep(
         point = _point(payload, **settings)
         point["machine"] = machine_index
         points.append(point)
-        rows.append({key: _column_value(value) for key, value in chosen.items()})
+        rows.append(row)
     return _run_points(lambda chunk: _core.sim_sweep(machines.specs, chunk), rows, points, progress)
