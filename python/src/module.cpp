@@ -135,6 +135,60 @@ std::string flash_attention_implementation(const py::handle& q, const py::handle
                                                  call.out_view, call.options);
 }
 
+// The array's shape as a vector, for allocating an output like it.
+std::vector<py::ssize_t> shape_of(const py::array& array) {
+  return std::vector<py::ssize_t>(array.shape(), array.shape() + array.ndim());
+}
+
+py::object flash_attention_backward(const py::handle& dout, const py::handle& q,
+                                    const py::handle& k, const py::handle& v, const py::handle& out,
+                                    const py::handle& lse, bool causal,
+                                    const std::string& causal_alignment, const py::handle& scale,
+                                    const py::handle& bias, bool return_dbias,
+                                    const std::string& implementation) {
+  // The forward's preparation checks q, k, v, bias and the options, and allocates an array with
+  // q's shape and dtype: that is dq.
+  AttentionCall call =
+      prepare_call(q, k, v, causal, causal_alignment, scale, bias, false, implementation);
+  const ArrayView dout_view = view_array(require_attention_array(dout, "dout"), "dout");
+  const ArrayView out_view = view_array(require_attention_array(out, "out"), "out");
+  if (!py::isinstance<py::array>(lse)) {
+    throw Error(
+        "lse: expected a numpy.ndarray of float32 (from flash_attention(..., "
+        "return_lse=True)), got " +
+            py::str(py::type::handle_of(lse).attr("__name__")).cast<std::string>(),
+        ErrorKind::invalid_type);
+  }
+  const py::array lse_array = py::reinterpret_borrow<py::array>(lse);
+  if (!lse_array.dtype().equal(py::dtype::of<float>())) {
+    throw Error(
+        "lse: expected dtype float32, got " + py::str(lse_array.dtype()).cast<std::string>(),
+        ErrorKind::invalid_type);
+  }
+  const ArrayView lse_view = view_array(lse_array, "lse");
+  if (return_dbias && !call.bias) {
+    throw Error("return_dbias: expected False without a bias (bias is None), got True");
+  }
+
+  py::array dk = new_array(call.k.owner.dtype(), shape_of(call.k.owner));
+  py::array dv = new_array(call.k.owner.dtype(), shape_of(call.k.owner));
+  const TensorView dk_view = view_output(dk), dv_view = view_output(dv);
+  std::optional<py::array> dbias;
+  std::optional<TensorView> dbias_view;
+  if (return_dbias) {
+    dbias = new_array(py::dtype::of<float>(), shape_of(call.bias->owner));
+    dbias_view = view_output(*dbias);
+  }
+  {
+    py::gil_scoped_release release;
+    tilelab::flash_attention_backward(dout_view.view, call.q.view, call.k.view, call.v.view,
+                                      out_view.view, lse_view.view, call.out_view, dk_view, dv_view,
+                                      call.options, dbias_view);
+  }
+  if (return_dbias) return py::make_tuple(call.out, dk, dv, *dbias);
+  return py::make_tuple(call.out, dk, dv);
+}
+
 }  // namespace
 }  // namespace tilelab::python
 
@@ -165,6 +219,13 @@ PYBIND11_MODULE(_core, module) {
              py::arg("causal_alignment") = "top_left", py::arg("scale") = py::none(),
              py::arg("bias") = py::none(), py::arg("return_lse") = false,
              "'generated' or 'reference': what flash_attention would run for these arguments.");
+  module.def("flash_attention_backward", &flash_attention_backward, py::arg("dout"), py::arg("q"),
+             py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::kw_only(),
+             py::arg("causal") = false, py::arg("causal_alignment") = "top_left",
+             py::arg("scale") = py::none(), py::arg("bias") = py::none(),
+             py::arg("return_dbias") = false, py::arg("implementation") = "automatic",
+             "Flash attention backward; returns (dq, dk, dv[, dbias]). See "
+             "tilelab.flash_attention_backward.");
   module.def("set_num_threads", &tilelab::set_num_threads, py::arg("n"),
              "Sets the number of threads tilelab uses (>= 1).");
   module.def("num_threads", &tilelab::num_threads, "The number of threads tilelab uses.");

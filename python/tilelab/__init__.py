@@ -19,6 +19,7 @@ from ._version import __version__
 __all__ = [
     "__version__",
     "flash_attention",
+    "flash_attention_backward",
     "flash_attention_implementation",
     "num_threads",
     "set_num_threads",
@@ -112,6 +113,99 @@ def flash_attention(
         scale=scale,
         bias=bias,
         return_lse=return_lse,
+        implementation=implementation,
+    )
+
+
+@overload
+def flash_attention_backward(
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    out: np.ndarray,
+    lse: np.ndarray,
+    *,
+    causal: bool = ...,
+    causal_alignment: CausalAlignment = ...,
+    scale: float | None = ...,
+    bias: np.ndarray | None = ...,
+    return_dbias: Literal[False] = ...,
+    implementation: Implementation = ...,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+@overload
+def flash_attention_backward(
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    out: np.ndarray,
+    lse: np.ndarray,
+    *,
+    causal: bool = ...,
+    causal_alignment: CausalAlignment = ...,
+    scale: float | None = ...,
+    bias: np.ndarray | None = ...,
+    return_dbias: Literal[True],
+    implementation: Implementation = ...,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+def flash_attention_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    *,
+    causal=False,
+    causal_alignment="top_left",
+    scale=None,
+    bias=None,
+    return_dbias=False,
+    implementation="automatic",
+):
+    """Gradients of :func:`flash_attention` with respect to q, k, v (and the bias).
+
+    ``out`` and ``lse`` are what ``flash_attention(q, k, v, ..., return_lse=True)`` returned for
+    the same arguments; the probabilities are recomputed from them (FlashAttention-2), so no
+    M x N buffer is kept. ``dout`` is the gradient of the loss with respect to ``out``.
+
+    Shapes and dtypes:
+        dout, q and out: ``[B, Hq, M, D]``; k, v: ``[B, Hkv, N, D]``; lse: float32 ``[B, Hq, M]``.
+        dout, q, k, v and out share one dtype (float32, float16 or ``ml_dtypes.bfloat16``);
+        accumulation is float32. Strides as for :func:`flash_attention`.
+
+    Args:
+        causal, causal_alignment, scale, bias, implementation: as for :func:`flash_attention`,
+            and they must be the values the forward was called with.
+        return_dbias: also return the gradient with respect to ``bias``: float32, of the bias's
+            own shape ``[B|1, Hq|1, M|1, N]`` (summed over its broadcast dimensions). Needs a bias.
+
+    Returns:
+        ``(dq, dk, dv)`` or ``(dq, dk, dv, dbias)``: new C-contiguous arrays, dq of q's shape,
+        dk and dv of k's shape, all of q's dtype. With GQA/MQA, dk and dv of a kv head sum over
+        the query heads that read it. Masked (query, key) pairs contribute nothing; a fully masked
+        row gives zero gradients. NaN and inf in the inputs propagate.
+
+    Raises:
+        TypeError: an argument is not a numpy array or has a wrong dtype (the message names it).
+        ValueError: a wrong rank or shape (e.g. lse not ``[B, Hq, M]``, dout not the shape of q),
+            ``return_dbias`` without a bias, or any error :func:`flash_attention` would raise.
+    """
+    return _core.flash_attention_backward(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        causal=causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        bias=bias,
+        return_dbias=return_dbias,
         implementation=implementation,
     )
 

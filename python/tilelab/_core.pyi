@@ -25,6 +25,21 @@ def flash_attention_implementation(
     bias: np.ndarray | None = None,
     return_lse: bool = False,
 ) -> str: ...
+def flash_attention_backward(
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    out: np.ndarray,
+    lse: np.ndarray,
+    *,
+    causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    bias: np.ndarray | None = None,
+    return_dbias: bool = False,
+    implementation: str = "automatic",
+) -> tuple[np.ndarray, ...]: ...
 def set_num_threads(n: int) -> None: ...
 def num_threads() -> int: ...
 def version() -> str: ...

@@ -10,7 +10,7 @@
 namespace tilelab::detail {
 
 struct AttentionProblem {
-  TensorView q, k, v, out;       // [B, Hq, M, D], [B, Hkv, N, D] x2, [B, Hq, M, D]
+  TensorView q, k, v, out;         // [B, Hq, M, D], [B, Hkv, N, D] x2, [B, Hq, M, D]
   std::optional<TensorView> bias;  // fp32, rank 4, broadcast dims have extent 1
   std::optional<TensorView> lse;   // fp32 [B, Hq, M]
   DType dtype = DType::f32;
@@ -38,5 +38,34 @@ void reference_flash_attention(const AttentionProblem& problem);
 bool generated_flash_attention(const AttentionProblem& problem);
 // Whether generated_flash_attention would accept the problem.
 bool generated_flash_attention_covers(const AttentionProblem& problem);
+
+// The validated form of one flash_attention_backward call: the forward's problem (q, k, v, out,
+// bias, lse as inputs) plus the incoming gradient and the gradient outputs.
+struct AttentionBackwardProblem {
+  AttentionProblem forward;         // forward.lse is set: the forward's log-sum-exp, an input here
+  TensorView dout, dq, dk, dv;      // [B, Hq, M, D], [B, Hq, M, D], [B, Hkv, N, D] x2
+  std::optional<TensorView> dbias;  // fp32, the shape of forward.bias
+};
+
+// Checks every argument of flash_attention_backward (the forward's checks on q, k, v, out, lse and
+// options, then dout, the gradient outputs' shapes and dtypes, and that no output overlaps
+// another, itself or an input). Throws tilelab::Error naming the argument.
+AttentionBackwardProblem validate_flash_attention_backward(
+    const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+    const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+    const TensorView& dv, const FlashAttentionOptions& options,
+    const std::optional<TensorView>& dbias);
+
+// dS of every (row, key), written to `ds`: fp32 [B, Hq, M, N]. Both implementations produce it
+// when the bias gradient is asked for; reduce_bias_gradient folds it into the bias's shape.
+// The reference implementation: OpenMP over (batch, kv head), fp32 accumulation, any strides.
+// Writes dq, dk, dv, and `ds` when given.
+void reference_flash_attention_backward(const AttentionBackwardProblem& problem,
+                                        const TensorView* ds);
+// Runs the generated Halide kernel (writing `ds` when given); false when the problem is outside
+// what the generated kernels cover (then nothing is written).
+bool generated_flash_attention_backward(const AttentionBackwardProblem& problem,
+                                        const TensorView* ds);
+bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& problem);
 
 }  // namespace tilelab::detail

@@ -4,7 +4,22 @@
 
 namespace tilelab::detail {
 
-bool generated_flash_attention_covers(const AttentionProblem&) { return false; }
-bool generated_flash_attention(const AttentionProblem&) { return false; }
+bool generated_flash_attention_covers(const AttentionProblem&) {
+  return false;
+}
+bool generated_flash_attention(const AttentionProblem&) {
+  return false;
+}
+
+}  // namespace tilelab::detail
+
+namespace tilelab::detail {
+
+bool generated_flash_attention_backward_covers(const AttentionBackwardProblem&) {
+  return false;
+}
+bool generated_flash_attention_backward(const AttentionBackwardProblem&, const TensorView*) {
+  return false;
+}
 
 }  // namespace tilelab::detail

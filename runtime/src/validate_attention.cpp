@@ -195,3 +195,84 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
 }
 
 }  // namespace tilelab::detail
+
+namespace tilelab::detail {
+
+AttentionBackwardProblem validate_flash_attention_backward(
+    const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+    const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+    const TensorView& dv, const FlashAttentionOptions& options,
+    const std::optional<TensorView>& dbias) {
+  TILELAB_REQUIRE(!options.lse)
+      << "options.lse: expected no view for the backward (lse is an argument of "
+         "flash_attention_backward), got "
+      << options.lse->describe();
+  // The forward's checks cover q, k, v, out (with the shape of q), lse, the bias and the scale.
+  FlashAttentionOptions forward_options = options;
+  forward_options.lse = lse;
+  AttentionBackwardProblem problem;
+  problem.forward = validate_flash_attention(q, k, v, out, forward_options);
+  const AttentionProblem& forward = problem.forward;
+
+  // dout and dq have the shape of q; dk and dv that of k; all the dtype of q.
+  const auto require_like = [&](const TensorView& view, const char* name,
+                                const TensorView& reference, const char* reference_name,
+                                const char* layout) {
+    require_rank(view, name, 4, layout);
+    TILELAB_REQUIRE_TYPE(view.dtype() == q.dtype())
+        << name << ": expected dtype " << dtype_name(q.dtype()) << " (the dtype of q), got "
+        << dtype_name(view.dtype());
+    for (int i = 0; i < 4; ++i) {
+      TILELAB_REQUIRE(view.dim(i) == reference.dim(i))
+          << name << ": expected shape " << shape_of(reference) << " (the shape of "
+          << reference_name << "), got " << shape_of(view);
+    }
+    require_addressable(view, name);
+  };
+  require_like(dout, "dout", q, "q", "[B, Hq, M, D]");
+  require_like(dq, "dq", q, "q", "[B, Hq, M, D]");
+  require_like(dk, "dk", k, "k", "[B, Hkv, N, D]");
+  require_like(dv, "dv", k, "k", "[B, Hkv, N, D]");
+  problem.dout = dout;
+  problem.dq = dq;
+  problem.dk = dk;
+  problem.dv = dv;
+
+  if (dbias) {
+    TILELAB_REQUIRE(forward.bias.has_value())
+        << "dbias: expected no view without a bias (options.bias is empty), got "
+        << dbias->describe();
+    const TensorView& bias = *forward.bias;
+    TILELAB_REQUIRE_TYPE(dbias->dtype() == DType::f32)
+        << "dbias: expected dtype float32, got " << dtype_name(dbias->dtype());
+    require_rank(*dbias, "dbias", 4, "(the shape of bias)");
+    for (int i = 0; i < 4; ++i) {
+      TILELAB_REQUIRE(dbias->dim(i) == bias.dim(i))
+          << "dbias: expected shape " << shape_of(bias) << " (the shape of bias), got "
+          << shape_of(*dbias);
+    }
+    require_addressable(*dbias, "dbias");
+    problem.dbias = dbias;
+  }
+
+  // Every gradient is written while all inputs are still read, and in parallel.
+  std::vector<std::pair<const TensorView*, const char*>> inputs = {
+      {&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}};
+  if (forward.bias) inputs.push_back({&*forward.bias, "bias"});
+  std::vector<std::pair<const TensorView*, const char*>> outputs = {
+      {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
+  if (problem.dbias) outputs.push_back({&*problem.dbias, "dbias"});
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    const auto& [written, name] = outputs[o];
+    require_no_self_overlap(*written, name);
+    for (const auto& [input, input_name] : inputs) {
+      require_disjoint(*written, name, *input, input_name);
+    }
+    for (std::size_t other = 0; other < o; ++other) {
+      require_disjoint(*written, name, *outputs[other].first, outputs[other].second);
+    }
+  }
+  return problem;
+}
+
+}  // namespace tilelab::detail

@@ -95,3 +95,47 @@ def assert_lse_close(lse, reference_lse, head_dim, kv_len):
     error = np.max(np.abs(lse[~masked].astype(np.float64) - reference_lse[~masked]), initial=0.0)
     tolerance = lse_tolerance(head_dim, kv_len)
     assert error <= tolerance, f"max |lse - reference| = {error:.3g} > {tolerance:.3g}"
+
+
+def reference_attention_backward(dout, q, k, v, *, causal=False, causal_alignment="top_left",
+                                 scale=None, bias=None):
+    """(dq, dk, dv, dbias) in float64: the analytic gradients of reference_attention's out.
+
+    dk and dv of a kv head sum over the query heads of its group; dbias has the bias's shape
+    (summed over its broadcast dims), or None without a bias. Masked pairs contribute nothing.
+    """
+    dout = np.asarray(dout, dtype=np.float64)
+    q64 = np.asarray(q, dtype=np.float64)
+    k64 = np.asarray(k, dtype=np.float64)
+    v64 = np.asarray(v, dtype=np.float64)
+    batch, q_heads, q_len, head_dim = q64.shape
+    kv_heads, kv_len = k64.shape[1], k64.shape[2]
+    group = q_heads // kv_heads
+    scale = 1.0 / np.sqrt(head_dim) if scale is None else float(scale)
+    out, lse = reference_attention(q, k, v, causal=causal, causal_alignment=causal_alignment,
+                                   scale=scale, bias=bias)
+    k_rep = np.repeat(k64, group, axis=1)
+    v_rep = np.repeat(v64, group, axis=1)
+    scores = scale * np.einsum("bhmd,bhnd->bhmn", q64, k_rep)
+    if bias is not None:
+        scores = scores + np.asarray(bias, dtype=np.float64)
+    visible = np.ones((q_len, kv_len), dtype=bool)
+    if causal:
+        offset = 0 if causal_alignment == "top_left" else kv_len - q_len
+        visible = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + offset
+    visible = visible & (scores != -np.inf)
+    with np.errstate(invalid="ignore"):
+        prob = np.where(visible, np.exp(np.where(visible, scores, 0.0) - lse[..., None]), 0.0)
+    dv = np.einsum("bhmn,bhmd->bhnd", prob, dout)
+    dprob = np.einsum("bhmd,bhnd->bhmn", dout, v_rep)
+    delta = np.sum(dout * out, axis=-1, keepdims=True)
+    dscore = np.where(prob == 0.0, 0.0, prob * (dprob - delta))
+    dq = scale * np.einsum("bhmn,bhnd->bhmd", dscore, k_rep)
+    dk = scale * np.einsum("bhmn,bhmd->bhnd", dscore, q64)
+    dk = dk.reshape(batch, kv_heads, group, kv_len, head_dim).sum(axis=2)
+    dv = dv.reshape(batch, kv_heads, group, kv_len, head_dim).sum(axis=2)
+    dbias = None
+    if bias is not None:
+        axes = tuple(a for a in range(3) if np.shape(bias)[a] == 1)
+        dbias = dscore.sum(axis=axes, keepdims=True)
+    return dq, dk, dv, dbias

@@ -50,4 +50,32 @@ const char* flash_attention_implementation(const TensorView& q, const TensorView
                                            const TensorView& v, const TensorView& out,
                                            const FlashAttentionOptions& options = {});
 
+// The gradients of flash_attention: given dout = dL/dout, writes dq, dk and dv (and the bias
+// gradient) for the same q, k, v and options, recomputing the probabilities from `out` and `lse`
+// as flash_attention(..., lse) returned them (FlashAttention-2: no M×N buffer).
+//   dout, out, dq [B, Hq, M, D]; dk, dv [B, Hkv, N, D]; lse fp32 [B, Hq, M]. All of dout, q, k,
+//   v, out, dq, dk, dv share one dtype of f32, f16, bf16; accumulation is fp32.
+//   GQA/MQA: dk and dv of a kv head sum over the query heads that read it.
+//   options: causal, causal_alignment, scale, bias and implementation as for the forward;
+//   options.lse must be empty (lse is an input here).
+//   dbias: when set, fp32 with the bias's own shape [B|1, Hq|1, M|1, N]; receives the gradient
+//   with respect to the bias, summed over its broadcast dimensions. Needs options.bias.
+//   Masked (query, key) pairs contribute nothing, and a fully masked row gives zero gradients;
+//   NaN and inf elsewhere propagate.
+//   Gradient outputs must not overlap each other, themselves or any input.
+// Throws tilelab::Error naming the argument on any invalid input; on error nothing is written.
+void flash_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& out, const TensorView& lse,
+                              const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              const FlashAttentionOptions& options = {},
+                              const std::optional<TensorView>& dbias = std::nullopt);
+
+// Which implementation flash_attention_backward would use for these arguments under
+// Implementation::automatic ("generated" or "reference"), after the same validation.
+const char* flash_attention_backward_implementation(
+    const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+    const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+    const TensorView& dv, const FlashAttentionOptions& options = {},
+    const std::optional<TensorView>& dbias = std::nullopt);
+
 }  // namespace tilelab

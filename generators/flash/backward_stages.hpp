@@ -1,0 +1,54 @@
+// The stages of the flash attention backward pipeline
+// (generators/flash/flash_attention_backward_generator.cpp), beside the algorithm that defines
+// them; schedules/flash/x86_backward places them.
+#pragma once
+
+#include "Halide.h"
+
+namespace tilelab::generators {
+
+// The recomputation of one (row tile, key block) of the backward, defined once and instantiated
+// per pass (each pass places its copy differently). Dimensions, innermost first, as the forward's
+// (generators/flash/stages.hpp): d head dim, jj key within a block, jb key block, ii row within a
+// row tile, io row tile, hk kv head, b batch; a row is one (query head of the group, query) pair.
+struct FlashBackwardTileStages {
+  Halide::Func query_t;    // (ii, d, io, hk, b) fp32 q · scale, rows innermost
+  Halide::Func dout_t;     // (ii, d, io, hk, b) fp32 dout, rows innermost
+  Halide::Func key_f32;    // (d, jj, jb, hk, b) fp32 K block
+  Halide::Func value_f32;  // (d, jj, jb, hk, b) fp32 V block
+  Halide::Func row_lse;    // (ii, io, hk, b) the forward's log-sum-exp of the row
+  Halide::Func row_delta;  // (ii, io, hk, b) rowsum(dout ∘ out)
+  Halide::Func score;      // (ii, jj, jb, io, hk, b) scale · q·k
+  Halide::Func dprob;      // (ii, jj, jb, io, hk, b) dP = dout · v
+  Halide::Func prob;       // (ii, jj, jb, io, hk, b) P = exp(score + bias − lse), 0 where masked
+  Halide::Func dscore;     // (ii, jj, jb, io, hk, b) dS = P ∘ (dP − delta)
+  Halide::RVar rd_score;   // head dim, reduced by `score`
+  Halide::RVar rd_dprob;   // head dim, reduced by `dprob`
+};
+
+struct FlashBackwardStages {
+  FlashBackwardTileStages key_pass;     // feeds dk and dv: parallel over key blocks
+  FlashBackwardTileStages query_pass;   // feeds dq: parallel over row tiles
+  FlashBackwardTileStages bias_pass;    // feeds ds (the bias gradient), when it is asked for
+  Halide::Func delta{"delta"};          // (i, h, b) rowsum(dout ∘ out)
+  Halide::Func dout_f32{"dout_f32"};    // (d, ii, io, hk, b) fp32 dout rows, head dim innermost
+  Halide::Func query_f32{"query_f32"};  // (d, ii, io, hk, b) fp32 q rows (unscaled)
+  // (d, jj, jb, hk, b) Tuple(Σ Pᵀ dout, Σ dSᵀ q) over all rows: dv and dk / scale.
+  Halide::Func grad_kv{"grad_kv"};
+  Halide::Func block_dv{"block_dv"};  // (d, jj, jb, io, hk, b) Σ over the tile's rows of P · dout
+  Halide::Func block_dk{"block_dk"};  // (d, jj, jb, io, hk, b) Σ over the tile's rows of dS · q
+  Halide::Func grad_q{"grad_q"};      // (d, ii, io, hk, b) Σ over key blocks of dS · k: dq / scale
+  Halide::Func block_dq{"block_dq"};  // (d, ii, jb, io, hk, b) Σ over the block's keys of dS · k
+  Halide::Func dq{"dq"}, dk{"dk"}, dv{"dv"};  // (d, i, h, b), (d, j, hk, b) ×2
+  Halide::Func ds{"ds"};                      // (j, row, hk, b) dS of every (row, key)
+  Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, i{"i"}, h{"h"};
+  Halide::Var j{"j"}, row{"row"};
+  Halide::RVar ro;  // row tiles, reduced by grad_kv
+  Halide::RVar rk;  // key blocks, reduced by grad_q
+  Halide::RVar ri;  // rows of a tile, reduced by block_dv / block_dk
+  Halide::RVar rj;  // keys of a block, reduced by block_dq
+  int key_block = 0, query_tile = 0;
+  bool io_is_f32 = false;  // inputs are fp32 already: read in place, no conversion copies
+};
+
+}  // namespace tilelab::generators

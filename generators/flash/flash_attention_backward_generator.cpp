@@ -1,0 +1,205 @@
+// Flash attention backward: the gradients of out = softmax(scale · q kᵀ + bias, masked) v with
+// respect to q, k, v (and the bias), recomputing P from q, k and the forward's log-sum-exp per
+// (row tile, key block) as FlashAttention-2 does; no M×N buffer.
+//
+//   P = exp(scale · q kᵀ + bias − lse)   dV = Pᵀ dO        dP = dO Vᵀ
+//   dS = P ∘ (dP − delta), delta = rowsum(dO ∘ O)         dK = scale · dSᵀ Q     dQ = scale · dS K
+//
+// Two passes, neither needing atomics: dk and dv are reduced over row tiles in a pass parallel
+// over (key block, kv head, batch); dq is reduced over key blocks in a pass parallel over
+// (row tile, kv head, batch). Each pass recomputes P and dP (two of its products) for itself.
+// Rows fold the GQA group as in the forward, so a kv head's dk and dv sum over its query heads.
+// Tiling and schedule: schedules/flash/.
+#include <limits>
+#include <string>
+
+#include "Halide.h"
+#include "generators/flash/backward_stages.hpp"
+#include "schedules/flash/tiling.hpp"
+#include "schedules/flash/x86_backward.hpp"
+
+namespace {
+
+using namespace Halide;
+
+class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
+ public:
+  GeneratorParam<Type> io_type{"io_type", Float(32)};  // q, k, v, out, dout and gradients
+
+  // Layouts as the forward's: (d, i, h, b) and (d, j, hk, b), head dim innermost.
+  Input<Buffer<void, 4>> dout{"dout"};
+  Input<Buffer<void, 4>> q{"q"};
+  Input<Buffer<void, 4>> k{"k"};
+  Input<Buffer<void, 4>> v{"v"};
+  Input<Buffer<void, 4>> out{"out"};
+  Input<Buffer<float, 3>> lse{"lse"};  // (i, h, b), from the forward
+  // (j, i, h, b); broadcast dimensions are passed with stride 0 (no bias: one 0 everywhere).
+  Input<Buffer<float, 4>> bias{"bias"};
+  Input<float> scale{"scale"};
+  // Key j is visible to query i iff j <= i + causal_offset (non-causal: pass N).
+  Input<int> causal_offset{"causal_offset"};
+
+  Output<Buffer<void, 4>> dq{"dq"};  // (d, i, h, b)
+  Output<Buffer<void, 4>> dk{"dk"};  // (d, j, hk, b)
+  Output<Buffer<void, 4>> dv{"dv"};  // (d, j, hk, b)
+  // (j, row, hk, b), row = (h mod group) · M + i: the same memory as a dense [B, Hq, M, N]. The
+  // caller passes extents of 1 when it does not want the bias gradient; only that is computed.
+  Output<Buffer<float, 4>> ds{"ds"};
+
+  void configure() {
+    for (auto* input : {&dout, &q, &k, &v, &out}) input->set_type(io_type);
+    for (auto* output : {&dq, &dk, &dv}) output->set_type(io_type);
+  }
+
+  void generate() {
+    // The absent bias is a single 0 read through stride-0 dims, the key dim included. (Its reads
+    // are gathers across rows anyway.)
+    bias.dim(0).set_stride(Expr());
+    tilelab::generators::FlashBackwardStages s;
+    const tilelab::schedules::flash::FlashAttentionTiling tiling =
+        tilelab::schedules::flash::kBackwardTiling;
+    const int KB = tiling.key_block, QT = tiling.query_tile;
+    s.key_block = KB;
+    s.query_tile = QT;
+    s.io_is_f32 = io_type.value() == Float(32);
+    Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
+
+    Expr head_dim = q.dim(0).extent();
+    Expr q_len = q.dim(1).extent();
+    Expr q_heads = q.dim(2).extent();
+    Expr kv_len = k.dim(1).extent();
+    Expr group = q_heads / k.dim(2).extent();
+    Expr rows = group * q_len;  // rows per kv head
+    Expr key_blocks = (kv_len + KB - 1) / KB;
+    Expr row_tiles = (rows + QT - 1) / QT;
+
+    // Row (ii, io) of kv head hk is query `row_query` of query head `row_head`; rows past the end
+    // read the last one and are masked (they must add nothing to dk and dv).
+    Expr row = io * QT + ii;
+    Expr row_c = min(row, rows - 1);
+    Expr row_query = clamp(row_c % q_len, 0, q_len - 1);
+    Expr row_head = clamp(hk * group + row_c / q_len, 0, q_heads - 1);
+    Expr key = jb * KB + jj;
+    Expr key_c = min(key, kv_len - 1);
+    Expr dim_c = min(d, head_dim - 1);  // schedules may round head dims up to a register tile
+
+    // The tile's largest query index (rows of one tile may span two query heads): a key block
+    // wholly right of it is skipped by both passes, not masked.
+    auto tile_max_query = [&](const Expr& tile) {
+      Expr first = tile * QT, last = min(tile * QT + QT - 1, rows - 1);
+      return select(first / q_len == last / q_len, last % q_len, q_len - 1);
+    };
+
+    RDom rd_delta(0, head_dim, "rd_delta");
+    s.delta(s.i, s.h, b) = 0.0f;
+    s.delta(s.i, s.h, b) +=
+        cast<float>(dout(rd_delta, s.i, s.h, b)) * cast<float>(out(rd_delta, s.i, s.h, b));
+
+    // Padding rows read as 0, so even a NaN in the last row adds nothing through them.
+    s.dout_f32(d, ii, io, hk, b) =
+        select(row < rows, cast<float>(dout(dim_c, row_query, row_head, b)), 0.0f);
+    s.query_f32(d, ii, io, hk, b) =
+        select(row < rows, cast<float>(q(dim_c, row_query, row_head, b)), 0.0f);
+
+    // One recomputation chain per pass.
+    auto define_tile = [&](tilelab::generators::FlashBackwardTileStages& t,
+                           const std::string& pass) {
+      auto func = [&](const char* name) { return Func(std::string(name) + "_" + pass); };
+      t.query_t = func("query_t");
+      t.dout_t = func("dout_t");
+      t.key_f32 = func("key_f32");
+      t.value_f32 = func("value_f32");
+      t.row_lse = func("row_lse");
+      t.row_delta = func("row_delta");
+      t.score = func("score");
+      t.dprob = func("dprob");
+      t.prob = func("prob");
+      t.dscore = func("dscore");
+      t.query_t(ii, d, io, hk, b) = cast<float>(q(d, row_query, row_head, b)) * scale;
+      t.dout_t(ii, d, io, hk, b) = cast<float>(dout(d, row_query, row_head, b));
+      t.key_f32(d, jj, jb, hk, b) = cast<float>(k(d, key_c, hk, b));
+      t.value_f32(d, jj, jb, hk, b) = cast<float>(v(d, key_c, hk, b));
+      t.row_lse(ii, io, hk, b) = lse(row_query, row_head, b);
+      t.row_delta(ii, io, hk, b) = s.delta(row_query, row_head, b);
+      RDom rs(0, head_dim, "rd_score_" + pass), rp(0, head_dim, "rd_dprob_" + pass);
+      t.rd_score = rs.x;
+      t.rd_dprob = rp.x;
+      t.score(ii, jj, jb, io, hk, b) = 0.0f;
+      t.score(ii, jj, jb, io, hk, b) += t.query_t(ii, rs, io, hk, b) * t.key_f32(rs, jj, jb, hk, b);
+      t.dprob(ii, jj, jb, io, hk, b) = 0.0f;
+      t.dprob(ii, jj, jb, io, hk, b) +=
+          t.dout_t(ii, rp, io, hk, b) * t.value_f32(rp, jj, jb, hk, b);
+      Expr biased = t.score(ii, jj, jb, io, hk, b) + bias(key_c, row_query, row_head, b);
+      // Only the mask (causal, lengths, padding rows) and a bias of exactly -inf mask a score;
+      // NaN and inf elsewhere propagate. Below e^-87 the result is not a normal float: 0.
+      Expr visible = row < rows && key <= min(row_query + causal_offset, kv_len - 1) &&
+                     biased != Expr(-std::numeric_limits<float>::infinity());
+      Expr exponent = biased - t.row_lse(ii, io, hk, b);
+      t.prob(ii, jj, jb, io, hk, b) = select(visible && !(exponent < -87.0f), exp(exponent), 0.0f);
+      // A masked pair contributes nothing, whatever dP holds: the same as a skipped block.
+      Expr p = t.prob(ii, jj, jb, io, hk, b);
+      t.dscore(ii, jj, jb, io, hk, b) = select(
+          p == 0.0f, 0.0f, p * (t.dprob(ii, jj, jb, io, hk, b) - t.row_delta(ii, io, hk, b)));
+    };
+    define_tile(s.key_pass, "kpass");
+    define_tile(s.query_pass, "qpass");
+    define_tile(s.bias_pass, "bpass");
+
+    // Pass 1: dk and dv, per key block, reduced over the row tiles that see the block.
+    {
+      const tilelab::generators::FlashBackwardTileStages& t = s.key_pass;
+      RDom ri(0, QT, "ri");
+      s.ri = ri.x;
+      s.block_dv(d, jj, jb, io, hk, b) = 0.0f;
+      s.block_dv(d, jj, jb, io, hk, b) +=
+          t.prob(ri, jj, jb, io, hk, b) * s.dout_f32(d, ri, io, hk, b);
+      s.block_dk(d, jj, jb, io, hk, b) = 0.0f;
+      s.block_dk(d, jj, jb, io, hk, b) +=
+          t.dscore(ri, jj, jb, io, hk, b) * s.query_f32(d, ri, io, hk, b);
+      RDom ro(0, row_tiles, "ro");
+      ro.where(jb * KB <= tile_max_query(ro) + causal_offset);
+      s.ro = ro.x;
+      s.grad_kv(d, jj, jb, hk, b) = {0.0f, 0.0f};
+      s.grad_kv(d, jj, jb, hk, b) = {
+          s.grad_kv(d, jj, jb, hk, b)[0] + s.block_dv(d, jj, jb, ro, hk, b),
+          s.grad_kv(d, jj, jb, hk, b)[1] + s.block_dk(d, jj, jb, ro, hk, b)};
+      s.dv(d, s.j, hk, b) = cast(io_type, s.grad_kv(d, s.j % KB, s.j / KB, hk, b)[0]);
+      s.dk(d, s.j, hk, b) = cast(io_type, s.grad_kv(d, s.j % KB, s.j / KB, hk, b)[1] * scale);
+    }
+
+    // Pass 2: dq, per row tile, reduced over the key blocks the tile sees.
+    {
+      const tilelab::generators::FlashBackwardTileStages& t = s.query_pass;
+      RDom rj(0, KB, "rj");
+      s.rj = rj.x;
+      s.block_dq(d, ii, jb, io, hk, b) = 0.0f;
+      s.block_dq(d, ii, jb, io, hk, b) +=
+          t.dscore(ii, rj, jb, io, hk, b) * t.key_f32(min(d, head_dim - 1), rj, jb, hk, b);
+      RDom rk(0, key_blocks, "rk");
+      rk.where(rk * KB <= tile_max_query(io) + causal_offset);
+      s.rk = rk.x;
+      s.grad_q(d, ii, io, hk, b) = 0.0f;
+      s.grad_q(d, ii, io, hk, b) += s.block_dq(d, ii, rk, io, hk, b);
+      Expr out_row = (s.h % group) * q_len + s.i;
+      s.dq(d, s.i, s.h, b) =
+          cast(io_type, s.grad_q(d, out_row % QT, out_row / QT, s.h / group, b) * scale);
+    }
+
+    // The bias gradient dS, written only where the caller's ds buffer asks for it.
+    {
+      const tilelab::generators::FlashBackwardTileStages& t = s.bias_pass;
+      s.ds(s.j, s.row, hk, b) = t.dscore(s.row % QT, s.j % KB, s.j / KB, s.row / QT, hk, b);
+    }
+
+    dq = s.dq;
+    dk = s.dk;
+    dv = s.dv;
+    ds = s.ds;
+
+    tilelab::schedules::schedule_flash_attention_backward_x86(s, get_target(), head_dim);
+  }
+};
+
+}  // namespace
+
+HALIDE_REGISTER_GENERATOR(FlashAttentionBackward, flash_attention_backward)

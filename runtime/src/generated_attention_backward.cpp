@@ -1,0 +1,86 @@
+// The generated flash attention backward kernels behind detail::generated_flash_attention_backward:
+// one per dtype; TensorViews become halide_buffer_t (halide_glue).
+#include <cstdint>
+
+#include "attention_problem.hpp"
+#include "flash_bwd_bf16.h"
+#include "flash_bwd_f16.h"
+#include "flash_bwd_f32.h"
+#include "halide_glue.hpp"
+#include "tilelab/error.hpp"
+
+namespace tilelab::detail {
+namespace {
+
+using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
+                         halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, float, int32_t,
+                         halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*);
+
+KernelFn pick_kernel(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return flash_bwd_f32;
+    case DType::f16:
+      return flash_bwd_f16;
+    case DType::bf16:
+      return flash_bwd_bf16;
+    case DType::i32:
+      break;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& p) {
+  const AttentionProblem& f = p.forward;
+  for (const TensorView* view : {&f.q, &f.k, &f.v, &f.out, &p.dout, &p.dq, &p.dk, &p.dv}) {
+    if (view->stride(3) != 1 || !offsets_fit_int32(*view)) return false;
+  }
+  if (f.bias && (f.bias->stride(3) != 1 || !offsets_fit_int32(*f.bias))) return false;
+  if (!offsets_fit_int32(*f.lse)) return false;
+  return f.head_dim <= 256 && fits_int32(f.causal_offset) && fits_int32(-f.causal_offset) &&
+         pick_kernel(f.dtype);
+}
+
+bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const TensorView* ds) {
+  if (!generated_flash_attention_backward_covers(p)) return false;
+  const AttentionProblem& f = p.forward;
+  // The kernel writes dS as (key, row, kv head, batch), row = (h mod group) · M + i: a dense
+  // [B, Hq, M, N] view is exactly that layout.
+  if (ds && (!ds->is_contiguous() || !offsets_fit_int32(*ds))) return false;
+  install_halide_hooks();
+
+  HalideView dout(p.dout), q(f.q), k(f.k), v(f.v), out(f.out), lse(*f.lse);
+  HalideView dq(p.dq), dk(p.dk), dv(p.dv);
+  // Without a bias the kernel reads a single 0 through stride-0 dims.
+  float zero_bias = 0.0f;
+  const TensorView no_bias(&zero_bias, DType::f32, {1, 1, 1, 1});
+  const std::int64_t bias_extents[4] = {f.batch, f.q_heads, f.q_len, f.kv_len};
+  HalideView bias(f.bias ? *f.bias : no_bias, bias_extents);
+  // Without a dS request, a 1-element output: the kernel computes only what is asked for.
+  float unused_ds = 0.0f;
+  const TensorView no_ds(&unused_ds, DType::f32, {1, 1, 1, 1});
+  HalideView ds_buffer(no_ds);
+  if (ds) {
+    const std::int64_t group = f.q_heads / f.kv_heads;
+    const std::int64_t rows = group * f.q_len;
+    halide_dimension_t* dims = ds_buffer.dims.data();
+    dims[0] = {0, static_cast<int32_t>(f.kv_len), 1, 0};
+    dims[1] = {0, static_cast<int32_t>(rows), static_cast<int32_t>(f.kv_len), 0};
+    dims[2] = {0, static_cast<int32_t>(f.kv_heads), static_cast<int32_t>(rows * f.kv_len), 0};
+    dims[3] = {0, static_cast<int32_t>(f.batch),
+               static_cast<int32_t>(f.q_heads * f.q_len * f.kv_len), 0};
+    ds_buffer.buffer.host = static_cast<uint8_t*>(ds->data());
+  }
+
+  halide_error_message_of_thread().clear();
+  const int status = pick_kernel(f.dtype)(
+      dout.get(), q.get(), k.get(), v.get(), out.get(), lse.get(), bias.get(), f.scale,
+      static_cast<int32_t>(f.causal_offset), dq.get(), dk.get(), dv.get(), ds_buffer.get());
+  TILELAB_CHECK(status == 0) << "generated flash attention backward kernel failed (status "
+                             << status << "): " << halide_error_message_of_thread();
+  return true;
+}
+
+}  // namespace tilelab::detail

@@ -1,0 +1,134 @@
+// The reference flash attention backward: OpenMP over (batch, kv head), one query row at a time
+// over every key, fp32 accumulation, any strides and any supported dtype. Written for clarity: it
+// is what the generated kernels are checked against, and it runs the calls they do not cover.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attention_problem.hpp"
+#include "dtype_convert.hpp"
+#include "tilelab/error.hpp"
+#include "tilelab/threading.hpp"
+
+namespace tilelab::detail {
+
+namespace {
+
+// Element (i0, i1, i2, i3) of a rank-4 view; dims of extent 1 broadcast.
+template <typename Storage>
+struct Indexed4 {
+  Storage* data;
+  std::int64_t stride[4];
+  explicit Indexed4(const TensorView& view) : data(static_cast<Storage*>(view.data())) {
+    for (int i = 0; i < 4; ++i) stride[i] = view.dim(i) == 1 ? 0 : view.stride(i);
+  }
+  Storage& at(std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3) const {
+    return data[i0 * stride[0] + i1 * stride[1] + i2 * stride[2] + i3 * stride[3]];
+  }
+};
+
+template <DType dtype>
+void run_reference_backward(const AttentionBackwardProblem& problem, const TensorView* ds_view) {
+  using Traits = ElementTraits<dtype>;
+  using Storage = typename Traits::Storage;
+  const AttentionProblem& f = problem.forward;
+  const std::int64_t batch = f.batch, kv_heads = f.kv_heads, q_len = f.q_len, kv_len = f.kv_len;
+  const std::int64_t head_dim = f.head_dim, group = f.q_heads / f.kv_heads;
+  const float scale = f.scale;
+  constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+
+  const Indexed4<const Storage> q(f.q), k(f.k), v(f.v), out(f.out), dout(problem.dout);
+  const Indexed4<Storage> dq(problem.dq), dk(problem.dk), dv(problem.dv);
+  const TensorView& lse_view = *f.lse;
+  const float* const lse = static_cast<const float*>(lse_view.data());
+  float zero_bias = 0.0f;
+  const TensorView no_bias(&zero_bias, DType::f32, {1, 1, 1, 1});
+  const Indexed4<const float> bias(f.bias ? *f.bias : no_bias);
+  const Indexed4<float> ds(ds_view ? *ds_view : no_bias);
+
+#pragma omp parallel num_threads(num_threads())
+  {
+    std::vector<float> key(kv_len * head_dim), value(kv_len * head_dim);
+    std::vector<float> dk_sum(kv_len * head_dim), dv_sum(kv_len * head_dim);
+    std::vector<float> query(head_dim), grad_out(head_dim), dq_sum(head_dim);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < batch * kv_heads; ++task) {
+      const std::int64_t b = task / kv_heads, hk = task % kv_heads;
+      for (std::int64_t j = 0; j < kv_len; ++j) {
+        for (std::int64_t d = 0; d < head_dim; ++d) {
+          key[j * head_dim + d] = Traits::to_float(k.at(b, hk, j, d));
+          value[j * head_dim + d] = Traits::to_float(v.at(b, hk, j, d));
+        }
+      }
+      std::fill(dk_sum.begin(), dk_sum.end(), 0.0f);
+      std::fill(dv_sum.begin(), dv_sum.end(), 0.0f);
+      for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        for (std::int64_t i = 0; i < q_len; ++i) {
+          float delta = 0.0f;
+          for (std::int64_t d = 0; d < head_dim; ++d) {
+            query[d] = Traits::to_float(q.at(b, h, i, d));
+            grad_out[d] = Traits::to_float(dout.at(b, h, i, d));
+            delta += grad_out[d] * Traits::to_float(out.at(b, h, i, d));
+          }
+          const float row_lse =
+              lse[b * lse_view.stride(0) + h * lse_view.stride(1) + i * lse_view.stride(2)];
+          const std::int64_t last_key = std::min(i + f.causal_offset, kv_len - 1);
+          std::fill(dq_sum.begin(), dq_sum.end(), 0.0f);
+          for (std::int64_t j = 0; j < kv_len; ++j) {
+            const float* key_row = &key[j * head_dim];
+            const float* value_row = &value[j * head_dim];
+            float score = 0.0f, dprob = 0.0f;
+            for (std::int64_t d = 0; d < head_dim; ++d) {
+              score += query[d] * scale * key_row[d];
+              dprob += grad_out[d] * value_row[d];
+            }
+            const float biased = score + bias.at(b, h, i, j);
+            // Only the mask and a bias of exactly -inf mask a score (attention.hpp).
+            const bool visible = j <= last_key && biased != kNegativeInfinity;
+            const float prob = visible ? std::exp(biased - row_lse) : 0.0f;
+            const float dscore = prob == 0.0f ? 0.0f : prob * (dprob - delta);
+            if (ds_view) ds.at(b, h, i, j) = dscore;
+            float* dk_row = &dk_sum[j * head_dim];
+            float* dv_row = &dv_sum[j * head_dim];
+            for (std::int64_t d = 0; d < head_dim; ++d) {
+              dv_row[d] += prob * grad_out[d];
+              dk_row[d] += dscore * query[d];
+              dq_sum[d] += dscore * key_row[d];
+            }
+          }
+          for (std::int64_t d = 0; d < head_dim; ++d) {
+            dq.at(b, h, i, d) = Traits::from_float(dq_sum[d] * scale);
+          }
+        }
+      }
+      for (std::int64_t j = 0; j < kv_len; ++j) {
+        for (std::int64_t d = 0; d < head_dim; ++d) {
+          dk.at(b, hk, j, d) = Traits::from_float(dk_sum[j * head_dim + d] * scale);
+          dv.at(b, hk, j, d) = Traits::from_float(dv_sum[j * head_dim + d]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void reference_flash_attention_backward(const AttentionBackwardProblem& problem,
+                                        const TensorView* ds) {
+  switch (problem.forward.dtype) {
+    case DType::f32:
+      return run_reference_backward<DType::f32>(problem, ds);
+    case DType::f16:
+      return run_reference_backward<DType::f16>(problem, ds);
+    case DType::bf16:
+      return run_reference_backward<DType::bf16>(problem, ds);
+    case DType::i32:
+      break;
+  }
+  TILELAB_CHECK(false) << "reference_flash_attention_backward: unsupported dtype "
+                       << dtype_name(problem.forward.dtype);
+}
+
+}  // namespace tilelab::detail

@@ -1,0 +1,170 @@
+// x86 schedule of flash attention backward
+// (generators/flash/flash_attention_backward_generator.cpp).
+//
+// Target assumptions as the forward's (schedules/flash/x86.cpp): AVX-512 (16 lanes, 32 zmm), then
+// AVX2+FMA (8 lanes, 16 ymm), then SSE (4 lanes).
+//
+// Pass 1, per (key block jb, kv head hk, batch b), parallel over the three fused:
+//   for each row tile ro that sees the block (causal: the others are skipped)
+//     query_t, dout_t   QT×D, transposed so rows are contiguous; q and dout rows as they are
+//     score, dprob      QT×KB, register tiles of (2·VL rows) × 8 keys = 16 accumulators
+//     prob, dscore      P and dS of the tile (one exp per score)
+//     block_dv          (4·VL head dims) × 4 keys = 16 accumulators over the tile's rows: Pᵀ dO
+//     block_dk          the same shape: dSᵀ Q; then both are added to grad_kv
+// Pass 2, per (row tile io, kv head hk, batch b):
+//   for each key block rk the tile sees
+//     score, dprob, prob, dscore as in pass 1
+//     block_dq          (4·VL head dims) × 4 rows = 16 accumulators over the block's keys: dS K
+// Pass 3 (only what the caller's ds buffer asks for): dS per (row tile, key block) again.
+//
+// Why two passes: dq sums over key blocks and dk, dv over rows, so one pass must either write
+// partial sums for the other (atomics, or a key-blocks × M × D buffer per head) or recompute.
+// Recomputing score and dP costs 4·M·N·D of the 14·M·N·D FLOPs, and it gives each pass
+// (blocks × heads × batch) independent tasks: enough for 2–16 cores at B·H = 1.
+#include "schedules/flash/x86_backward.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace tilelab::schedules {
+
+using namespace Halide;
+
+namespace {
+
+// Scores and dP of one (row tile, key block) in register tiles of `rows` × 8 keys, rows in the
+// vector lanes; P and dS stored for the whole tile, for the products that consume them.
+void schedule_tile(FlashBackwardStages& s, generators::FlashBackwardTileStages& t,
+                   const LoopLevel& level, int VL, const std::string& pass) {
+  const int rows = std::min(s.query_tile, 2 * VL);
+  Var iii("iii_" + pass), jji("jji_" + pass);
+  for (Func* f : {&t.prob, &t.dscore}) {
+    f->compute_at(level)
+        .tile(s.ii, s.jj, iii, jji, rows, 8)
+        .vectorize(iii, VL)
+        .unroll(iii)
+        .unroll(jji);
+  }
+  t.score.compute_at(t.prob, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+  t.score.update().reorder(s.ii, s.jj, t.rd_score).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+  t.dprob.compute_at(t.dscore, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+  t.dprob.update().reorder(s.ii, s.jj, t.rd_dprob).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+}
+
+// Per-row inputs of a tile, computed once per row tile.
+void schedule_rows(generators::FlashBackwardTileStages& t, FlashBackwardStages& s,
+                   const LoopLevel& level, int VL) {
+  for (Func* f : {&t.query_t, &t.dout_t}) f->compute_at(level).vectorize(s.ii, VL);
+  for (Func* f : {&t.row_lse, &t.row_delta}) f->compute_at(level).vectorize(s.ii, VL);
+}
+
+// K and V of one key block in fp32, once per block.
+void schedule_keys(generators::FlashBackwardTileStages& t, FlashBackwardStages& s,
+                   const LoopLevel& level, int VL) {
+  for (Func* f : {&t.key_f32, &t.value_f32}) {
+    f->compute_at(level).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  }
+}
+
+// The register-tiled accumulation of an update over (d, `rows_or_keys`): head dims rounded up to
+// 4 vectors (fast paths for 64 and 128) or one vector, × 4 of the second dimension.
+void split_accumulation(Stage stage, FlashBackwardStages& s, const Var& second,
+                        const Expr& head_dim, int VL, const Var& dout) {
+  Var din("din"), so("so"), si("si");
+  for (int dims : {128, 64}) {
+    stage.specialize(head_dim == dims)
+        .split(s.d, dout, din, std::min(dims, 4 * VL), TailStrategy::RoundUp)
+        .split(second, so, si, 4)
+        .reorder(din, si, dout, so)
+        .vectorize(din, VL)
+        .unroll(si);
+  }
+  stage.split(s.d, dout, din, VL, TailStrategy::RoundUp)
+      .split(second, so, si, 4)
+      .reorder(din, si, dout, so)
+      .vectorize(din)
+      .unroll(si);
+}
+
+// A block product (d, second) += Σ over `r`, computed per register tile.
+void schedule_block_product(Func f, FlashBackwardStages& s, const Var& second, const RVar& r,
+                            const LoopLevel& level, int VL) {
+  Var dvo("dvo"), dvi("dvi");
+  f.compute_at(level).split(s.d, dvo, dvi, VL).vectorize(dvi).unroll(dvo).unroll(second);
+  f.update()
+      .split(s.d, dvo, dvi, VL)
+      .reorder(dvi, dvo, second, r)
+      .vectorize(dvi)
+      .unroll(dvo)
+      .unroll(second);
+}
+
+}  // namespace
+
+void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target& target,
+                                           const Expr& head_dim) {
+  const int VL = target.has_feature(Target::AVX512) ? 16 : target.has_feature(Target::AVX) ? 8 : 4;
+  Var tile("tile"), hb("hb"), dout("dout");
+
+  s.delta.compute_root()
+      .fuse(s.h, s.b, hb)
+      .parallel(hb)
+      .vectorize(s.i, VL, TailStrategy::GuardWithIf);
+  s.delta.update().fuse(s.h, s.b, hb).parallel(hb).vectorize(s.i, VL, TailStrategy::GuardWithIf);
+
+  // Pass 1: dk and dv.
+  for (Func f : {s.dk, s.dv}) {
+    f.fuse(s.hk, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  }
+  s.grad_kv.compute_root()
+      .fuse(s.jb, s.hk, tile)
+      .fuse(tile, s.b, tile)
+      .parallel(tile)
+      .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  Stage kv = s.grad_kv.update();
+  kv.reorder(s.d, s.jj, s.ro, s.jb, s.hk, s.b)
+      .fuse(s.jb, s.hk, tile)
+      .fuse(tile, s.b, tile)
+      .parallel(tile);
+  split_accumulation(kv, s, s.jj, head_dim, VL, dout);
+  schedule_block_product(s.block_dv, s, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
+  schedule_block_product(s.block_dk, s, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
+  schedule_tile(s, s.key_pass, LoopLevel(s.grad_kv, s.ro), VL, "kpass");
+  schedule_rows(s.key_pass, s, LoopLevel(s.grad_kv, s.ro), VL);
+  for (Func f : {s.dout_f32, s.query_f32}) {
+    f.compute_at(s.grad_kv, s.ro).vectorize(s.d, VL);
+  }
+  schedule_keys(s.key_pass, s, LoopLevel(s.grad_kv, tile), VL);
+
+  // Pass 2: dq.
+  s.dq.fuse(s.h, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  s.grad_q.compute_root()
+      .fuse(s.io, s.hk, tile)
+      .fuse(tile, s.b, tile)
+      .parallel(tile)
+      .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  Stage qs = s.grad_q.update();
+  qs.reorder(s.d, s.ii, s.rk, s.io, s.hk, s.b)
+      .fuse(s.io, s.hk, tile)
+      .fuse(tile, s.b, tile)
+      .parallel(tile);
+  split_accumulation(qs, s, s.ii, head_dim, VL, dout);
+  schedule_block_product(s.block_dq, s, s.ii, s.rj, LoopLevel(s.grad_q, dout), VL);
+  schedule_tile(s, s.query_pass, LoopLevel(s.grad_q, s.rk), VL, "qpass");
+  schedule_rows(s.query_pass, s, LoopLevel(s.grad_q, tile), VL);
+  schedule_keys(s.query_pass, s, LoopLevel(s.grad_q, s.rk), VL);
+
+  // Pass 3: ds, tile by tile.
+  Var jo("jo"), jin("jin"), rt("rt"), rin("rin");
+  s.ds.tile(s.j, s.row, jo, rt, jin, rin, s.key_block, s.query_tile, TailStrategy::GuardWithIf)
+      .reorder(jin, rin, jo, rt, s.hk, s.b)
+      .fuse(rt, s.hk, tile)
+      .fuse(tile, s.b, tile)
+      .parallel(tile)
+      .vectorize(jin, VL, TailStrategy::GuardWithIf);
+  schedule_tile(s, s.bias_pass, LoopLevel(s.ds, jo), VL, "bpass");
+  schedule_rows(s.bias_pass, s, LoopLevel(s.ds, tile), VL);
+  schedule_keys(s.bias_pass, s, LoopLevel(s.ds, jo), VL);
+}
+
+}  // namespace tilelab::schedules
