@@ -22,6 +22,19 @@ namespace {
 
 using namespace Halide;
 
+// Halide compiles float arithmetic with fast-math flags that let LLVM assume no NaN or inf, so
+// comparisons against them (is_nan, == -inf) may be folded away; the bit patterns may not.
+Expr is_nan_bits(const Expr& x) {
+  return (reinterpret<int32_t>(x) & 0x7fffffff) > 0x7f800000;
+}
+Expr is_zero_bits(const Expr& x) {
+  return (reinterpret<int32_t>(x) & 0x7fffffff) == 0;
+}
+// -inf is 0xff800000.
+Expr is_minus_inf(const Expr& x) {
+  return reinterpret<int32_t>(x) == -0x00800000 - 0x7f000000;
+}
+
 class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
  public:
   GeneratorParam<Type> io_type{"io_type", Float(32)};  // q, k, v, out, dout and gradients
@@ -132,14 +145,17 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       Expr biased = t.score(ii, jj, jb, io, hk, b) + bias(key_c, row_query, row_head, b);
       // Only the mask (causal, lengths, padding rows) and a bias of exactly -inf mask a score;
       // NaN and inf elsewhere propagate. Below e^-87 the result is not a normal float: 0.
-      Expr visible = row < rows && key <= min(row_query + causal_offset, kv_len - 1) &&
-                     biased != Expr(-std::numeric_limits<float>::infinity());
+      Expr visible =
+          row < rows && key <= min(row_query + causal_offset, kv_len - 1) && !is_minus_inf(biased);
       Expr exponent = biased - t.row_lse(ii, io, hk, b);
-      t.prob(ii, jj, jb, io, hk, b) = select(visible && !(exponent < -87.0f), exp(exponent), 0.0f);
+      // (Halide's exp clamps its argument, which would turn a NaN into a number.)
+      // (NaN is tested first: under those flags `NaN < -87` may be true.)
+      t.prob(ii, jj, jb, io, hk, b) = select(!visible, 0.0f, is_nan_bits(exponent), exponent,
+                                             exponent < -87.0f, 0.0f, exp(exponent));
       // A masked pair contributes nothing, whatever dP holds: the same as a skipped block.
       Expr p = t.prob(ii, jj, jb, io, hk, b);
       t.dscore(ii, jj, jb, io, hk, b) = select(
-          p == 0.0f, 0.0f, p * (t.dprob(ii, jj, jb, io, hk, b) - t.row_delta(ii, io, hk, b)));
+          is_zero_bits(p), 0.0f, p * (t.dprob(ii, jj, jb, io, hk, b) - t.row_delta(ii, io, hk, b)));
     };
     define_tile(s.key_pass, "kpass");
     define_tile(s.query_pass, "qpass");

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""bench_flash_backward: tilelab.flash_attention_backward against PyTorch SDPA's backward (autograd
+through scaled_dot_product_attention on the CPU), and against this machine's FMA peak measured in
+the same run (by tilelab_machine_peak).
+
+    python bench/attention/bench_flash_backward.py [--build-dir build] [--threads 2] [--quick]
+
+Times are medians over --repeats calls after --warmup calls, ours and PyTorch's alternating. Both
+sides time the backward only: PyTorch's forward runs once, and each timed call is
+``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)``; ours gets the forward's out and
+lse. GFLOP/s counts 2.5 x the forward's 4·B·Hq·M·N·D (half for square causal): the five products
+of the FlashAttention-2 backward, whatever an implementation recomputes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from bench_flash import (  # noqa: E402
+    Workload,
+    cpu_model,
+    import_tilelab,
+    import_torch,
+    make_inputs,
+    measure_machine_peak,
+    to_torch,
+)
+from timing import alternating_medians  # noqa: E402
+
+BACKWARD_FLOPS_PER_FORWARD_FLOP = 2.5
+
+WORKLOADS = [
+    Workload(1, 16, 16, 512, 512, 128, "float32", causal=False),
+    Workload(1, 16, 16, 512, 512, 128, "float32", causal=True),
+    Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=False),
+    Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=True),
+    Workload(1, 32, 8, 2048, 2048, 128, "bfloat16", causal=True),
+    Workload(4, 8, 8, 1024, 1024, 64, "float32", causal=False),
+]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--build-dir", type=pathlib.Path, default=HERE.parents[1] / "build")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="2 repeats and 1 warmup")
+    parser.add_argument("--filter", default="", help="only workloads whose name contains this")
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--json", type=pathlib.Path, help="also write the results here")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.warmup = 2, 1
+    if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
+        parser.error("--threads and --repeats must be >= 1, --warmup >= 0")
+    return args
+
+
+def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
+    q, k, v = make_inputs(workload, rng)
+    causal = workload.causal
+    out, lse = tilelab.flash_attention(q, k, v, causal=causal, return_lse=True)
+    dout = rng.standard_normal(out.shape, dtype=np.float32).astype(q.dtype)
+
+    def ours_call():
+        return tilelab.flash_attention_backward(dout, q, k, v, out, lse, causal=causal)
+
+    calls = [ours_call]
+    if torch is not None:
+        tq, tk, tv = (to_torch(torch, a).clone().requires_grad_(True) for a in (q, k, v))
+        t_out = torch.nn.functional.scaled_dot_product_attention(
+            tq, tk, tv, is_causal=causal, enable_gqa=workload.q_heads != workload.kv_heads)
+        t_dout = to_torch(torch, dout)
+
+        def torch_call():
+            return torch.autograd.grad(t_out, (tq, tk, tv), t_dout, retain_graph=True)
+
+        calls.append(torch_call)
+    medians = alternating_medians(calls, args.warmup, args.repeats)
+    flops = BACKWARD_FLOPS_PER_FORWARD_FLOP * workload.flops
+    result = {
+        "workload": workload.name,
+        "dtype": workload.dtype,
+        "causal": causal,
+        "ours_median_s": medians[0],
+        "flop": flops,
+        "ours_gflop_per_s": flops / medians[0] * 1e-9,
+        "ours_fraction_of_fma_peak": flops / medians[0] * 1e-9
+        / peak["fma_peak_fp32_gflop_per_s"],
+    }
+    if torch is not None:
+        ours = ours_call()
+        theirs = [g.float().numpy() for g in torch_call()]
+        result["torch_median_s"] = medians[1]
+        result["torch_over_ours"] = medians[1] / medians[0]
+        result["torch_gflop_per_s"] = flops / medians[1] * 1e-9
+        result["max_abs_difference_from_torch"] = max(
+            float(np.max(np.abs(a.astype(np.float32) - b)))
+            for a, b in zip(ours, theirs, strict=True))
+    return result
+
+
+def format_row(result: dict) -> list[str]:
+    torch_ms = f"{1e3 * result['torch_median_s']:.1f}" if "torch_median_s" in result else "-"
+    ratio = f"{result['torch_over_ours']:.2f}x" if "torch_over_ours" in result else "-"
+    torch_rate = (f"{result['torch_gflop_per_s']:.1f} GFLOP/s"
+                  if "torch_gflop_per_s" in result else "-")
+    difference = (f"{result['max_abs_difference_from_torch']:.1e}"
+                  if "max_abs_difference_from_torch" in result else "-")
+    return [
+        result["workload"],
+        result["dtype"],
+        "causal" if result["causal"] else "full",
+        f"{1e3 * result['ours_median_s']:.1f}",
+        torch_ms,
+        ratio,
+        f"{result['ours_gflop_per_s']:.1f} GFLOP/s",
+        f"{100 * result['ours_fraction_of_fma_peak']:.1f}% FMA",
+        torch_rate,
+        difference,
+    ]
+
+
+def main() -> None:
+    args = parse_args()
+    tilelab = import_tilelab(args.build_dir)
+    tilelab.set_num_threads(args.threads)
+    peak = measure_machine_peak(args.build_dir, args.threads)
+    torch = None if args.no_torch else import_torch(args.threads)
+    print(f"machine: {cpu_model()}, {args.threads} threads; fp32 FMA peak "
+          f"{peak['fma_peak_fp32_gflop_per_s']:.0f} GFLOP/s ({peak['fma_isa']}) "
+          f"(tilelab_machine_peak, {peak['statistic']})")
+    torch_text = (f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
+                  if torch is not None else "torch not importable: no comparison")
+    print(f"tilelab {tilelab.__version__}; {torch_text}; medians of {args.repeats} calls after "
+          f"{args.warmup} warmup; torch/ours > 1 means tilelab is faster")
+    print("backward GFLOP/s = 2.5 x 4·B·Hq·M·N·D (half for square causal) / time\n")
+
+    rng = np.random.default_rng(0)
+    results, rows = [], []
+    for workload in WORKLOADS:
+        if args.filter not in f"{workload.name} {workload.dtype}":
+            continue
+        result = run_workload(workload, tilelab, torch, peak, args, rng)
+        results.append(result)
+        rows.append(format_row(result))
+    header = ["workload", "dtype", "mask", "ours ms", "torch ms", "torch/ours", "ours rate",
+              "of peak", "torch rate", "max |ours - torch|"]
+    print_rows(header, rows)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "schema": "tilelab.bench_flash_backward",
+            "schema_version": 1,
+            "cpu": cpu_model(),
+            "threads": args.threads,
+            "torch_version": torch.__version__ if torch is not None else None,
+            "machine_peak": peak,
+            "results": results,
+        }, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+
+
+def print_rows(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        cells = [cell.ljust(w) if i < 3 else cell.rjust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
+        print("  ".join(cells).rstrip(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
