@@ -142,12 +142,15 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       t.dprob(ii, jj, jb, io, hk, b) = 0.0f;
       t.dprob(ii, jj, jb, io, hk, b) +=
           t.dout_t(ii, rp, io, hk, b) * t.value_f32(rp, jj, jb, hk, b);
-      Expr biased = t.score(ii, jj, jb, io, hk, b) + bias(key_c, row_query, row_head, b);
       // Only the mask (causal, lengths, padding rows) and a bias of exactly -inf mask a score;
-      // NaN and inf elsewhere propagate. Below e^-87 the result is not a normal float: 0.
-      Expr visible =
-          row < rows && key <= min(row_query + causal_offset, kv_len - 1) && !is_minus_inf(biased);
-      Expr exponent = biased - t.row_lse(ii, io, hk, b);
+      // NaN and inf elsewhere propagate. Below e^-87 the result is not a normal float: 0. The
+      // bias is tested as loaded, and the two subtractions are strict IEEE: under fast-math an
+      // inf or NaN result is undefined, so testing its bits afterwards would not be reliable.
+      Expr bias_value = bias(key_c, row_query, row_head, b);
+      Expr visible = row < rows && key <= min(row_query + causal_offset, kv_len - 1) &&
+                     !is_minus_inf(bias_value);
+      Expr exponent =
+          strict_float(t.score(ii, jj, jb, io, hk, b) + bias_value - t.row_lse(ii, io, hk, b));
       // (Halide's exp clamps its argument, which would turn a NaN into a number.)
       // (NaN is tested first: under those flags `NaN < -87` may be true.)
       t.prob(ii, jj, jb, io, hk, b) = select(!visible, 0.0f, is_nan_bits(exponent), exponent,
