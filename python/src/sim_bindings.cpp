@@ -101,15 +101,10 @@ ResolvedPoint resolve_point(const PagedPoint& point) {
   r.config.schedule = PagedAttentionSchedule::from_json(point.schedule_json);
   const PagedAttentionSchedule& s = r.config.schedule;
   TILELAB_REQUIRE(!point.requests.empty()) << "prefill, decode: no requests given";
-  for (const auto& request : point.requests)
-    TILELAB_REQUIRE(request.query_len >= 1 && request.context_len >= 0)
-        << "prefill, decode: expected query_len >= 1 and context_len >= 0, got "
-        << request.query_len << ":" << request.context_len;
   TILELAB_REQUIRE(point.seed >= 0 && point.seed <= UINT32_MAX)
       << "seed: expected 0 <= seed < 2**32, got " << point.seed;
   const sim::PagedAttentionBatch batch =
-      sim::make_paged_attention_batch(point.requests, s.block_size, s.large_tile_size,
-                                      s.partition_tile, static_cast<uint32_t>(point.seed));
+      sim::make_paged_attention_batch(point.requests, s, static_cast<uint32_t>(point.seed));
   r.config.shape.num_heads = point.num_heads;
   r.config.shape.num_kv_heads = point.num_kv_heads;
   r.config.shape.head_dim = point.head_dim;

@@ -380,8 +380,7 @@ PagedAttentionRun paged_attention_run(const schedules::PagedAttentionSchedule& s
                                       DType dtype, uint32_t seed) {
   PagedAttentionRun r;
   r.config.schedule = schedule;
-  r.batch = make_paged_attention_batch(requests, schedule.block_size, schedule.large_tile_size,
-                                       schedule.partition_tile, seed);
+  r.batch = make_paged_attention_batch(requests, schedule, seed);
   r.config.shape = {num_heads, num_kv_heads, head_dim, r.batch.query_len,
                     r.batch.num_active_blocks};
   r.config.num_cache_blocks = r.batch.num_cache_blocks;
