@@ -1,19 +1,14 @@
 // `tilelab sim` implementation.
 #include "sim_command.hpp"
 
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <random>
 #include <sstream>
-
-#include <unistd.h>
 
 #include <tilelab/error.hpp>
 
@@ -22,6 +17,7 @@
 #include "sim/kernel_request.hpp"
 #include "sim/kernels/registry.hpp"
 #include "sim/machine.hpp"
+#include "sim/output_file.hpp"
 #include "sim/program.hpp"
 #include "sim/report.hpp"
 #include "sim/report_html.hpp"
@@ -155,41 +151,14 @@ Options parse(const std::vector<std::string>& args) {
   return o;
 }
 
-// Writes `text` to `path` ('-' = stdout) whole or not at all: a regular file is written to a
-// temporary file beside it and renamed over it; an existing special file (a device, a pipe) is
-// written in place. Throws tilelab::Error naming the path and the reason.
+// Writes `text` to `path`, '-' being standard output; errors name the path and the reason.
 void write_output(const std::string& path, const std::string& text) {
-  namespace fs = std::filesystem;
   if (path == "-") {
     std::cout << text << std::flush;
     if (!std::cout) throw Error("cannot write to standard output");
     return;
   }
-  std::error_code code;
-  const fs::file_status status = fs::status(path, code);
-  const bool special = fs::exists(status) && !fs::is_regular_file(status);
-  if (fs::is_directory(status)) throw Error("cannot write '" + path + "': is a directory");
-  const std::string target = special ? path : path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(target, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error("cannot write '" + path + "': " + std::strerror(errno));
-    out << text;
-    out.flush();
-    out.close();
-    if (!out) {
-      const std::string reason = std::strerror(errno);
-      if (!special) fs::remove(target, code);
-      throw Error("cannot write '" + path + "': " + reason);
-    }
-  }
-  if (!special) {
-    fs::rename(target, path, code);
-    if (code) {
-      std::error_code ignored;
-      fs::remove(target, ignored);
-      throw Error("cannot write '" + path + "': " + code.message());
-    }
-  }
+  sim::write_file_whole(path, text);
 }
 
 // Runs `program` on random inputs (every HBM tensor read by a DMA and never written) and

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <span>
@@ -27,6 +26,7 @@
 #include "sim/kernels/flash_paged_attention.hpp"
 #include "sim/kernels/registry.hpp"
 #include "sim/machine.hpp"
+#include "sim/output_file.hpp"
 #include "sim/program.hpp"
 #include "sim/report.hpp"
 #include "sim/report_html.hpp"
@@ -558,10 +558,11 @@ py::dict timeline(const py::handle& handle) {
 }
 
 void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw Error("path: cannot write '" + path + "'");
-  out << text;
-  if (!out) throw Error("path: error writing '" + path + "'");
+  try {
+    sim::write_file_whole(path, text);
+  } catch (const Error& e) {
+    throw Error(std::string("path: ") + e.what(), e.kind());
+  }
 }
 
 void save_html(const py::handle& handle, const std::string& path,

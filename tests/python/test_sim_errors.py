@@ -285,3 +285,16 @@ def test_program_size_is_limited_and_the_limit_can_be_raised():
         sim.set_program_limits(max_instructions=0)
     with pytest.raises(TypeError, match="max_buffer_elements: expected an int, got bool"):
         sim.set_program_limits(max_buffer_elements=True)
+
+
+# --- report files ---
+
+
+def test_report_write_errors_name_the_path(tmp_path):
+    report = sim.simulate("matmul", {"variant": "tiled", "M": 128, "K": 256, "N": 512})
+    with pytest.raises(ValueError, match="path: cannot write '/dev/full': No space left on device"):
+        report.save_trace("/dev/full")
+    with pytest.raises(ValueError, match=r"cannot write '.*missing/t\.json': No such file"):
+        report.save_trace(tmp_path / "missing" / "t.json")
+    report.save_html(tmp_path / "r.html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]

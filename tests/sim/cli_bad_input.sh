@@ -66,6 +66,15 @@ expect 2 "--max-instructions: expected a whole number" sim matmul --max-instruct
 expect 2 "--max-buffer-elements: expected a whole number" sweep matmul --over M=128 \
   --max-buffer-elements 1e9
 
+expect 1 "parameter 'M': expected a whole number in \[1, .*got ' 256'" \
+  sim matmul variant=tiled "M= 256" K=256 N=512
+expect 1 "parameter 'M': expected a whole number in \[1, .*got '\+256'" \
+  sim matmul variant=tiled M=+256 K=256 N=512
+expect 1 "parameter 'decode': expected non-negative integers separated by commas, got '5x'" \
+  sim paged-attention decode=5x prefill= --no-compare --json r.json
+expect 1 "cannot write '/dev/full': No space left on device" \
+  sweep matmul variant=tiled K=256 N=512 --over M=128,256 --csv /dev/full
+
 # A failed write leaves no partial file and the summary does not claim it.
 out=$("$tilelab" sim matmul --json ok2.json --trace /dev/full 2>/dev/null)
 if [[ -e ok2.json.tmp-* ]] || grep -q "wrote" <<<"$out"; then
