@@ -114,10 +114,10 @@ struct ActivationOptions {
 // Limits on the size of a program, independent of the machine: checked by the builder before
 // each instruction or buffer is added, so that an oversized request fails with an Error instead
 // of exhausting memory. Buffer elements are what a functional run allocates (every HBM tensor
-// and tile, one float per element).
+// and tile, one float per element: 2^30 elements are 4 GiB).
 struct ProgramLimits {
   static constexpr uint64_t kDefaultMaxInstructions = uint64_t{1} << 22;
-  static constexpr uint64_t kDefaultMaxBufferElements = uint64_t{1} << 32;
+  static constexpr uint64_t kDefaultMaxBufferElements = uint64_t{1} << 30;
   uint64_t max_instructions = kDefaultMaxInstructions;
   uint64_t max_buffer_elements = kDefaultMaxBufferElements;
 };

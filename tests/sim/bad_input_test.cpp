@@ -124,7 +124,7 @@ TEST_CASE("bad input: program size is limited before memory runs out", "[sim][ba
   const KernelParameters huge = {
       {"variant", "tiled"}, {"M", "65536"}, {"K", "65536"}, {"N", "65536"}};
   CHECK_THAT(error_of([&] { build(huge); }),
-             Contains("more than 4294967296 elements (max_buffer_elements"));
+             Contains("more than 1073741824 elements (max_buffer_elements"));
   const ProgramLimits defaults = program_limits();
   ProgramLimits raised = defaults;
   raised.max_buffer_elements = uint64_t{1} << 40;

@@ -45,7 +45,7 @@ expect 1 "machine override 'tensor_clock_ghz=1e400'.*number overflow" \
 expect 1 "number overflow" sim matmul --set "tensor_clock_ghz=$(printf '9%.0s' {1..400})"
 expect 1 "machine.tensor_clock_ghz=1e400: .*number overflow" \
   sweep matmul --over machine.tensor_clock_ghz=1e400
-expect 1 "more than 4294967296 elements \(max_buffer_elements" \
+expect 1 "more than 1073741824 elements \(max_buffer_elements" \
   sim matmul M=65536 K=65536 N=65536 variant=tiled
 expect 1 "more than 4194304 instructions \(max_instructions\)" \
   sim matmul M=65536 K=65536 N=65536 variant=tiled --max-buffer-elements 1099511627776
