@@ -2,7 +2,10 @@
 #include "machine.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -11,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <tilelab/error.hpp>
 
+#include "json_input.hpp"
 #include "machine_presets.hpp"
 
 namespace tilelab::sim {
@@ -176,24 +180,26 @@ void check_value(const std::string& where, const KeySpec& spec, const json& valu
                                       std::floor(value.get<double>()) == value.get<double>())
                                : value.is_number();
       TILELAB_REQUIRE(ok_type) << prefix << "expected " << kind_name(spec.kind) << ", got "
-                               << value.dump();
+                               << json_excerpt(value);
       const double v = value.get<double>();
       TILELAB_REQUIRE(v >= spec.min && v <= spec.max)
-          << prefix << "value " << value.dump() << " is out of range; allowed [" << spec.min << ", "
-          << spec.max << "]";
+          << prefix << "value " << json_excerpt(value) << " is out of range; allowed [" << spec.min
+          << ", " << spec.max << "]";
       break;
     }
     case Kind::boolean:
-      TILELAB_REQUIRE(value.is_boolean()) << prefix << "expected a boolean, got " << value.dump();
+      TILELAB_REQUIRE(value.is_boolean())
+          << prefix << "expected a boolean, got " << json_excerpt(value);
       break;
     case Kind::curve: {
       TILELAB_REQUIRE(value.is_array() && !value.empty())
-          << prefix << "expected " << kind_name(spec.kind) << ", got " << value.dump();
+          << prefix << "expected " << kind_name(spec.kind) << ", got " << json_excerpt(value);
       double previous_bytes = 0;
       for (const auto& point : value) {
         TILELAB_REQUIRE(point.is_array() && point.size() == 2 && point[0].is_number() &&
                         point[1].is_number())
-            << prefix << "expected [bytes_per_partition, efficiency] pairs, got " << point.dump();
+            << prefix << "expected [bytes_per_partition, efficiency] pairs, got "
+            << json_excerpt(point);
         const double bytes = point[0].get<double>();
         const double eff = point[1].get<double>();
         TILELAB_REQUIRE(bytes > previous_bytes)
@@ -264,13 +270,9 @@ double Machine::tensor_peak_flops_per_ns() const {
 
 Machine parse_machine_json(const std::string& text, const std::string& origin,
                            const std::vector<std::string>& overrides) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw Error(origin + ": malformed JSON: " + e.what());
-  }
-  TILELAB_REQUIRE(doc.is_object()) << origin << ": expected a JSON object at the top level";
+  const json doc = parse_user_json(text, origin);
+  TILELAB_REQUIRE(doc.is_object())
+      << origin << ": expected a JSON object at the top level, got " << json_excerpt(doc);
   static const std::set<std::string> top_keys = {"schema",      "schema_version", "name",
                                                  "description", "sources",        "parameters"};
   for (const auto& [key, value] : doc.items()) {
@@ -280,10 +282,12 @@ Machine parse_machine_json(const std::string& text, const std::string& origin,
   }
   TILELAB_REQUIRE(doc.contains("schema") && doc["schema"] == "tilelab.machine")
       << origin << ": key 'schema': expected \"tilelab.machine\", got "
-      << (doc.contains("schema") ? doc["schema"].dump() : std::string("nothing"));
-  TILELAB_REQUIRE(doc.contains("schema_version") && doc["schema_version"] == 1)
+      << (doc.contains("schema") ? json_excerpt(doc["schema"]) : std::string("nothing"));
+  TILELAB_REQUIRE(doc.contains("schema_version") && doc["schema_version"].is_number_integer() &&
+                  doc["schema_version"] == 1)
       << origin << ": key 'schema_version': expected 1, got "
-      << (doc.contains("schema_version") ? doc["schema_version"].dump() : std::string("nothing"));
+      << (doc.contains("schema_version") ? json_excerpt(doc["schema_version"])
+                                         : std::string("nothing"));
   TILELAB_REQUIRE(doc.contains("name") && doc["name"].is_string())
       << origin << ": key 'name': expected a string";
   TILELAB_REQUIRE(doc.contains("sources") && doc["sources"].is_object())
@@ -299,6 +303,10 @@ Machine parse_machine_json(const std::string& text, const std::string& origin,
     machine.description = doc["description"].get<std::string>();
   }
   const json& sources = doc["sources"];
+  for (const auto& [tag, reference] : sources.items())
+    TILELAB_REQUIRE(reference.is_string())
+        << origin << ": key 'sources." << tag << "': expected a string (a reference), got "
+        << json_excerpt(reference);
 
   // Collect values (file, then overrides) before assigning so that overrides may fill gaps.
   std::map<std::string, json> values;
@@ -308,7 +316,7 @@ Machine parse_machine_json(const std::string& text, const std::string& origin,
                           << "' (not a machine parameter; check the spelling)";
     TILELAB_REQUIRE(entry.is_object() && entry.contains("value") && entry.contains("source"))
         << origin << ": key '" << key
-        << "': expected an object {\"value\": ..., \"source\": ...}, got " << entry.dump();
+        << "': expected an object {\"value\": ..., \"source\": ...}, got " << json_excerpt(entry);
     for (const auto& [field, unused] : entry.items()) {
       (void)unused;
       TILELAB_REQUIRE(field == "value" || field == "source" || field == "note")
@@ -332,10 +340,11 @@ Machine parse_machine_json(const std::string& text, const std::string& origin,
         << "machine override '" << assignment << "': unknown key '" << key << "'";
     json value;
     try {
-      value = json::parse(assignment.substr(eq + 1));
-    } catch (const json::parse_error&) {
-      throw Error("machine override '" + assignment + "': value '" + assignment.substr(eq + 1) +
-                  "' is not a JSON number, boolean or array");
+      const std::string shown =
+          assignment.size() > 100 ? assignment.substr(0, 100) + "..." : assignment;
+      value = parse_user_json(assignment.substr(eq + 1), "machine override '" + shown + "'");
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + "; expected a JSON number, boolean or array");
     }
     values[key] = value;
     machine.source_of_key[key] = "override";
@@ -399,7 +408,7 @@ void require_same_build_limits(const Machine& built_for, const Machine& timing) 
     const json built = spec->read(built_for), given = spec->read(timing);
     TILELAB_REQUIRE(built == given)
         << "machine: '" << key << "' is a build-time limit; the program was built for "
-        << built.dump() << ", got " << given.dump()
+        << json_excerpt(built) << ", got " << json_excerpt(given)
         << " (rebuild the program to change it; timing parameters may differ)";
   }
 }
@@ -441,15 +450,21 @@ Machine load_machine(const std::string& preset_or_path, const std::vector<std::s
     if (preset_or_path == preset.name)
       return parse_machine_json(preset.json, std::string(preset.name) + ".json (preset)",
                                 overrides);
-  std::ifstream file(preset_or_path);
-  if (!file) {
-    std::string known;
-    for (const auto& preset : detail::machine_presets()) known += std::string(" ") + preset.name;
+  std::string known;
+  for (const auto& preset : detail::machine_presets()) known += std::string(" ") + preset.name;
+  std::error_code error;
+  const auto status = std::filesystem::status(preset_or_path, error);
+  if (!std::filesystem::exists(status))
     throw Error("machine '" + preset_or_path +
-                "': neither a preset nor a readable JSON file; presets:" + known);
-  }
+                "': neither a preset nor an existing JSON file; presets:" + known);
+  TILELAB_REQUIRE(!std::filesystem::is_directory(status))
+      << "machine '" << preset_or_path << "': is a directory, expected a preset or a JSON file; "
+      << "presets:" << known;
+  std::ifstream file(preset_or_path, std::ios::binary);
   std::stringstream buffer;
   buffer << file.rdbuf();
+  TILELAB_REQUIRE(file.is_open() && !file.bad())
+      << "machine '" << preset_or_path << "': cannot read the file: " << std::strerror(errno);
   return parse_machine_json(buffer.str(), preset_or_path, overrides);
 }
 

@@ -2,6 +2,7 @@
 #include "program.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <sstream>
 
 #include <tilelab/error.hpp>
@@ -72,8 +73,36 @@ std::string Program::describe(const Instruction& instr) const {
   return out.str();
 }
 
+namespace {
+std::atomic<uint64_t> max_instructions{ProgramLimits::kDefaultMaxInstructions};
+std::atomic<uint64_t> max_buffer_elements{ProgramLimits::kDefaultMaxBufferElements};
+}  // namespace
+
+ProgramLimits program_limits() {
+  return {max_instructions.load(), max_buffer_elements.load()};
+}
+
+void set_program_limits(const ProgramLimits& limits) {
+  TILELAB_REQUIRE(limits.max_instructions >= 1)
+      << "max_instructions: expected at least 1, got " << limits.max_instructions;
+  TILELAB_REQUIRE(limits.max_buffer_elements >= 1)
+      << "max_buffer_elements: expected at least 1, got " << limits.max_buffer_elements;
+  max_instructions.store(limits.max_instructions);
+  max_buffer_elements.store(limits.max_buffer_elements);
+}
+
+void ProgramBuilder::reserve_buffer_elements(const std::string& name, uint64_t elements) {
+  TILELAB_REQUIRE(elements <= limits_.max_buffer_elements - buffer_elements_)
+      << "program '" << program_.name << "': buffer '" << name << "' (" << elements
+      << " elements) brings the program's HBM tensors and tiles to more than "
+      << limits_.max_buffer_elements << " elements (max_buffer_elements; " << buffer_elements_
+      << " declared before it); use a smaller problem or raise the limit";
+  buffer_elements_ += elements;
+}
+
 ProgramBuilder::ProgramBuilder(Machine machine, std::string name)
-    : sbuf_(machine.sbuf_bytes_per_partition, 0, kSbufAlignment),
+    : limits_(program_limits()),
+      sbuf_(machine.sbuf_bytes_per_partition, 0, kSbufAlignment),
       psum_(machine.psum_bytes_per_partition, machine.psum_bank_bytes_per_partition,
             kPsumAlignment) {
   program_.machine = std::move(machine);
@@ -87,8 +116,11 @@ Tensor ProgramBuilder::hbm_tensor(const std::string& name, std::vector<int64_t> 
   int64_t elements = 1;
   for (int64_t d : shape) {
     TILELAB_REQUIRE(d > 0) << "hbm_tensor '" << name << "': dimensions must be positive, got " << d;
+    TILELAB_REQUIRE(elements <= INT64_MAX / d)
+        << "hbm_tensor '" << name << "': more than 2^63 elements";
     elements *= d;
   }
+  reserve_buffer_elements(name, static_cast<uint64_t>(elements));
   Buffer b;
   b.name = name;
   b.memory = Memory::hbm;
@@ -109,6 +141,8 @@ Tile ProgramBuilder::allocate_tile(const std::string& name, Memory memory, int p
       << m.partitions << "] (pmax)";
   TILELAB_REQUIRE(free_elements >= 1)
       << kind << " '" << name << "': free size must be positive, got " << free_elements;
+  TILELAB_REQUIRE(free_elements <= (int64_t{1} << 40))
+      << kind << " '" << name << "': free size " << free_elements << " is beyond any memory";
   const int64_t bytes = free_elements * dtype_size(dtype);
   if (memory == Memory::psum) {
     TILELAB_REQUIRE(bytes <= m.psum_bank_bytes_per_partition)
@@ -117,6 +151,7 @@ Tile ProgramBuilder::allocate_tile(const std::string& name, Memory memory, int p
         << m.psum_bank_bytes_per_partition << ", i.e. " << m.psum_bank_bytes_per_partition / 4
         << " fp32)";
   }
+  reserve_buffer_elements(name, uint64_t(partitions) * uint64_t(free_elements));
   PartitionAllocator& allocator = memory == Memory::sbuf ? sbuf_ : psum_;
   const auto address = allocator.allocate(bytes);
   if (!address) {
@@ -390,6 +425,9 @@ void ProgramBuilder::push(const Instruction& instr) {
   for (int s = 0; s < kSlotCount; ++s)
     TILELAB_CHECK(!instr.operands[s].valid() || info.operands[s] != OperandRole::none)
         << info.name << ": operand slot " << kSlotNames[s] << " is not used by this opcode";
+  TILELAB_REQUIRE(program_.instructions.size() < limits_.max_instructions)
+      << "program '" << program_.name << "': more than " << limits_.max_instructions
+      << " instructions (max_instructions); use a smaller problem or raise the limit";
   program_.instructions.push_back(instr);
 }
 

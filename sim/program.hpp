@@ -111,8 +111,27 @@ struct ActivationOptions {
   TileRef reduce_result{};  // [P, 1]: sum over the free axis of the activated values
 };
 
+// Limits on the size of a program, independent of the machine: checked by the builder before
+// each instruction or buffer is added, so that an oversized request fails with an Error instead
+// of exhausting memory. Buffer elements are what a functional run allocates (every HBM tensor
+// and tile, one float per element: 2^30 elements are 4 GiB).
+struct ProgramLimits {
+  static constexpr uint64_t kDefaultMaxInstructions = uint64_t{1} << 22;
+  static constexpr uint64_t kDefaultMaxBufferElements = uint64_t{1} << 30;
+  uint64_t max_instructions = kDefaultMaxInstructions;
+  uint64_t max_buffer_elements = kDefaultMaxBufferElements;
+};
+
+// The limits every builder of this process uses (default ProgramLimits{}). Kernels are built
+// through KernelInfo::build(machine, parameters), so front ends set the limits once (CLI flags,
+// tilelab.sim.set_program_limits) rather than through every kernel's signature. Thread-safe;
+// builders read the limits when constructed.
+ProgramLimits program_limits();
+void set_program_limits(const ProgramLimits& limits);
+
 // Builds a Program. Every method checks its operands against the machine's limits and throws
-// tilelab::Error naming the operand, the value and the limit. Not thread-safe.
+// tilelab::Error naming the operand, the value and the limit; the program's size is bounded by
+// program_limits(). Not thread-safe.
 class ProgramBuilder {
  public:
   ProgramBuilder(Machine machine, std::string name);
@@ -207,8 +226,12 @@ class ProgramBuilder {
                    int64_t cols, const TileRef& index, int64_t col0, DmaOptions options);
   void require_engine(Opcode opcode, Engine engine) const;
   void push(const Instruction& instr);
+  // Counts `elements` more buffer elements against the limit before a buffer is added.
+  void reserve_buffer_elements(const std::string& name, uint64_t elements);
 
   Program program_;
+  ProgramLimits limits_;
+  uint64_t buffer_elements_ = 0;
   PartitionAllocator sbuf_;
   PartitionAllocator psum_;
   bool finished_ = false;

@@ -1,11 +1,11 @@
 // `tilelab sim` implementation.
 #include "sim_command.hpp"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -17,6 +17,8 @@
 #include "sim/kernel_request.hpp"
 #include "sim/kernels/registry.hpp"
 #include "sim/machine.hpp"
+#include "sim/output_file.hpp"
+#include "sim/program.hpp"
 #include "sim/report.hpp"
 #include "sim/report_html.hpp"
 #include "sim/timing.hpp"
@@ -34,6 +36,7 @@ struct RequestOptions {
   std::string machine;
   std::vector<std::string> machine_overrides;
   sim::KernelParameters parameters;
+  sim::ProgramLimits limits;
   bool help = false;
 };
 
@@ -59,6 +62,19 @@ void add_parameter(sim::KernelParameters& parameters, const std::string& assignm
   parameters[assignment.substr(0, eq)] = assignment.substr(eq + 1);
 }
 
+// A count given to option `flag`: decimal digits only, within [min_value, max_value].
+uint64_t parse_count(const std::string& flag, const std::string& text, uint64_t min_value,
+                     uint64_t max_value) {
+  uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || error != std::errc() || stop != end || value < min_value || value > max_value)
+    throw UsageError(flag + ": expected a whole number in [" + std::to_string(min_value) + ", " +
+                     std::to_string(max_value) + "], got '" + text + "'");
+  return value;
+}
+
 // The value after option `flag`.
 using OptionValue = std::function<std::string(const char* flag)>;
 
@@ -80,6 +96,10 @@ void parse_request(const std::vector<std::string>& args, RequestOptions& o,
       o.machine_overrides.push_back(value("--set"));
     } else if (a == "--param" || a == "-p") {
       add_parameter(o.parameters, value("--param"));
+    } else if (a == "--max-instructions") {
+      o.limits.max_instructions = parse_count(a, value("--max-instructions"), 1, UINT64_MAX);
+    } else if (a == "--max-buffer-elements") {
+      o.limits.max_buffer_elements = parse_count(a, value("--max-buffer-elements"), 1, UINT64_MAX);
     } else if (!a.empty() && a[0] == '-') {
       if (!own(a, value)) throw UsageError("unknown option '" + a + "'");
     } else if (a.find('=') != std::string::npos) {
@@ -122,12 +142,7 @@ Options parse(const std::vector<std::string>& args) {
     } else if (a == "--trace-dma-pieces") {
       o.trace_dma_pieces = true;
     } else if (a == "--max-trace-events") {
-      const std::string v = value("--max-trace-events");
-      try {
-        o.max_trace_events = std::stoul(v);
-      } catch (const std::exception&) {
-        throw UsageError("--max-trace-events: expected a count, got '" + v + "'");
-      }
+      o.max_trace_events = parse_count(a, value("--max-trace-events"), 1, SIZE_MAX);
     } else {
       return false;
     }
@@ -136,14 +151,14 @@ Options parse(const std::vector<std::string>& args) {
   return o;
 }
 
+// Writes `text` to `path`, '-' being standard output; errors name the path and the reason.
 void write_output(const std::string& path, const std::string& text) {
   if (path == "-") {
-    std::cout << text;
+    std::cout << text << std::flush;
+    if (!std::cout) throw Error("cannot write to standard output");
     return;
   }
-  std::ofstream out(path);
-  if (!out) throw Error("cannot write '" + path + "'");
-  out << text;
+  sim::write_file_whole(path, text);
 }
 
 // Runs `program` on random inputs (every HBM tensor read by a DMA and never written) and
@@ -249,15 +264,24 @@ std::string sim_usage() {
          "  --no-compare             skip the kernel's default comparisons\n"
          "  --trace-dma-pieces       add one track per DMA engine with every piece\n"
          "  --max-trace-events N     cap the trace size (default 500000)\n"
-         "  --text PATH              write the text summary to PATH (default '-' = stdout)\n"
-         "  --functional             also run the program on data: inputs uniform in [-1, 1),\n"
-         "                           outputs summarised (NaN counts reveal reads of\n"
-         "                           uninitialised memory); slow for large shapes\n"
-         "  --describe-machine       print the machine's parameters with their sources and exit\n"
-         "  --list                   list kernels and their parameters\n"
-         "  -h, --help               this help\n"
-         "\n"
-         "kernels:\n"
+         "  --max-instructions N     program size limit (default " +
+             std::to_string(sim::ProgramLimits::kDefaultMaxInstructions) +
+             "), checked while building\n"
+             "  --max-buffer-elements N  limit on the elements of all HBM tensors and tiles of "
+             "the\n"
+             "                           program (default " +
+             std::to_string(sim::ProgramLimits::kDefaultMaxBufferElements) +
+             ")\n"
+             "  --text PATH              write the text summary to PATH (default '-' = stdout)\n"
+             "  --functional             also run the program on data: inputs uniform in [-1, 1),\n"
+             "                           outputs summarised (NaN counts reveal reads of\n"
+             "                           uninitialised memory); slow for large shapes\n"
+             "  --describe-machine       print the machine's parameters with their sources and "
+             "exit\n"
+             "  --list                   list kernels and their parameters\n"
+             "  -h, --help               this help\n"
+             "\n"
+             "kernels:\n"
       << kernel_list()
       << "\nexamples:\n"
          "  tilelab sim matmul --machine trn1 variant=tiled M=4096 K=8192 N=8192 --json r.json "
@@ -296,6 +320,7 @@ int run_sim_command(const std::vector<std::string>& args) {
       std::fprintf(stderr, "tilelab sim: missing KERNEL\nRun 'tilelab sim --help' for usage.\n");
       return 2;
     }
+    sim::set_program_limits(o.limits);
     const sim::ResolvedKernelRequest request =
         sim::resolve_kernel_request(o.kernel, o.parameters, o.machine, o.machine_overrides);
     const sim::KernelInfo& kernel = *request.kernel;
@@ -307,7 +332,11 @@ int run_sim_command(const std::vector<std::string>& args) {
     if (kernel.writes_reports_by_default && json_path.empty() && trace_path.empty() &&
         html_path.empty()) {
       const std::filesystem::path dir = o.out_dir.empty() ? "." : o.out_dir;
-      std::filesystem::create_directories(dir);
+      std::error_code code;
+      std::filesystem::create_directories(dir, code);
+      if (code || !std::filesystem::is_directory(dir))
+        throw Error("--out-dir '" + dir.string() + "': cannot create the directory: " +
+                    (code ? code.message() : std::string("a file of that name exists")));
       json_path = (dir / "report.json").string();
       trace_path = (dir / "trace.json").string();
       html_path = (dir / "report.html").string();
@@ -350,6 +379,7 @@ int run_sim_command(const std::vector<std::string>& args) {
           {c, sim::make_report(other, sim::simulate_timing(other), other_options)});
     }
 
+    std::string summary;
     if (!o.text_path.empty()) {
       std::string text = sim::report_text(report);
       const double build_s = std::chrono::duration<double>(t1 - t0).count();
@@ -385,17 +415,25 @@ int run_sim_command(const std::vector<std::string>& args) {
            {std::pair{json_path, "report"}, std::pair{trace_path, "trace"},
             std::pair{html_path, "HTML report"}})
         if (!path.empty() && path != "-") text += std::string("wrote ") + what + " " + path + "\n";
-      write_output(o.text_path, text);
+      summary = std::move(text);
     }
+    // The reports first: the summary says "wrote" only once they are written.
     if (!json_path.empty()) write_output(json_path, sim::report_json(report).dump(2) + "\n");
     if (!trace_path.empty())
       write_output(trace_path,
                    sim::chrome_trace(program, timing, o.max_trace_events).dump() + "\n");
     if (!html_path.empty())
       write_output(html_path, sim::report_html(program, timing, report, html_options));
+    if (!o.text_path.empty()) write_output(o.text_path, summary);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "tilelab sim: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tilelab sim: error: out of memory (use a smaller problem)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tilelab sim: internal error: %s\n", e.what());
     return 1;
   }
 }
@@ -480,6 +518,13 @@ std::string sweep_usage() {
          "                           dma_utilization_percent, tensor_active_time_percent,\n"
          "                           mfu_percent)\n"
          "  --csv PATH               also write every metric of every point as CSV ('-' = stdout)\n"
+         "  --max-instructions N     program size limit per point (default " +
+         std::to_string(sim::ProgramLimits::kDefaultMaxInstructions) +
+         ")\n"
+         "  --max-buffer-elements N  limit on the elements of a program's HBM tensors and tiles\n"
+         "                           (default " +
+         std::to_string(sim::ProgramLimits::kDefaultMaxBufferElements) +
+         ")\n"
          "  -h, --help               this help\n"
          "\n"
          "examples:\n"
@@ -508,6 +553,7 @@ int run_sweep_command(const std::vector<std::string>& args) {
     if (!over_machine && o.parameters.count(o.over))
       throw Error("--over '" + o.over +
                   "': also given as a fixed parameter; give one or the other");
+    sim::set_program_limits(o.limits);
     std::vector<std::vector<sim::Metric>> rows;
     for (const std::string& v : o.values) {
       sim::KernelParameters parameters = o.parameters;
@@ -569,7 +615,7 @@ int run_sweep_command(const std::vector<std::string>& args) {
       for (size_t c : columns) cells.push_back(format_number(rows[r][c].value));
       print_row(cells);
     }
-    std::cout << table.str();
+    write_output("-", table.str());
     if (!o.csv_path.empty()) {
       std::ostringstream csv;
       csv << csv_field(o.over);
@@ -585,6 +631,12 @@ int run_sweep_command(const std::vector<std::string>& args) {
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "tilelab sweep: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tilelab sweep: error: out of memory (use a smaller problem)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tilelab sweep: internal error: %s\n", e.what());
     return 1;
   }
 }

@@ -10,8 +10,8 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -21,10 +21,12 @@
 #include "schedules/paged/schedule.hpp"
 #include "sim/analysis.hpp"
 #include "sim/functional.hpp"
+#include "sim/json_input.hpp"
 #include "sim/kernel_request.hpp"
 #include "sim/kernels/flash_paged_attention.hpp"
 #include "sim/kernels/registry.hpp"
 #include "sim/machine.hpp"
+#include "sim/output_file.hpp"
 #include "sim/program.hpp"
 #include "sim/report.hpp"
 #include "sim/report_html.hpp"
@@ -61,8 +63,8 @@ struct PagedPoint {
   std::string dtype = "bf16";
   int64_t tiling_factor = 0;  // 0: the schedule's block_size_tiling_factor()
   int64_t seed = 1;
-  double softmax_scale = 0;  // 0: 1 / sqrt(head_dim)
-  size_t machine = 0;        // index into the sweep's machines
+  std::optional<double> softmax_scale;  // none: 1 / sqrt(head_dim)
+  size_t machine = 0;                   // index into the sweep's machines
 };
 
 sim::DType parse_dtype(const std::string& name) {
@@ -95,21 +97,29 @@ struct ResolvedPoint {
   sim::KernelParameters parameters;
 };
 
+// Schedule JSON from Python (PagedAttentionSchedule.from_json takes user text): nesting and
+// duplicate keys are checked by the simulator's bounded parser first, and the schema version
+// must be the integer itself (the schedule reads it as an int, so 1.9 would pass as 1).
+PagedAttentionSchedule parse_schedule(const std::string& text) {
+  const nlohmann::json json = sim::parse_user_json(text, "paged attention schedule");
+  if (json.is_object() && json.contains("schema_version")) {
+    TILELAB_REQUIRE(json["schema_version"].is_number_integer())
+        << "schema_version: expected " << PagedAttentionSchedule::kSchemaVersion << ", got "
+        << sim::json_excerpt(json["schema_version"]);
+  }
+  return PagedAttentionSchedule::from_json(text);
+}
+
 // Schedule JSON is parsed (and validated) here: a bad knob is an Error naming the field.
 ResolvedPoint resolve_point(const PagedPoint& point) {
   ResolvedPoint r;
-  r.config.schedule = PagedAttentionSchedule::from_json(point.schedule_json);
+  r.config.schedule = parse_schedule(point.schedule_json);
   const PagedAttentionSchedule& s = r.config.schedule;
   TILELAB_REQUIRE(!point.requests.empty()) << "prefill, decode: no requests given";
-  for (const auto& request : point.requests)
-    TILELAB_REQUIRE(request.query_len >= 1 && request.context_len >= 0)
-        << "prefill, decode: expected query_len >= 1 and context_len >= 0, got "
-        << request.query_len << ":" << request.context_len;
   TILELAB_REQUIRE(point.seed >= 0 && point.seed <= UINT32_MAX)
       << "seed: expected 0 <= seed < 2**32, got " << point.seed;
   const sim::PagedAttentionBatch batch =
-      sim::make_paged_attention_batch(point.requests, s.block_size, s.large_tile_size,
-                                      s.partition_tile, static_cast<uint32_t>(point.seed));
+      sim::make_paged_attention_batch(point.requests, s, static_cast<uint32_t>(point.seed));
   r.config.shape.num_heads = point.num_heads;
   r.config.shape.num_kv_heads = point.num_kv_heads;
   r.config.shape.head_dim = point.head_dim;
@@ -117,7 +127,7 @@ ResolvedPoint resolve_point(const PagedPoint& point) {
   r.config.shape.num_active_blocks = batch.num_active_blocks;
   r.config.num_cache_blocks = batch.num_cache_blocks;
   r.config.dtype = parse_dtype(point.dtype);
-  r.config.softmax_scale = static_cast<float>(point.softmax_scale);
+  if (point.softmax_scale) r.config.softmax_scale = static_cast<float>(*point.softmax_scale);
   r.config.schedule.block_size_tiling_factor_override = point.tiling_factor;
   r.parameters = report_parameters(r.config, point.tiling_factor);
   r.parameters["prefill"] = sim::format_paged_attention_requests(point.requests, true);
@@ -186,9 +196,13 @@ py::object to_python(const nlohmann::json& value) {
   return py::module_::import("json").attr("loads")(value.dump());
 }
 
-nlohmann::json from_python(const py::handle& value) {
-  return nlohmann::json::parse(
-      py::module_::import("json").attr("dumps")(value).cast<std::string>());
+// A machine field value: a bool, int, float or list of them, as JSON (NaN and infinities, which
+// JSON cannot hold, and other types are errors naming the field).
+nlohmann::json from_python(const std::string& name, const py::handle& value) {
+  const auto text = py::module_::import("json")
+                        .attr("dumps")(value, py::arg("allow_nan") = false)
+                        .cast<std::string>();
+  return sim::parse_user_json(text, name);
 }
 
 // --- points ----------------------------------------------------------------------------------
@@ -205,7 +219,7 @@ PagedPoint parse_point(const py::dict& d) {
   p.dtype = d["dtype"].cast<std::string>();
   p.tiling_factor = d["tiling_factor"].cast<int64_t>();
   p.seed = d["seed"].cast<int64_t>();
-  p.softmax_scale = d["softmax_scale"].cast<double>();
+  if (!d["softmax_scale"].is_none()) p.softmax_scale = d["softmax_scale"].cast<double>();
   if (d.contains("machine")) p.machine = d["machine"].cast<size_t>();
   return p;
 }
@@ -388,7 +402,7 @@ py::tuple simulate_arrays(const std::string& machine_source,
                           const py::array& key_array, const py::array& value_array,
                           const py::array& kv_cache_array, const py::array& block_tables_array,
                           const py::array& mask_array, const std::string& dtype,
-                          double softmax_scale, int64_t tiling_factor) {
+                          std::optional<double> softmax_scale, int64_t tiling_factor) {
   // Plain py::array parameters keep the signature line simple (the stub test parses it); the
   // facade already passes C-contiguous float32 / int32, so these casts do not copy.
   const FloatArray query = FloatArray::ensure(query_array), key = FloatArray::ensure(key_array),
@@ -399,7 +413,7 @@ py::tuple simulate_arrays(const std::string& machine_source,
   TILELAB_REQUIRE(query && key && value && kv_cache && block_tables && mask)
       << "query, key, value, kv_cache, block_tables, mask: expected numeric arrays";
   sim::FlashPagedAttentionConfig config;
-  config.schedule = PagedAttentionSchedule::from_json(schedule_json);
+  config.schedule = parse_schedule(schedule_json);
   require_shape(query, "query", {1, -1, -1, -1}, "(1, n_heads, d, seq_q)");
   const py::ssize_t n_heads = query.shape(1), d = query.shape(2), seq_q = query.shape(3);
   require_shape(key, "key", {1, -1, d, seq_q}, "(1, n_kv_heads, d, seq_q)");
@@ -415,10 +429,7 @@ py::tuple simulate_arrays(const std::string& machine_source,
   const py::ssize_t context = active * config.schedule.block_size;
   require_shape(mask, "mask", {seq_q, context + seq_q},
                 "(seq_q, num_active_blocks * block_size + seq_q)");
-  for (py::ssize_t i = 0; i < active; ++i)
-    TILELAB_REQUIRE(block_tables.data()[i] >= 0 && block_tables.data()[i] < num_blocks)
-        << "block_tables: entry " << i << " is " << block_tables.data()[i]
-        << ", expected a cache block in [0, " << num_blocks << ")";
+  tilelab::detail::require_block_table_entries(block_tables.data(), active, 1, num_blocks);
 
   config.shape.num_heads = n_heads;
   config.shape.num_kv_heads = n_kv_heads;
@@ -427,7 +438,7 @@ py::tuple simulate_arrays(const std::string& machine_source,
   config.shape.num_active_blocks = active;
   config.num_cache_blocks = num_blocks;
   config.dtype = parse_dtype(dtype);
-  config.softmax_scale = static_cast<float>(softmax_scale);
+  if (softmax_scale) config.softmax_scale = static_cast<float>(*softmax_scale);
   config.schedule.block_size_tiling_factor_override = tiling_factor;
   const sim::Machine machine = load_machine_spec(machine_source, machine_overrides);
 
@@ -547,10 +558,11 @@ py::dict timeline(const py::handle& handle) {
 }
 
 void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw Error("path: cannot write '" + path + "'");
-  out << text;
-  if (!out) throw Error("path: error writing '" + path + "'");
+  try {
+    sim::write_file_whole(path, text);
+  } catch (const Error& e) {
+    throw Error(std::string("path: ") + e.what(), e.kind());
+  }
 }
 
 void save_html(const py::handle& handle, const std::string& path,
@@ -616,7 +628,16 @@ void register_sim_bindings(py::module_& core) {
       .def(
           "set",
           [](sim::Machine& m, const std::string& name, const py::object& value) {
-            sim::set_machine_field(m, name, from_python(value));
+            nlohmann::json json;
+            try {
+              json = from_python(name, value);
+            } catch (const py::error_already_set& e) {
+              throw Error(
+                  name + ": expected a finite number, a bool or a list of numbers, got " +
+                      py::str(py::repr(value)).cast<std::string>().substr(0, 80),
+                  e.matches(PyExc_TypeError) ? ErrorKind::invalid_type : ErrorKind::invalid_value);
+            }
+            sim::set_machine_field(m, name, json);
           },
           py::arg("name"), py::arg("value"),
           "Sets one parameter in place, validated (range and consistency); unchanged on error.")
@@ -626,11 +647,24 @@ void register_sim_bindings(py::module_& core) {
       .def_readonly("description", &sim::Machine::description)
       .def_readonly("source_of_key", &sim::Machine::source_of_key);
   core.def(
-      "sim_schedule",
-      [](const std::string& json) { return PagedAttentionSchedule::from_json(json).to_json(); },
+      "sim_schedule", [](const std::string& json) { return parse_schedule(json).to_json(); },
       py::arg("json"),
       "Parses and validates a PagedAttentionSchedule JSON; returns the normalized JSON with its "
       "derived values.");
+  core.def(
+      "sim_program_limits",
+      [] {
+        const sim::ProgramLimits limits = sim::program_limits();
+        return std::make_pair(limits.max_instructions, limits.max_buffer_elements);
+      },
+      "The program size limits (max_instructions, max_buffer_elements) of every build.");
+  core.def(
+      "sim_set_program_limits",
+      [](uint64_t max_instructions, uint64_t max_buffer_elements) {
+        sim::set_program_limits({max_instructions, max_buffer_elements});
+      },
+      py::arg("max_instructions"), py::arg("max_buffer_elements"),
+      "Sets the program size limits of every later build (process-wide).");
   core.def("sim_simulate", &simulate_point, py::arg("machine_source"), py::arg("machine_overrides"),
            py::arg("point"), py::arg("record_dma_pieces") = true,
            "Builds and times the paged attention kernel for one shape-based point; returns a run "

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _core
+from .nki import _as_int32
 
 __all__ = [
     "Machine",
@@ -41,6 +42,8 @@ __all__ = [
     "SweepResult",
     "default_batch",
     "kernels",
+    "program_limits",
+    "set_program_limits",
     "simulate",
     "simulate_flash_paged_attention",
     "simulate_paged_attention_batch",
@@ -55,6 +58,12 @@ _MACHINE_READ_ONLY = ("name", "description", "source_of_key")
 
 def _type_name(value: object) -> str:
     return type(value).__name__
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """repr(value) for an error message, cut to about `limit` characters."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**limit else "a huge int"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # --- Machine ---------------------------------------------------------------------------------
@@ -310,11 +319,16 @@ class PagedAttentionSchedule:
         return _core.sim_schedule(json.dumps(self._payload()))
 
     @classmethod
-    def from_json(cls, text: str) -> PagedAttentionSchedule:
+    def from_json(cls, text: str | os.PathLike) -> PagedAttentionSchedule:
         """Parses :meth:`to_json` text (or a file path ending in .json). Unknown keys, a wrong
         schema and wrong value types are ValueErrors naming the key."""
-        if text.strip().endswith(".json") and os.path.isfile(text.strip()):
-            with open(text.strip(), encoding="utf-8") as file:
+        if not isinstance(text, (str, os.PathLike)):
+            raise TypeError(f"text: expected JSON text or a .json path, got {_type_name(text)}")
+        path = os.fspath(text).strip()
+        if path.endswith(".json") and not path.startswith("{"):
+            if not os.path.isfile(path):
+                raise ValueError(f"text: no schedule JSON file at '{os.path.abspath(path)}'")
+            with open(path, encoding="utf-8") as file:
                 text = file.read()
         normalized = json.loads(_core.sim_schedule(text))
         return cls(**{f.name: normalized[f.name] for f in dataclasses.fields(cls) if f.init})
@@ -608,9 +622,38 @@ def _requests(prefill, decode) -> list[tuple[int, int]]:
 
 
 def _int(value: Any, name: str) -> int:
+    """An int (or numpy integer) that fits int64, the simulator's integers; bools and floats are
+    not ints."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {_type_name(value)}")
-    return int(value)
+        raise TypeError(f"{name}: expected an int, got {_type_name(value)} {_shown(value)}")
+    value = int(value)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{name}: expected an int in [-2**63, 2**63), got {_shown(value)}")
+    return value
+
+
+def _bool(value: Any, name: str) -> bool:
+    """A bool (or numpy bool): not a truthy value such as "False" or 1."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {_type_name(value)} {_shown(value)}")
+    return bool(value)
+
+
+def _scale(value: Any) -> float | None:
+    """softmax_scale: None (1/sqrt(head_dim)) or a real number that fits a float; whether it is
+    usable (finite) is checked where the CPU kernel checks it."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(f"softmax_scale: expected a float or None, got {_type_name(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(
+            f"softmax_scale: expected a finite value, got {_shown(value)} (beyond the float range)"
+        ) from None
 
 
 def _tiling_factor(value: Any) -> int:
@@ -663,7 +706,7 @@ def _point(
         "dtype": dtype,
         "tiling_factor": _tiling_factor(tiling_factor),
         "seed": _int(seed, "seed"),
-        "softmax_scale": 0.0 if softmax_scale is None else float(softmax_scale),
+        "softmax_scale": _scale(softmax_scale),
     }
 
 
@@ -779,11 +822,16 @@ def simulate_flash_paged_attention(
             "kv_cache: expected shape (2, num_blocks, n_kv_heads, block_size, d), got "
             f"{kv_cache.shape}"
         )
+    if LARGE_TILE_SZ is not None:
+        LARGE_TILE_SZ = _int(LARGE_TILE_SZ, "LARGE_TILE_SZ")  # noqa: N806
+    if mixed_precision is not None:
+        mixed_precision = _bool(mixed_precision, "mixed_precision")
+    scale = _scale(softmax_scale)
     if schedule is None:
         schedule = PagedAttentionSchedule(
-            large_tile_size=2048 if LARGE_TILE_SZ is None else _int(LARGE_TILE_SZ, "LARGE_TILE_SZ"),
+            large_tile_size=2048 if LARGE_TILE_SZ is None else LARGE_TILE_SZ,
             block_size=int(kv_cache.shape[3]),
-            mixed_precision=True if mixed_precision is None else bool(mixed_precision),
+            mixed_precision=True if mixed_precision is None else mixed_precision,
         )
     else:
         schedule = _resolve_schedule(
@@ -802,13 +850,46 @@ def simulate_flash_paged_attention(
         floats(key),
         floats(value),
         floats(kv_cache),
-        np.ascontiguousarray(block_tables, dtype=np.int32),
+        # Entries beyond int32 are rejected, not wrapped (the CPU kernel's conversion).
+        _as_int32(block_tables, "block_tables"),
         np.ascontiguousarray(mask != 0, dtype=np.int32),
         dtype_name,
-        0.0 if softmax_scale is None else float(softmax_scale),
+        scale,
         _tiling_factor(tiling_factor),
     )
     return Report(handle), output.astype(query.dtype)
+
+
+# --- program size limits ---------------------------------------------------------------------
+
+
+def program_limits() -> dict[str, int]:
+    """The limits every simulated program is built within: ``max_instructions`` and
+    ``max_buffer_elements`` (elements of all its HBM tensors and tiles). A larger program is a
+    ValueError naming the limit, raised while building, before memory runs out."""
+    max_instructions, max_buffer_elements = _core.sim_program_limits()
+    return {"max_instructions": max_instructions, "max_buffer_elements": max_buffer_elements}
+
+
+def set_program_limits(
+    *, max_instructions: int | None = None, max_buffer_elements: int | None = None
+) -> dict[str, int]:
+    """Raises (or lowers) the program size limits of every later simulation in this process
+    (``tilelab sim --max-instructions N --max-buffer-elements N``); None keeps a limit. Returns
+    the previous limits, so that ``set_program_limits(**previous)`` restores them."""
+    previous = program_limits()
+    limits = dict(previous)
+    for name, value in (
+        ("max_instructions", max_instructions),
+        ("max_buffer_elements", max_buffer_elements),
+    ):
+        if value is not None:
+            value = _int(value, name)
+            if not 1 <= value < 2**64:
+                raise ValueError(f"{name}: expected an int in [1, 2**64), got {value}")
+            limits[name] = value
+    _core.sim_set_program_limits(limits["max_instructions"], limits["max_buffer_elements"])
+    return previous
 
 
 # --- sweep -----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include <tilelab/detail/argument_checks.hpp>
 #include <tilelab/error.hpp>
 
 #include "sim/kernels/lib/flash_attention.hpp"
@@ -285,7 +286,7 @@ Program Builder::build() {
   chunks_ = large_ / layout_.partitions_per_load();
   kernel_dtype_ = s_.mixed_precision ? DType::bf16 : c_.dtype;
   acc_dtype_ = s_.mixed_precision ? DType::fp32 : c_.dtype;
-  scale_ = c_.softmax_scale > 0 ? c_.softmax_scale : 1.0f / std::sqrt(static_cast<float>(d_));
+  scale_ = tilelab::detail::resolve_softmax_scale(c_.softmax_scale, d_);
   TILELAB_REQUIRE(c_.num_cache_blocks >= 1)
       << "num_cache_blocks: expected at least 1, got " << c_.num_cache_blocks;
   const int64_t cache_rows = c_.num_cache_blocks * kv_heads_ * layout_.tiling_factor();
@@ -380,8 +381,7 @@ PagedAttentionRun paged_attention_run(const schedules::PagedAttentionSchedule& s
                                       DType dtype, uint32_t seed) {
   PagedAttentionRun r;
   r.config.schedule = schedule;
-  r.batch = make_paged_attention_batch(requests, schedule.block_size, schedule.large_tile_size,
-                                       schedule.partition_tile, seed);
+  r.batch = make_paged_attention_batch(requests, schedule, seed);
   r.config.shape = {num_heads, num_kv_heads, head_dim, r.batch.query_len,
                     r.batch.num_active_blocks};
   r.config.num_cache_blocks = r.batch.num_cache_blocks;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,8 @@ struct FlashPagedAttentionConfig {
   schedules::PagedAttentionShape shape;
   int64_t num_cache_blocks = 1;  // blocks in kv_cache; every block table entry is below it
   DType dtype = DType::bf16;     // query, key, value, kv_cache and output
-  float softmax_scale = 0;       // 0: 1 / sqrt(head_dim)
+  // None: 1 / sqrt(head_dim); validated as the CPU kernel validates it (resolve_softmax_scale).
+  std::optional<float> softmax_scale;
 };
 
 // config.schedule, validated: the schedule the kernel runs.

@@ -17,14 +17,8 @@ std::vector<int64_t> parse_list(const std::string& text, const std::string& name
   std::string item;
   while (std::getline(in, item, ',')) {
     if (item.empty()) continue;
-    size_t used = 0;
     int64_t v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TILELAB_REQUIRE(used == item.size() && v >= 0)
+    TILELAB_REQUIRE(parse_integer(item, v) && v >= 0)
         << "parameter '" << name << "': expected non-negative integers separated by commas, got '"
         << text << "'";
     values.push_back(v);

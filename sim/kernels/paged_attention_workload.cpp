@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include <tilelab/error.hpp>
 
@@ -13,31 +14,89 @@
 namespace tilelab::sim {
 namespace {
 
+// Non-negative a, positive b: no overflow for any a.
 int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
+  return a / b + (a % b != 0);
+}
+
+// "prefill[i]" or "decode[i]": the request as the CLI and Python list it (query_len > 1 is a
+// prefill request, as in format_paged_attention_requests).
+std::string request_name(const std::vector<PagedAttentionRequest>& requests, size_t r) {
+  const bool prefill = requests[r].query_len > 1;
+  size_t index = 0;
+  for (size_t i = 0; i < r; ++i) index += (requests[i].query_len > 1) == prefill;
+  return std::string(prefill ? "prefill[" : "decode[") + std::to_string(index) + "]";
 }
 
 }  // namespace
 
+int64_t padded_query_rows(const schedules::PagedAttentionTiling& tiling, int64_t rows) {
+  tiling.validate();
+  const int64_t step = tiling.partition_tile;
+  TILELAB_REQUIRE(rows >= 0 && rows <= kMaxBatchQueryRows)
+      << "query rows: expected 0 to " << kMaxBatchQueryRows << ", got " << rows;
+  // A shape valid in everything but query_len, so that validate(shape) judges query_len alone.
+  schedules::PagedAttentionShape shape;
+  shape.num_active_blocks = tiling.num_blocks_per_large_tile();
+  int64_t query_len = std::max<int64_t>(1, ceil_div(rows, step)) * step;
+  // The required multiple is at most a few free tiles; give up (rethrow) well beyond that.
+  for (int attempt = 0;; ++attempt, query_len += step) {
+    shape.query_len = query_len;
+    try {
+      tiling.validate(shape);
+      return query_len;
+    } catch (const Error&) {
+      if (attempt >= 256) throw;
+    }
+  }
+}
+
 PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
                                                int64_t block_size, int64_t large_tile_size,
                                                int64_t partition_tile, uint32_t seed) {
+  schedules::PagedAttentionTiling tiling;
+  tiling.block_size = block_size;
+  tiling.large_tile_size = large_tile_size;
+  tiling.partition_tile = partition_tile;
+  return make_paged_attention_batch(requests, tiling, seed);
+}
+
+PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
+                                               const schedules::PagedAttentionTiling& tiling,
+                                               uint32_t seed) {
   TILELAB_REQUIRE(!requests.empty()) << "requests: expected at least one request";
+  const int64_t block_size = tiling.block_size, large_tile_size = tiling.large_tile_size;
   TILELAB_REQUIRE(block_size >= 1 && large_tile_size % block_size == 0)
       << "block_size: " << block_size << " must divide large_tile_size " << large_tile_size;
-  PagedAttentionBatch batch;
-  int64_t queries = 0, blocks = 0;
-  for (const auto& r : requests) {
-    TILELAB_REQUIRE(r.query_len >= 1 && r.context_len >= 0)
-        << "requests: query length must be >= 1 and context length >= 0, got " << r.query_len
-        << " and " << r.context_len;
-    queries += r.query_len;
-    blocks += ceil_div(r.context_len, block_size);
+  // Totals are checked after each request; each term is within its limit, so no sum overflows.
+  int64_t queries = 0, context_tokens = 0, blocks = 0;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const PagedAttentionRequest& req = requests[r];
+    TILELAB_REQUIRE(req.query_len >= 1 && req.context_len >= 0)
+        << request_name(requests, r) << ": query length must be >= 1 and context length >= 0, got "
+        << req.query_len << " and " << req.context_len;
+    TILELAB_REQUIRE(req.query_len <= kMaxBatchQueryRows - queries)
+        << request_name(requests, r) << ": query length " << req.query_len
+        << " brings the batch's query rows above the limit of " << kMaxBatchQueryRows;
+    TILELAB_REQUIRE(req.context_len <= kMaxBatchContextTokens - context_tokens)
+        << request_name(requests, r) << ": context length " << req.context_len
+        << " brings the batch's context above the limit of " << kMaxBatchContextTokens << " tokens";
+    queries += req.query_len;
+    context_tokens += req.context_len;
+    blocks += ceil_div(req.context_len, block_size);
   }
+  PagedAttentionBatch batch;
   const int64_t blocks_per_tile = large_tile_size / block_size;
-  batch.query_len = std::max<int64_t>(1, ceil_div(queries, partition_tile)) * partition_tile;
+  batch.query_len = padded_query_rows(tiling, queries);
   batch.num_active_blocks =
       std::max<int64_t>(1, ceil_div(blocks, blocks_per_tile)) * blocks_per_tile;
+  // Both factors are below 2^31 here, so the product does not overflow.
+  const int64_t mask_bytes =
+      batch.query_len * (batch.num_active_blocks * block_size + batch.query_len);
+  TILELAB_REQUIRE(mask_bytes <= kMaxBatchMaskBytes)
+      << "prefill, decode: the batch's mask (" << batch.query_len << " query rows x "
+      << batch.num_active_blocks * block_size + batch.query_len << " columns = " << mask_bytes
+      << " bytes) exceeds the limit of " << kMaxBatchMaskBytes << " bytes";
   // Spare cache blocks so that the table is a scattered choice, as in a long-running server.
   batch.num_cache_blocks = batch.num_active_blocks + batch.num_active_blocks / 2 + 1;
   std::vector<int32_t> free_blocks(static_cast<size_t>(batch.num_cache_blocks));

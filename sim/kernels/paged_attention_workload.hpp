@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "schedules/paged/schedule.hpp"
+
 namespace tilelab::sim {
 
 // One request of a continuous batch: new tokens and prior context.
@@ -14,7 +16,7 @@ struct PagedAttentionRequest {
   int64_t context_len = 0;
 };
 
-// A batch laid out for the kernel: queries concatenated (padded to whole partition tiles), each
+// A batch laid out for the kernel: queries concatenated (padded as padded_query_rows says), each
 // request's context in its own cache blocks (a shuffled, deterministic choice of blocks), the
 // block table padded to whole large tiles, and the natural-order mask (1 = attend; a request's
 // query attends its own context and, causally, its own earlier new tokens; padding attends none).
@@ -27,9 +29,28 @@ struct PagedAttentionBatch {
   std::vector<int64_t> request_of_row;  // request of each query row, -1 for padding
 };
 
+// Limits of a batch, checked before anything is allocated: new tokens of all requests (query
+// rows), prior-context tokens of all requests, and mask bytes (query rows x columns after
+// padding). Errors name the request ("prefill[i]" / "decode[i]", counted as
+// format_paged_attention_requests lists them) and the limit.
+inline constexpr int64_t kMaxBatchQueryRows = int64_t{1} << 20;
+inline constexpr int64_t kMaxBatchContextTokens = int64_t{1} << 30;
+inline constexpr int64_t kMaxBatchMaskBytes = int64_t{1} << 31;
+
+// The batch of `requests` for `tiling` (a valid tiling: block_size, large_tile_size, and the
+// query-row multiples its validate(shape) requires).
+PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
+                                               const schedules::PagedAttentionTiling& tiling,
+                                               uint32_t seed);
+// The same with the default tiling's other fields.
 PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
                                                int64_t block_size, int64_t large_tile_size,
                                                int64_t partition_tile, uint32_t seed);
+
+// The smallest query length >= `rows` (and >= one partition tile) that `tiling` accepts: a
+// multiple of partition_tile, and above free_tile a multiple of the pieces the new tokens' tile
+// is transposed and reduced in (PagedAttentionTiling::validate(shape) is the rule).
+int64_t padded_query_rows(const schedules::PagedAttentionTiling& tiling, int64_t rows);
 
 // The default workload of `tilelab sim paged-attention` (see its --help).
 std::vector<PagedAttentionRequest> default_paged_attention_requests();

@@ -1,6 +1,8 @@
 // Kernel registry.
 #include "sim/kernels/registry.hpp"
 
+#include <charconv>
+
 #include <tilelab/error.hpp>
 
 namespace tilelab::sim {
@@ -50,19 +52,20 @@ KernelParameters resolve_parameters(const KernelInfo& kernel, const KernelParame
   return resolved;
 }
 
+bool parse_integer(const std::string& text, int64_t& value) {
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  return !text.empty() && error == std::errc() && stop == end;
+}
+
 int64_t parameter_int(const KernelParameters& parameters, const std::string& name,
                       int64_t min_value, int64_t max_value) {
   const auto it = parameters.find(name);
   TILELAB_REQUIRE(it != parameters.end()) << "parameter '" << name << "' is missing";
   int64_t value = 0;
-  size_t used = 0;
-  try {
-    value = std::stoll(it->second, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TILELAB_REQUIRE(used == it->second.size() && !it->second.empty())
-      << "parameter '" << name << "': expected an integer, got '" << it->second << "'";
+  TILELAB_REQUIRE(parse_integer(it->second, value))
+      << "parameter '" << name << "': expected a whole number in [" << min_value << ", "
+      << max_value << "], got '" << it->second << "'";
   TILELAB_REQUIRE(value >= min_value && value <= max_value)
       << "parameter '" << name << "': " << value << " outside [" << min_value << ", " << max_value
       << "]";

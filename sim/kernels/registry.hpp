@@ -65,6 +65,10 @@ const KernelRegistry& kernel_registry();
 // Fills defaults and rejects parameters the kernel does not declare.
 KernelParameters resolve_parameters(const KernelInfo& kernel, const KernelParameters& given);
 
+// `text` as a whole decimal integer (an optional '-', then digits; no spaces, '+', hex or
+// exponent) that fits int64; false otherwise.
+bool parse_integer(const std::string& text, int64_t& value);
+
 // Typed access for kernel builders; errors name the parameter and the value.
 int64_t parameter_int(const KernelParameters& parameters, const std::string& name,
                       int64_t min_value = INT64_MIN, int64_t max_value = INT64_MAX);

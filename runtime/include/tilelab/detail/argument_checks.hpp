@@ -2,8 +2,10 @@
 // tilelab::Error naming the argument, with what was given and what is allowed.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -38,6 +40,27 @@ inline void require_shape(const TensorView& view, const char* name, const char* 
   for (int d = 0; d < view.rank(); ++d) {
     TILELAB_REQUIRE(view.stride(d) >= 0 || view.dim(d) <= 1)
         << name << ": expected non-negative strides, got " << view.describe();
+  }
+}
+
+// The softmax scale an attention kernel applies: the given one or, when none is given,
+// 1/sqrt(head_dim); either must be finite as a float (zero and negative scales are honoured).
+inline float resolve_softmax_scale(const std::optional<float>& given, std::int64_t head_dim) {
+  const float scale =
+      given ? *given : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  TILELAB_REQUIRE(std::isfinite(scale)) << "softmax_scale: expected a finite value, got " << scale;
+  return scale;
+}
+
+// Every entry of an int32 block table (`count` entries `stride` apart) names a cache block in
+// [0, num_blocks).
+inline void require_block_table_entries(const std::int32_t* entries, std::int64_t count,
+                                        std::int64_t stride, std::int64_t num_blocks) {
+  for (std::int64_t n = 0; n < count; ++n) {
+    const std::int32_t entry = entries[n * stride];
+    TILELAB_REQUIRE(entry >= 0 && entry < num_blocks)
+        << "block_tables: expected entries in [0, " << num_blocks << ") (kv_cache blocks), got "
+        << entry << " at index " << n;
   }
 }
 
