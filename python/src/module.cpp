@@ -168,6 +168,8 @@ PYBIND11_MODULE(_core, module) {
   module.def("set_num_threads", &tilelab::set_num_threads, py::arg("n"),
              "Sets the number of threads tilelab uses (>= 1).");
   module.def("num_threads", &tilelab::num_threads, "The number of threads tilelab uses.");
+  module.def("max_num_threads", &tilelab::max_num_threads,
+             "The largest thread count set_num_threads accepts.");
   module.def(
       "version", [] { return std::string(TILELAB_VERSION); },
       "The C++ library's version (TILELAB_VERSION).");

@@ -143,9 +143,14 @@ def flash_attention_implementation(
 
 
 def set_num_threads(n: int) -> None:
-    """Sets the number of threads every tilelab kernel uses (n >= 1, else ValueError). The count
-    is process-wide: tilelab's generated kernels and reference share one OpenMP pool."""
-    _core.set_num_threads(n)
+    """Sets the number of threads every tilelab kernel uses: an int in ``[1, 8 x the processor
+    count]``, else ValueError (TypeError for a non-int, bool included). The count is
+    process-wide: tilelab's generated kernels and reference share one OpenMP pool."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n: expected an int thread count, got {type(n).__name__} {n!r}")
+    if not -(2**31) <= n < 2**31:  # beyond C int: the message the C++ check gives
+        raise ValueError(f"n: expected a thread count in [1, {_core.max_num_threads()}], got {n}")
+    _core.set_num_threads(int(n))
 
 
 def num_threads() -> int:
