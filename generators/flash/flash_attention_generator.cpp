@@ -11,6 +11,7 @@
 #include "Halide.h"
 #include "schedules/flash/tiling.hpp"
 #include "schedules/flash/x86.hpp"
+#include "tilelab/detail/fp32_classes.hpp"
 
 namespace {
 
@@ -19,10 +20,10 @@ using namespace Halide;
 // Only the mask (causal, or a bias of exactly -inf) masks a key; every other score follows IEEE
 // arithmetic: NaN or +inf among a row's scores makes the row NaN, a score of -inf contributes
 // exp(-inf) = 0 (and a row whose scores are all -inf is NaN, 0 / 0). Halide compiles with
-// fast-math flags (no NaN, no inf: comparisons with inf fold away) and its exp gives 0 for NaN, so
-// the softmax works on finite values only: each score is classified once, explicitly (is_finite,
-// strict_float), into one of these markers, ordered so that the row's running max carries the
-// worst case to the end:
+// fast-math flags (no NaN, no inf: float comparisons with them fold away) and its exp gives 0 for
+// NaN, so the softmax works on finite values only: each score is classified once, from its bits
+// (integer compares, fp32_classes.hpp), into one of these markers, ordered so that the row's
+// running max carries the worst case to the end:
 //   kMasked          masked: contributes nothing (below every score);
 //   kMinusInfinity   -inf: contributes nothing, but the row is not masked;
 //   kPoisoned        NaN or +inf: the row's result is NaN (above every score);
@@ -32,8 +33,11 @@ const float kMinusInfinity = std::nextafter(kMasked, 0.0f);
 const float kLowestScore = std::nextafter(kMinusInfinity, 0.0f);
 constexpr float kPoisoned = std::numeric_limits<float>::max();
 const float kHighestScore = std::nextafter(kPoisoned, 0.0f);
-constexpr float kInfinity = std::numeric_limits<float>::infinity();
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+using tilelab::detail::fp32_bits_is_finite;
+using tilelab::detail::fp32_bits_is_nan;
+using tilelab::detail::kFp32MinusInfinityBits;
+using tilelab::detail::kFp32PlusInfinityBits;
+using tilelab::detail::kFp32QuietNanBits;
 
 class FlashAttentionForward : public Generator<FlashAttentionForward> {
  public:
@@ -134,12 +138,13 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
       Expr bias_value = bias(key_c, s.row_query(ii, io), s.row_head(ii, io, hk), b);
       biased += bias_value;
       // A bias of -inf masks the key whatever q·k is (NaN included).
-      visible = visible && !strict_float(bias_value == -kInfinity);
+      visible = visible && reinterpret<uint32_t>(bias_value) != Expr(kFp32MinusInfinityBits);
     }
-    Expr poisoned = is_nan(biased) || strict_float(biased == kInfinity);
-    Expr classified = select(
-        poisoned, kPoisoned,
-        select(is_finite(biased), clamp(biased, kLowestScore, kHighestScore), kMinusInfinity));
+    Expr bits = reinterpret<uint32_t>(biased);
+    Expr poisoned = fp32_bits_is_nan(bits) || bits == Expr(kFp32PlusInfinityBits);
+    Expr classified = select(poisoned, kPoisoned,
+                             select(fp32_bits_is_finite(bits),
+                                    clamp(biased, kLowestScore, kHighestScore), kMinusInfinity));
     s.masked(ii, jj, jb, io, hk, b) = select(visible, classified, kMasked);
 
     RDom rj(0, KB, "rj");
@@ -190,18 +195,20 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
 
     // Back from rows to (i, h). A row to which no key contributed has l == 0: out 0, lse -inf,
     // never NaN. A row whose running max is kPoisoned or kMinusInfinity: out NaN, lse NaN.
-    // (strict_float: fast-math would fold the selects of NaN and -inf away.)
+    // NaN and -inf are selected as bits: fast-math would fold a select of a NaN or inf float away.
     Expr out_row = (h % group) * q_len + i;
     auto state_at = [&](const Expr& dd) {
       return s.state(dd, out_row % QT, out_row / QT, h / group, b);
     };
     Expr m = state_at(d)[0], l = state_at(d)[1], o = state_at(d)[2];
     auto is_nan_row = [](const Expr& max) { return max == kPoisoned || max == kMinusInfinity; };
+    Expr out_bits = reinterpret<uint32_t>(select(l > 0.0f, o / l, 0.0f));
     s.out(d, i, h, b) =
-        cast(io_type, strict_float(select(is_nan_row(m), kNaN, select(l > 0.0f, o / l, 0.0f))));
+        cast(io_type, reinterpret<float>(select(is_nan_row(m), Expr(kFp32QuietNanBits), out_bits)));
     Expr m0 = state_at(0)[0], l0 = state_at(0)[1];
-    s.lse(i, h, b) =
-        strict_float(select(is_nan_row(m0), kNaN, select(l0 > 0.0f, m0 + log(l0), -kInfinity)));
+    Expr lse_bits =
+        select(l0 > 0.0f, reinterpret<uint32_t>(m0 + log(l0)), Expr(kFp32MinusInfinityBits));
+    s.lse(i, h, b) = reinterpret<float>(select(is_nan_row(m0), Expr(kFp32QuietNanBits), lse_bits));
     out = s.out;
     lse = s.lse;
 

@@ -18,4 +18,10 @@ auto fp32_bits_is_nan(const U32& bits) {
   return (bits & U32(0x7fffffffu)) > U32(kFp32PlusInfinityBits);
 }
 
+// Neither NaN nor ±inf: exponent not all ones.
+template <typename U32>
+auto fp32_bits_is_finite(const U32& bits) {
+  return (bits & U32(kFp32PlusInfinityBits)) != U32(kFp32PlusInfinityBits);
+}
+
 }  // namespace tilelab::detail
