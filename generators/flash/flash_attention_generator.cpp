@@ -4,19 +4,40 @@
 // The query heads that share a kv head (the GQA group) are folded into one row dimension per kv
 // head, row = (h mod group) · M + i, so one pass over a K/V block serves the whole group; for
 // decode (M = 1) this is what fills a query tile.
+#include <cmath>
 #include <limits>
 #include <string>
 
 #include "Halide.h"
 #include "schedules/flash/tiling.hpp"
 #include "schedules/flash/x86.hpp"
+#include "tilelab/detail/fp32_classes.hpp"
 
 namespace {
 
 using namespace Halide;
 
-// Score of a masked (query, key) pair: finite, so exp(score - running max) never sees inf - inf.
-constexpr float kMasked = -1.0e30f;
+// Only the mask (causal, or a bias of exactly -inf) masks a key; every other score follows IEEE
+// arithmetic: NaN or +inf among a row's scores makes the row NaN, a score of -inf contributes
+// exp(-inf) = 0 (and a row whose scores are all -inf is NaN, 0 / 0). Halide compiles with
+// fast-math flags (no NaN, no inf: float comparisons with them fold away) and its exp gives 0 for
+// NaN, so the softmax works on finite values only: each score is classified once, from its bits
+// (integer compares, fp32_classes.hpp), into one of these markers, ordered so that the row's
+// running max carries the worst case to the end:
+//   kMasked          masked: contributes nothing (below every score);
+//   kMinusInfinity   -inf: contributes nothing, but the row is not masked;
+//   kPoisoned        NaN or +inf: the row's result is NaN (above every score);
+//   the score, clamped to [kLowestScore, kHighestScore] (moving only the extreme floats).
+constexpr float kMasked = -std::numeric_limits<float>::max();
+const float kMinusInfinity = std::nextafter(kMasked, 0.0f);
+const float kLowestScore = std::nextafter(kMinusInfinity, 0.0f);
+constexpr float kPoisoned = std::numeric_limits<float>::max();
+const float kHighestScore = std::nextafter(kPoisoned, 0.0f);
+using tilelab::detail::fp32_bits_is_finite;
+using tilelab::detail::fp32_bits_is_nan;
+using tilelab::detail::kFp32MinusInfinityBits;
+using tilelab::detail::kFp32PlusInfinityBits;
+using tilelab::detail::kFp32QuietNanBits;
 
 class FlashAttentionForward : public Generator<FlashAttentionForward> {
  public:
@@ -112,10 +133,19 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     }
     s.decode = decode;
     Expr biased = s.score(ii, jj, jb, io, hk, b);
-    if (has_bias) biased += bias(key_c, s.row_query(ii, io), s.row_head(ii, io, hk), b);
-    // Scores at or below kMasked (e.g. a bias of -inf) count as masked too.
-    s.masked(ii, jj, jb, io, hk, b) =
-        select(key <= s.row_key_limit(ii, io) && biased > kMasked, biased, kMasked);
+    Expr visible = key <= s.row_key_limit(ii, io);
+    if (has_bias) {
+      Expr bias_value = bias(key_c, s.row_query(ii, io), s.row_head(ii, io, hk), b);
+      biased += bias_value;
+      // A bias of -inf masks the key whatever q·k is (NaN included).
+      visible = visible && reinterpret<uint32_t>(bias_value) != Expr(kFp32MinusInfinityBits);
+    }
+    Expr bits = reinterpret<uint32_t>(biased);
+    Expr poisoned = fp32_bits_is_nan(bits) || bits == Expr(kFp32PlusInfinityBits);
+    Expr classified = select(poisoned, kPoisoned,
+                             select(fp32_bits_is_finite(bits),
+                                    clamp(biased, kLowestScore, kHighestScore), kMinusInfinity));
+    s.masked(ii, jj, jb, io, hk, b) = select(visible, classified, kMasked);
 
     RDom rj(0, KB, "rj");
     s.rj = rj.x;
@@ -140,7 +170,7 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     // exp's argument is <= 0; the clamp keeps the polynomial away from denormals.
     Expr masked = s.masked(ii, jj, jb, io, hk, b);
     s.prob(ii, jj, jb, io, hk, b) =
-        select(masked > kMasked, exp(max(masked - m_now, -80.0f)), 0.0f);
+        select(masked > kMinusInfinity, exp(max(masked - m_now, -80.0f)), 0.0f);
     s.block_sum_in_block(ii, jb, io, hk, b) = 0.0f;
     s.block_sum_in_block(ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b);
     s.block_sum(ii, jb, io, hk, b) = s.block_sum_in_block(ii, jb, io, hk, b);
@@ -163,15 +193,22 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
         s.state(d, ii, io, hk, b)[1] * alpha + s.block_sum(ii, rk, io, hk, b),
         s.state(d, ii, io, hk, b)[2] * alpha + s.block_pv(d, ii, rk, io, hk, b)};
 
-    // Back from rows to (i, h). A row with no visible key has l == 0: out 0, lse -inf, never NaN.
+    // Back from rows to (i, h). A row to which no key contributed has l == 0: out 0, lse -inf,
+    // never NaN. A row whose running max is kPoisoned or kMinusInfinity: out NaN, lse NaN.
+    // NaN and -inf are selected as bits: fast-math would fold a select of a NaN or inf float away.
     Expr out_row = (h % group) * q_len + i;
     auto state_at = [&](const Expr& dd) {
       return s.state(dd, out_row % QT, out_row / QT, h / group, b);
     };
-    Expr l = state_at(d)[1], o = state_at(d)[2];
-    s.out(d, i, h, b) = cast(io_type, select(l > 0.0f, o / l, 0.0f));
+    Expr m = state_at(d)[0], l = state_at(d)[1], o = state_at(d)[2];
+    auto is_nan_row = [](const Expr& max) { return max == kPoisoned || max == kMinusInfinity; };
+    Expr out_bits = reinterpret<uint32_t>(select(l > 0.0f, o / l, 0.0f));
+    s.out(d, i, h, b) =
+        cast(io_type, reinterpret<float>(select(is_nan_row(m), Expr(kFp32QuietNanBits), out_bits)));
     Expr m0 = state_at(0)[0], l0 = state_at(0)[1];
-    s.lse(i, h, b) = select(l0 > 0.0f, m0 + log(l0), -std::numeric_limits<float>::infinity());
+    Expr lse_bits =
+        select(l0 > 0.0f, reinterpret<uint32_t>(m0 + log(l0)), Expr(kFp32MinusInfinityBits));
+    s.lse(i, h, b) = reinterpret<float>(select(is_nan_row(m0), Expr(kFp32QuietNanBits), lse_bits));
     out = s.out;
     lse = s.lse;
 

@@ -13,6 +13,7 @@
 //
 // The query heads sharing a kv head (the GQA group) are folded into rows, row = g · seq_q + i;
 // seq_q is a multiple of 128, so a query tile never spans two heads.
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -24,6 +25,7 @@
 #include "schedules/paged/x86.hpp"
 #include "schedules/tile/footprint.hpp"
 #include "tilelab/detail/bf16_rounding.hpp"
+#include "tilelab/detail/fp32_classes.hpp"
 
 namespace {
 
@@ -33,6 +35,13 @@ using namespace Halide;
 constexpr float kMaskedScore = -9984.0f;
 // Below any score: the start of a max reduction.
 constexpr float kLowest = std::numeric_limits<float>::lowest();
+// A visible score that is NaN or +inf makes its row NaN, as IEEE arithmetic does. Halide compiles
+// with fast-math flags (no NaN, no inf: float comparisons with them fold away) and its exp gives 0
+// for NaN, so such a score is recognized from its bits and becomes this finite marker above every
+// other (scores are clamped to kHighestScore), which the row's running max carries to the end,
+// where the output's bits become NaN.
+constexpr float kPoisoned = std::numeric_limits<float>::max();
+const float kHighestScore = std::nextafter(kPoisoned, 0.0f);
 using tilelab::schedules::paged::kFreeTile;
 using tilelab::schedules::paged::kLog2PartitionTile;
 using tilelab::schedules::paged::kPartitionTile;
@@ -167,7 +176,12 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
       t.rd = rd.x;
       t.score(c, ii, lt, io, hk) = 0.0f;
       t.score(c, ii, lt, io, hk) += s.query_t(ii, rd, io, hk) * t.key_t(c, rd, lt, hk);
-      t.masked(c, ii, lt, io, hk) = select(visible, t.score(c, ii, lt, io, hk), kMaskedScore);
+      Expr score = t.score(c, ii, lt, io, hk);
+      Expr bits = reinterpret<uint32_t>(score);
+      Expr poisoned = tilelab::detail::fp32_bits_is_nan(bits) ||
+                      bits == Expr(tilelab::detail::kFp32PlusInfinityBits);
+      t.masked(c, ii, lt, io, hk) =
+          select(visible, select(poisoned, kPoisoned, min(score, kHighestScore)), kMaskedScore);
       RDom rj(0, width, "rj");
       t.rj = rj.x;
       t.block_max(ii, lt, io, hk) = kLowest;
@@ -214,10 +228,13 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     Expr active_alpha = exp(context_max - s.final_max(ii, io, hk));
     s.final_sum(ii, io, hk) =
         s.state(0, ii, io, hk)[1] * active_alpha + s.active.block_sum(ii, 0, io, hk);
-    // Every row has a positive sum (masked scores are finite, so nothing is -inf).
-    s.final_out(d, ii, io, hk) =
-        (s.state(d, ii, io, hk)[2] * active_alpha + s.active.block_pv(d, ii, 0, io, hk)) /
-        s.final_sum(ii, io, hk);
+    // Every row has a positive sum (masked scores are finite, so nothing is -inf). A poisoned
+    // row's NaN is selected as bits: fast-math would fold a select of a NaN float away.
+    Expr value = (s.state(d, ii, io, hk)[2] * active_alpha + s.active.block_pv(d, ii, 0, io, hk)) /
+                 s.final_sum(ii, io, hk);
+    s.final_out(d, ii, io, hk) = reinterpret<float>(select(s.final_max(ii, io, hk) == kPoisoned,
+                                                           Expr(tilelab::detail::kFp32QuietNanBits),
+                                                           reinterpret<uint32_t>(value)));
 
     // Back from rows to (i, h); the cast rounds to nearest even.
     Var &i = s.i, &h = s.h, &b = s.b;

@@ -40,7 +40,19 @@ bool strides_viewable(const py::array& array) {
 
 }  // namespace
 
+void reject_masked_array(const py::handle& object, const char* name) {
+  static const py::handle masked_array_type =
+      py::object(py::module_::import("numpy.ma").attr("MaskedArray")).release();
+  if (py::isinstance(object, masked_array_type)) {
+    throw Error(std::string(name) +
+                    ": expected a numpy.ndarray, got a numpy.ma.MaskedArray (its mask would be "
+                    "ignored; pass .filled(value) or .data)",
+                ErrorKind::invalid_type);
+  }
+}
+
 py::array require_attention_array(const py::handle& object, const char* name) {
+  reject_masked_array(object, name);
   if (!py::isinstance<py::array>(object)) {
     throw Error(std::string(name) + ": expected a numpy.ndarray of " + kAttentionDtypes + ", got " +
                     python_type_name(object),
@@ -57,8 +69,8 @@ py::array require_attention_array(const py::handle& object, const char* name) {
 
 ArrayView view_array(const py::array& array, const char* name) {
   const py::ssize_t rank = array.ndim();
-  if (rank > TensorView::kMaxRank) {
-    throw Error(std::string(name) + ": expected at most " + std::to_string(TensorView::kMaxRank) +
+  if (rank < 1 || rank > TensorView::kMaxRank) {
+    throw Error(std::string(name) + ": expected 1 to " + std::to_string(TensorView::kMaxRank) +
                 " dimensions, got rank " + std::to_string(rank) + " with shape " +
                 shape_string(array));
   }
@@ -107,6 +119,65 @@ TensorView view_output(py::array& array) {
 
 std::string shape_string(const py::array& array) {
   return py::str(py::tuple(array.attr("shape"))).cast<std::string>();
+}
+
+namespace {
+
+// "str 'yes'", "NoneType None": the type and repr of a rejected argument (long reprs shortened).
+std::string describe_value(const py::handle& value) {
+  std::string repr = py::repr(value).cast<std::string>();
+  if (repr.size() > 60)
+    repr = repr.substr(0, 40) + "..." + " (" + std::to_string(repr.size()) + " characters)";
+  return python_type_name(value) + " " + repr;
+}
+
+}  // namespace
+
+bool parse_bool(const py::handle& value, const char* name) {
+  if (PyBool_Check(value.ptr())) return value.ptr() == Py_True;
+  static const py::handle numpy_bool =
+      py::object(py::module_::import("numpy").attr("bool_")).release();
+  if (py::isinstance(value, numpy_bool)) return value.attr("__bool__")().cast<bool>();
+  throw Error(std::string(name) + ": expected a bool (True or False), got " + describe_value(value),
+              ErrorKind::invalid_type);
+}
+
+std::string parse_choice(const py::handle& value, const char* name,
+                         std::initializer_list<const char*> allowed) {
+  std::string choices;
+  std::size_t index = 0;
+  for (const char* choice : allowed) {
+    if (index > 0) choices += index + 1 == allowed.size() ? " or " : ", ";
+    choices += std::string("'") + choice + "'";
+    ++index;
+  }
+  if (!py::isinstance<py::str>(value)) {
+    throw Error(std::string(name) + ": expected " + choices + ", got " + describe_value(value),
+                ErrorKind::invalid_type);
+  }
+  const std::string text = value.cast<std::string>();
+  for (const char* choice : allowed) {
+    if (text == choice) return text;
+  }
+  throw Error(std::string(name) + ": expected " + choices + ", got '" + text + "'");
+}
+
+std::optional<float> parse_optional_scale(const py::handle& value, const char* name) {
+  if (value.is_none()) return std::nullopt;
+  static const py::handle real = py::object(py::module_::import("numbers").attr("Real")).release();
+  const bool is_bool = PyBool_Check(value.ptr()) ||
+                       py::isinstance(value, py::module_::import("numpy").attr("bool_"));
+  if (is_bool || !py::isinstance(value, real)) {
+    throw Error(std::string(name) + ": expected a real number (int or float) or None, got " +
+                    describe_value(value),
+                ErrorKind::invalid_type);
+  }
+  const double result = PyFloat_AsDouble(value.ptr());
+  if (result == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();  // an int beyond double's range
+    throw Error(std::string(name) + ": expected a finite value, got " + describe_value(value));
+  }
+  return static_cast<float>(result);
 }
 
 }  // namespace tilelab::python

@@ -5,7 +5,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <initializer_list>
 #include <optional>
+#include <string>
 
 #include "tilelab/tensor.hpp"
 
@@ -19,8 +21,12 @@ inline constexpr const char* kAttentionDtypes = "float32, float16 or bfloat16 (m
 // The tilelab dtype of a numpy dtype among float32, float16 and bfloat16; nullopt otherwise.
 std::optional<DType> attention_dtype(const py::dtype& dtype);
 
-// `object` as a numpy array of an attention dtype; tilelab::Error(invalid_type) naming `name` when
-// it is not a numpy.ndarray or has another dtype.
+// tilelab::Error(invalid_type) naming `name` when `object` is a numpy.ma.MaskedArray: tilelab would
+// read its data and silently ignore its mask.
+void reject_masked_array(const py::handle& object, const char* name);
+
+// `object` as a numpy array of an attention dtype (not a MaskedArray); tilelab::Error(invalid_type)
+// naming `name` when it is not a numpy.ndarray or has another dtype.
 py::array require_attention_array(const py::handle& object, const char* name);
 
 // A TensorView over numpy memory, and the array that owns that memory (the caller's array when it
@@ -33,7 +39,7 @@ struct ArrayView {
 
 // Views `array` in place when its strides are non-negative multiples of the item size, its data is
 // aligned to the item size and in native byte order; otherwise views a C-contiguous native copy.
-// tilelab::Error naming `name` when the rank exceeds TensorView::kMaxRank.
+// tilelab::Error naming `name` when the rank is 0 or exceeds TensorView::kMaxRank.
 ArrayView view_array(const py::array& array, const char* name);
 
 // A C-contiguous array of `shape` with `like`'s dtype (bf16 outputs keep ml_dtypes' dtype object).
@@ -44,5 +50,16 @@ TensorView view_output(py::array& array);
 
 // "(2, 8, 128, 64)", for error messages.
 std::string shape_string(const py::array& array);
+
+// Keyword arguments of the bindings, checked exactly (no truthiness, no float-like ints); each
+// throws tilelab::Error naming `name`, with the value given and what is allowed.
+// A Python or numpy bool.
+bool parse_bool(const py::handle& value, const char* name);
+// One of `allowed` (a str); TypeError for a non-str, ValueError for another string.
+std::string parse_choice(const py::handle& value, const char* name,
+                         std::initializer_list<const char*> allowed);
+// None -> nullopt; a real number (Python or numpy int or float, not bool or complex) -> its value
+// as float. Finiteness is left to the C++ validation (a double beyond float stays infinite).
+std::optional<float> parse_optional_scale(const py::handle& value, const char* name);
 
 }  // namespace tilelab::python

@@ -18,31 +18,16 @@ namespace py = pybind11;
 namespace tilelab::python {
 namespace {
 
-CausalAlignment parse_causal_alignment(const std::string& name) {
-  if (name == "top_left") return CausalAlignment::top_left;
-  if (name == "bottom_right") return CausalAlignment::bottom_right;
-  throw Error("causal_alignment: expected 'top_left' or 'bottom_right', got '" + name + "'");
+CausalAlignment parse_causal_alignment(const py::handle& value) {
+  const std::string name = parse_choice(value, "causal_alignment", {"top_left", "bottom_right"});
+  return name == "top_left" ? CausalAlignment::top_left : CausalAlignment::bottom_right;
 }
 
-Implementation parse_implementation(const std::string& name) {
+Implementation parse_implementation(const py::handle& value) {
+  const std::string name =
+      parse_choice(value, "implementation", {"automatic", "generated", "reference"});
   if (name == "automatic") return Implementation::automatic;
-  if (name == "generated") return Implementation::generated;
-  if (name == "reference") return Implementation::reference;
-  throw Error("implementation: expected 'automatic', 'generated' or 'reference', got '" + name +
-              "'");
-}
-
-// None -> default 1/sqrt(D); anything float() accepts (Python and numpy numbers) -> that value.
-std::optional<float> parse_scale(const py::handle& scale) {
-  if (scale.is_none()) return std::nullopt;
-  if (!PyNumber_Check(scale.ptr()) || PyBool_Check(scale.ptr())) {
-    throw Error("scale: expected a float or None, got " +
-                    py::str(py::type::handle_of(scale).attr("__name__")).cast<std::string>(),
-                ErrorKind::invalid_type);
-  }
-  const double value = py::float_(py::reinterpret_borrow<py::object>(scale)).cast<double>();
-  // Finiteness is checked by the C++ validation; a double that overflows float stays infinite.
-  return static_cast<float>(value);
+  return name == "generated" ? Implementation::generated : Implementation::reference;
 }
 
 // One flash_attention call: the numpy arrays that own every buffer the views point into.
@@ -56,9 +41,9 @@ struct AttentionCall {
 };
 
 AttentionCall prepare_call(const py::handle& q, const py::handle& k, const py::handle& v,
-                           bool causal, const std::string& causal_alignment,
+                           const py::handle& causal, const py::handle& causal_alignment,
                            const py::handle& scale, const py::handle& bias, bool return_lse,
-                           const std::string& implementation) {
+                           const py::handle& implementation) {
   py::array q_array = require_attention_array(q, "q");
   py::array k_array = require_attention_array(k, "k");
   py::array v_array = require_attention_array(v, "v");
@@ -77,11 +62,12 @@ AttentionCall prepare_call(const py::handle& q, const py::handle& k, const py::h
                      std::nullopt,
                      TensorView(),
                      FlashAttentionOptions()};
-  call.options.causal = causal;
+  call.options.causal = parse_bool(causal, "causal");
   call.options.causal_alignment = parse_causal_alignment(causal_alignment);
-  call.options.scale = parse_scale(scale);
+  call.options.scale = parse_optional_scale(scale, "scale");
   call.options.implementation = parse_implementation(implementation);
   if (!bias.is_none()) {
+    reject_masked_array(bias, "bias");
     if (!py::isinstance<py::array>(bias)) {
       throw Error("bias: expected a numpy.ndarray of float32 or None, got " +
                       py::str(py::type::handle_of(bias).attr("__name__")).cast<std::string>(),
@@ -110,9 +96,10 @@ AttentionCall prepare_call(const py::handle& q, const py::handle& k, const py::h
 }
 
 py::object flash_attention(const py::handle& q, const py::handle& k, const py::handle& v,
-                           bool causal, const std::string& causal_alignment,
-                           const py::handle& scale, const py::handle& bias, bool return_lse,
-                           const std::string& implementation) {
+                           const py::handle& causal, const py::handle& causal_alignment,
+                           const py::handle& scale, const py::handle& bias,
+                           const py::handle& return_lse_value, const py::handle& implementation) {
+  const bool return_lse = parse_bool(return_lse_value, "return_lse");
   AttentionCall call =
       prepare_call(q, k, v, causal, causal_alignment, scale, bias, return_lse, implementation);
   {
@@ -125,12 +112,13 @@ py::object flash_attention(const py::handle& q, const py::handle& k, const py::h
 }
 
 std::string flash_attention_implementation(const py::handle& q, const py::handle& k,
-                                           const py::handle& v, bool causal,
-                                           const std::string& causal_alignment,
+                                           const py::handle& v, const py::handle& causal,
+                                           const py::handle& causal_alignment,
                                            const py::handle& scale, const py::handle& bias,
-                                           bool return_lse) {
+                                           const py::handle& return_lse) {
   const AttentionCall call =
-      prepare_call(q, k, v, causal, causal_alignment, scale, bias, return_lse, "automatic");
+      prepare_call(q, k, v, causal, causal_alignment, scale, bias,
+                   parse_bool(return_lse, "return_lse"), py::str("automatic"));
   return tilelab::flash_attention_implementation(call.q.view, call.k.view, call.v.view,
                                                  call.out_view, call.options);
 }
@@ -229,6 +217,8 @@ PYBIND11_MODULE(_core, module) {
   module.def("set_num_threads", &tilelab::set_num_threads, py::arg("n"),
              "Sets the number of threads tilelab uses (>= 1).");
   module.def("num_threads", &tilelab::num_threads, "The number of threads tilelab uses.");
+  module.def("max_num_threads", &tilelab::max_num_threads,
+             "The largest thread count set_num_threads accepts.");
   module.def(
       "version", [] { return std::string(TILELAB_VERSION); },
       "The C++ library's version (TILELAB_VERSION).");

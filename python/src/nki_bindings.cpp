@@ -21,6 +21,7 @@ namespace {
 
 // An int32 numpy array as a TensorView (the facade passes C-contiguous int32 arrays).
 TensorView view_int32(const py::handle& object, const char* name) {
+  reject_masked_array(object, name);
   if (!py::isinstance<py::array>(object)) {
     throw Error(std::string(name) + ": expected a numpy.ndarray of int32", ErrorKind::invalid_type);
   }
@@ -30,8 +31,8 @@ TensorView view_int32(const py::handle& object, const char* name) {
                     py::str(array.dtype()).cast<std::string>(),
                 ErrorKind::invalid_type);
   }
-  if (array.ndim() > TensorView::kMaxRank) {
-    throw Error(std::string(name) + ": expected at most " + std::to_string(TensorView::kMaxRank) +
+  if (array.ndim() < 1 || array.ndim() > TensorView::kMaxRank) {
+    throw Error(std::string(name) + ": expected 1 to " + std::to_string(TensorView::kMaxRank) +
                 " dimensions, got shape " + shape_string(array));
   }
   std::array<std::int64_t, TensorView::kMaxRank> shape{}, strides{};
@@ -49,20 +50,10 @@ nki::PagedSchedule parse_schedule(const std::string& name) {
   throw Error("schedule: expected 'cpu' or 'tile', got '" + name + "'");
 }
 
-std::optional<float> parse_softmax_scale(const py::handle& scale) {
-  if (scale.is_none()) return std::nullopt;
-  if (!PyNumber_Check(scale.ptr()) || PyBool_Check(scale.ptr())) {
-    throw Error("softmax_scale: expected a float or None, got " +
-                    py::str(py::type::handle_of(scale).attr("__name__")).cast<std::string>(),
-                ErrorKind::invalid_type);
-  }
-  return static_cast<float>(py::float_(py::reinterpret_borrow<py::object>(scale)).cast<double>());
-}
-
 py::array flash_paged_attention(const py::handle& query, const py::handle& key,
                                 const py::handle& value, const py::handle& kv_cache,
                                 const py::handle& block_tables, const py::handle& mask,
-                                const py::handle& softmax_scale, bool mixed_precision,
+                                const py::handle& softmax_scale, const py::handle& mixed_precision,
                                 std::int64_t large_tile_size, const std::string& schedule) {
   const ArrayView q = view_array(require_attention_array(query, "query"), "query");
   const ArrayView k = view_array(require_attention_array(key, "key"), "key");
@@ -75,8 +66,8 @@ py::array flash_paged_attention(const py::handle& query, const py::handle& key,
                 shape_string(q.owner));
   }
   nki::FlashPagedAttentionOptions options;
-  options.softmax_scale = parse_softmax_scale(softmax_scale);
-  options.mixed_precision = mixed_precision;
+  options.softmax_scale = parse_optional_scale(softmax_scale, "softmax_scale");
+  options.mixed_precision = parse_bool(mixed_precision, "mixed_precision");
   options.large_tile_size = large_tile_size;
   options.schedule = parse_schedule(schedule);
   // (1, n_heads, seq_q, d), query's dtype.

@@ -96,11 +96,22 @@ def flash_attention(
 
     Returns:
         ``out`` — a new C-contiguous ``[B, Hq, M, D]`` array of q's dtype — or ``(out, lse)`` when
-        ``return_lse``. A fully masked query row (possible with bottom-right alignment when M > N)
-        gives out 0 and lse -inf, never NaN.
+        ``return_lse``. A fully masked query row (possible with bottom-right alignment when M > N,
+        or with a bias of -inf on every key) gives out 0 and lse -inf, never NaN.
+
+    Masking and non-finite values (the same for every ``implementation``):
+        Only the mask masks a key: causal masking and a bias of exactly ``-inf``, whatever
+        ``q @ k^T`` is (NaN included). Every other score follows IEEE arithmetic, as PyTorch does:
+        NaN or +inf among a row's scores (from q, k, bias, or ``q @ k^T`` overflowing float32)
+        gives that row out NaN and lse NaN; a score of -inf (``q @ k^T`` overflowing to -inf)
+        contributes ``exp(-inf) = 0``, so a row whose unmasked scores are all -inf is NaN too
+        (0 / 0). Large finite scores such as -1e30 are ordinary scores.
 
     Raises:
-        TypeError: an argument is not a numpy array or has a wrong dtype (the message names it).
+        TypeError: an argument is not a numpy array (a ``numpy.ma.MaskedArray`` neither: its mask
+            would be ignored) or has a wrong dtype; ``causal`` or ``return_lse`` is not a bool;
+            ``scale`` is not a real number; ``causal_alignment`` or ``implementation`` is not a
+            str (the message names the argument).
         ValueError: a wrong rank or shape, Hq not a multiple of Hkv, a non-finite scale, an unknown
             ``causal_alignment`` or ``implementation`` (the message names the argument).
     """
@@ -237,9 +248,14 @@ def flash_attention_implementation(
 
 
 def set_num_threads(n: int) -> None:
-    """Sets the number of threads every tilelab kernel uses (n >= 1, else ValueError). The count
-    is process-wide: tilelab's generated kernels and reference share one OpenMP pool."""
-    _core.set_num_threads(n)
+    """Sets the number of threads every tilelab kernel uses: an int in ``[1, 8 x the processor
+    count]``, else ValueError (TypeError for a non-int, bool included). The count is
+    process-wide: tilelab's generated kernels and reference share one OpenMP pool."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n: expected an int thread count, got {type(n).__name__} {n!r}")
+    if not -(2**31) <= n < 2**31:  # beyond C int: the message the C++ check gives
+        raise ValueError(f"n: expected a thread count in [1, {_core.max_num_threads()}], got {n}")
+    _core.set_num_threads(int(n))
 
 
 def num_threads() -> int:

@@ -28,18 +28,49 @@ MASKED_SCORE = -9984.0
 Schedule = Literal["cpu", "tile"]
 
 
-def _as_int32(array, name: str, *, allow_bool: bool = False) -> np.ndarray:
+def _require_int_array(array, name: str, *, allow_bool: bool = False) -> None:
+    if isinstance(array, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name}: expected a numpy.ndarray, got a numpy.ma.MaskedArray (its mask would be "
+            "ignored; pass .filled(value) or .data)"
+        )
     if not isinstance(array, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray, got {type(array).__name__}")
     kinds = "biu" if allow_bool else "iu"
     if array.dtype.kind not in kinds:
         allowed = "bool or integer" if allow_bool else "integer"
         raise TypeError(f"{name}: expected a {allowed} array, got dtype {array.dtype}")
-    if array.dtype.kind in "iu" and array.size:
+    if array.ndim == 0:
+        raise ValueError(f"{name}: expected an array of rank >= 1, got a 0-d array")
+
+
+def _fits_int32(array: np.ndarray) -> bool:
+    if array.dtype.kind not in "iu" or not array.size:
+        return True
+    return -(2**31) <= int(array.min()) and int(array.max()) < 2**31
+
+
+def _as_int32(array, name: str) -> np.ndarray:
+    """An integer index array (block tables, slot mappings) as C-contiguous int32."""
+    _require_int_array(array, name)
+    if not _fits_int32(array):
         low, high = int(array.min()), int(array.max())
-        if low < -(2**31) or high >= 2**31:
-            raise ValueError(f"{name}: expected values that fit int32, got [{low}, {high}]")
+        raise ValueError(f"{name}: expected values that fit int32, got [{low}, {high}]")
     return np.ascontiguousarray(array, dtype=np.int32)
+
+
+def _mask_as_int32(mask) -> np.ndarray:
+    """A bool or integer mask (nonzero = attend) as C-contiguous int32 with the same zeros."""
+    _require_int_array(mask, "mask", allow_bool=True)
+    if not _fits_int32(mask):
+        mask = mask != 0
+    return np.ascontiguousarray(mask, dtype=np.int32)
+
+
+def _require_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    return int(value)
 
 
 def flash_paged_attention(
@@ -62,8 +93,8 @@ def flash_paged_attention(
         value ``(1, n_kv_heads, seq_q, d)``, kv_cache ``(2, num_blocks, n_kv_heads, block_size, d)``
         (0 keys, 1 values), block_tables ``(num_active_blocks,)`` integers (prior-context token
         t is in cache block ``block_tables[t // block_size]`` at ``t % block_size``), mask
-        ``(seq_q, num_active_blocks * block_size + seq_q)`` bool (True = attend) or integers
-        (nonzero = attend), its context columns already reordered with
+        ``(seq_q, num_active_blocks * block_size + seq_q)`` bool (True = attend) or integers of any
+        width (nonzero = attend), its context columns already reordered with
         :func:`reorder_context_mask`. Returns a new ``(1, n_heads, seq_q, d)`` array of query's
         dtype.
 
@@ -71,7 +102,9 @@ def flash_paged_attention(
     prior context followed by the new tokens of ``softmax_scale * q·k`` where the mask is set and
     ``-9984.0`` where it is not (so a fully masked padding row averages V), times V. As in the NKI
     kernel, blocks of ``min(seq_q, 512)`` new-token columns wholly right of a 128-row query
-    tile's first row are never computed (they score -9984): causal masks never see this.
+    tile's first row are never computed (they score -9984): causal masks never see this. NaN in
+    a row's query or in a key it attends to (or q·k overflowing to +inf) makes that row NaN, as
+    IEEE arithmetic does; masked keys never contribute.
 
     Args:
         softmax_scale: multiplies q; default ``1 / sqrt(d)``.
@@ -99,10 +132,10 @@ def flash_paged_attention(
         value,
         kv_cache,
         _as_int32(block_tables, "block_tables"),
-        _as_int32(mask, "mask", allow_bool=True),
+        _mask_as_int32(mask),
         softmax_scale=softmax_scale,
-        mixed_precision=bool(mixed_precision),
-        LARGE_TILE_SZ=int(LARGE_TILE_SZ),
+        mixed_precision=mixed_precision,
+        LARGE_TILE_SZ=_require_int(LARGE_TILE_SZ, "LARGE_TILE_SZ"),
         schedule=schedule,
     )
 
@@ -118,11 +151,18 @@ def reorder_context_mask(mask: np.ndarray, LARGE_TILE_SZ: int, block_size: int) 
     consumes a column of partitions at a time. The new tokens' columns are unchanged.
     ValueError when context_len is not a multiple of LARGE_TILE_SZ or the sizes do not tile.
     """
-    if not isinstance(mask, np.ndarray):
-        raise TypeError(f"mask: expected a numpy.ndarray, got {type(mask).__name__}")
-    reordered = _core.nki.reorder_context_mask(
-        _as_int32(mask, "mask", allow_bool=True), int(LARGE_TILE_SZ), int(block_size)
-    )
+    _require_int_array(mask, "mask", allow_bool=True)
+    LARGE_TILE_SZ = _require_int(LARGE_TILE_SZ, "LARGE_TILE_SZ")  # noqa: N806
+    block_size = _require_int(block_size, "block_size")
+    if not _fits_int32(mask):
+        # Values beyond int32 (still valid: nonzero = attend) keep their values: the column
+        # order is found on an int32 array of column numbers and applied to the mask.
+        columns = np.broadcast_to(np.arange(mask.shape[-1], dtype=np.int32), mask.shape)
+        order = _core.nki.reorder_context_mask(
+            np.ascontiguousarray(columns), LARGE_TILE_SZ, block_size
+        )
+        return mask[:, order[0]]
+    reordered = _core.nki.reorder_context_mask(_mask_as_int32(mask), LARGE_TILE_SZ, block_size)
     return reordered.astype(mask.dtype, copy=False)
 
 

@@ -47,6 +47,11 @@ struct Strided4 {
   }
 };
 
+// max that returns NaN when either argument is NaN (std::max returns its first argument then).
+float nan_propagating_max(float a, float b) {
+  return std::isnan(b) || b > a ? b : a;
+}
+
 // x[j] = exp(x[j]) for j < count. SSE2 is the x86-64 baseline, so the 4-lane SLEEF entry point is
 // always available (SLEEF dispatches to SSE4 when present).
 void exp_in_place(float* x, std::int64_t count) {
@@ -91,6 +96,7 @@ void run_reference(const AttentionProblem& problem) {
     std::vector<float> acc(kQueryBlock * head_dim);
     float row_max[kQueryBlock];
     float row_sum[kQueryBlock];
+    bool row_unmasked[kQueryBlock];  // some key is not masked (all may still score -inf)
 
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < tasks; ++task) {
@@ -107,6 +113,7 @@ void run_reference(const AttentionProblem& problem) {
         }
         row_max[r] = kNegativeInfinity;
         row_sum[r] = 0.0f;
+        row_unmasked[r] = false;
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
 
@@ -143,14 +150,23 @@ void run_reference(const AttentionProblem& problem) {
               has_bias ? bias.row(b, h, i) + key_begin * bias.stride[3] : nullptr;
           for (std::int64_t j = 0; j < visible; ++j) {
             s[j] *= scale;
-            if (has_bias) s[j] += bias_row[j * bias.stride[3]];
-            block_max = std::max(block_max, s[j]);
+            bool masked = false;
+            if (has_bias) {
+              // A bias of -inf masks the key whatever q·k is (even NaN).
+              const float bias_value = bias_row[j * bias.stride[3]];
+              masked = bias_value == kNegativeInfinity;
+              s[j] = masked ? kNegativeInfinity : s[j] + bias_value;
+            }
+            row_unmasked[r] = row_unmasked[r] || !masked;
+            block_max = nan_propagating_max(block_max, s[j]);
           }
-          // Every visible key biased to -inf: contributes nothing, and exp(-inf - -inf) would be
-          // NaN.
+          // Nothing in the block contributes (masked, or q·k overflowed to -inf), and
+          // exp(-inf - -inf) would be NaN.
           if (block_max == kNegativeInfinity) continue;
 
-          const float new_max = std::max(row_max[r], block_max);
+          // NaN or +inf among the scores: s - new_max is NaN for that key, and so are the row's
+          // sum and output.
+          const float new_max = nan_propagating_max(row_max[r], block_max);
           const float correction = Sleef_expf_u10(row_max[r] - new_max);  // 0 on the first block
           for (std::int64_t j = 0; j < visible; ++j) s[j] -= new_max;
           exp_in_place(s, visible);
@@ -171,10 +187,14 @@ void run_reference(const AttentionProblem& problem) {
 
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t i = row_begin + r;
-        // row_sum is >= 1 once any key was visible (its max contributes exp(0)), so 0 means a
-        // fully masked row: out 0 and lse -inf, as PyTorch's CPU flash attention does.
-        const bool fully_masked = row_sum[r] == 0.0f;
-        const float inverse_sum = fully_masked ? 0.0f : 1.0f / row_sum[r];
+        // row_sum is >= 1 once any key contributed (its max contributes exp(0)), so 0 means a
+        // fully masked row: out 0 and lse -inf, as PyTorch's CPU flash attention does; or a row
+        // whose unmasked scores are all -inf: NaN, the softmax of only -inf. A NaN sum (NaN or
+        // +inf among the scores) gives NaN out and lse.
+        const bool fully_masked = row_sum[r] == 0.0f && !row_unmasked[r];
+        const float inverse_sum = fully_masked         ? 0.0f
+                                  : row_sum[r] == 0.0f ? std::numeric_limits<float>::quiet_NaN()
+                                                       : 1.0f / row_sum[r];
         Storage* dst = out_data + out_view.row_offset(b, h, i);
         const float* acc_row = &acc[r * head_dim];
         for (std::int64_t d = 0; d < head_dim; ++d) {
@@ -182,7 +202,9 @@ void run_reference(const AttentionProblem& problem) {
         }
         if (lse_data) {
           lse_data[b * lse_stride[0] + h * lse_stride[1] + i * lse_stride[2]] =
-              fully_masked ? kNegativeInfinity : row_max[r] + std::log(row_sum[r]);
+              fully_masked         ? kNegativeInfinity
+              : row_sum[r] == 0.0f ? std::numeric_limits<float>::quiet_NaN()
+                                   : row_max[r] + std::log(row_sum[r]);
         }
       }
     }

@@ -15,8 +15,17 @@ namespace {
 std::atomic<int> configured_threads{0};
 }  // namespace
 
+int max_num_threads() {
+  return kMaxThreadsPerProcessor * omp_get_num_procs();
+}
+
 void set_num_threads(int n) {
-  TILELAB_REQUIRE(n >= 1) << "n: expected a thread count >= 1, got " << n;
+  // Far more threads than processors only slows the kernels down, and beyond some thousands the
+  // OpenMP runtime cannot create them: it aborts the process inside the next parallel region.
+  TILELAB_REQUIRE(n >= 1 && n <= max_num_threads())
+      << "n: expected a thread count in [1, " << max_num_threads() << "] (at most "
+      << kMaxThreadsPerProcessor << " per processor, " << omp_get_num_procs()
+      << " processors), got " << n;
   configured_threads.store(n, std::memory_order_relaxed);
 }
 

@@ -27,3 +27,25 @@ TEST_CASE("threading: a thread count below 1 is rejected naming n", "[runtime][t
   }
   CHECK(tilelab::num_threads() == before);
 }
+
+TEST_CASE("threading: a thread count above max_num_threads is rejected naming n and the cap",
+          "[runtime][threading]") {
+  const int before = tilelab::num_threads();
+  CHECK(tilelab::max_num_threads() >= 8);
+  tilelab::set_num_threads(tilelab::max_num_threads());
+  CHECK(tilelab::num_threads() == tilelab::max_num_threads());
+  tilelab::set_num_threads(before);
+  for (const int bad : {tilelab::max_num_threads() + 1, 100000}) {
+    try {
+      tilelab::set_num_threads(bad);
+      FAIL("expected an error for " << bad);
+    } catch (const tilelab::Error& error) {
+      const std::string message = error.what();
+      CHECK(error.kind() == tilelab::ErrorKind::invalid_value);
+      CHECK(message.rfind("n:", 0) == 0);
+      CHECK(message.find(std::to_string(tilelab::max_num_threads())) != std::string::npos);
+      CHECK(message.find(std::to_string(bad)) != std::string::npos);
+    }
+  }
+  CHECK(tilelab::num_threads() == before);
+}

@@ -38,7 +38,13 @@ struct FlashAttentionOptions {
 //   query head h reads kv head h / (Hq / Hkv)). M, N >= 1, 1 <= D <= 256.
 //   dtypes: q, k, v and out share one dtype of f32, f16, bf16; accumulation is fp32.
 //   Strides: any non-negative strides; out must not overlap itself or any input.
-//   A fully masked query row gives out 0 (and lse -inf), never NaN.
+//   Masking and non-finite values, the same in every implementation: only the mask masks a key,
+//   i.e. causal masking and a bias of exactly -inf (whatever q·k is, NaN included). Every other
+//   score follows IEEE arithmetic as PyTorch does: NaN or +inf among a row's scores (from q, k,
+//   bias, or q·k overflowing fp32) gives that row out NaN and lse NaN; a score of -inf (q·k
+//   overflowing to -inf) contributes exp(-inf) = 0, so a row whose unmasked scores are all -inf
+//   is NaN too (0 / 0). Large finite scores such as -1e30 are ordinary scores. A fully masked row
+//   gives out 0 and lse -inf, never NaN.
 // Threads: runs on the library's OpenMP pool (set_num_threads). Throws tilelab::Error naming the
 // argument on any invalid input; on error nothing is written.
 void flash_attention(const TensorView& q, const TensorView& k, const TensorView& v,

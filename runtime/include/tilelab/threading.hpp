@@ -4,8 +4,14 @@
 
 namespace tilelab {
 
-// Sets the number of threads tilelab uses (>= 1); Error otherwise. Default: OpenMP's default.
+// At most this many threads per processor the system has.
+inline constexpr int kMaxThreadsPerProcessor = 8;
+
+// Sets the number of threads tilelab uses, in [1, max_num_threads()]; Error otherwise. Default:
+// OpenMP's default.
 void set_num_threads(int n);
 int num_threads();
+// The largest count set_num_threads accepts: kMaxThreadsPerProcessor × the processors.
+int max_num_threads();
 
 }  // namespace tilelab

@@ -1,0 +1,118 @@
+"""tilelab.flash_attention with NaN, ±inf and overflowing inputs: only the mask (causal, a bias
+of exactly -inf) masks a key; every other score follows IEEE arithmetic, as PyTorch does, and
+every implementation agrees."""
+
+import numpy as np
+import pytest
+
+import tilelab
+
+IMPLEMENTATIONS = ["generated", "reference"]
+
+
+def problem(rng, q_len, kv_len=70, head_dim=16):
+    q = rng.uniform(-0.5, 0.5, (1, 2, q_len, head_dim)).astype(np.float32)
+    k = rng.uniform(-0.5, 0.5, (1, 2, kv_len, head_dim)).astype(np.float32)
+    v = rng.uniform(-1, 1, (1, 2, kv_len, head_dim)).astype(np.float32)
+    return q, k, v
+
+
+def run(q, k, v, implementation, **options):
+    return tilelab.flash_attention(
+        q, k, v, return_lse=True, implementation=implementation, **options
+    )
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_nan_in_a_query_row_gives_that_row_nan(rng, implementation, q_len):
+    q, k, v = problem(rng, q_len)
+    q[0, 1, q_len - 1, 3] = np.nan
+    out, lse = run(q, k, v, implementation)
+    assert np.isnan(out[0, 1, q_len - 1]).all()
+    assert np.isnan(lse[0, 1, q_len - 1])
+    assert np.isfinite(out[0, 0]).all() and np.isfinite(out[0, 1, : q_len - 1]).all()
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_nan_in_a_key_gives_nan_not_a_dropped_key(rng, implementation, q_len):
+    q, k, v = problem(rng, q_len)
+    k[0, 0, 66, 0] = np.nan
+    out, lse = run(q, k, v, implementation)
+    assert np.isnan(out[0, 0]).all() and np.isnan(lse[0, 0]).all()
+    assert np.isfinite(out[0, 1]).all()
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_nan_or_plus_inf_bias_gives_nan(rng, implementation, value):
+    q, k, v = problem(rng, 5)
+    bias = np.zeros((1, 1, 5, 70), np.float32)
+    bias[0, 0, 2, 40] = value
+    out, lse = run(q, k, v, implementation, bias=bias)
+    assert np.isnan(out[:, :, 2]).all() and np.isnan(lse[:, :, 2]).all()
+    others = [0, 1, 3, 4]
+    assert np.isfinite(out[:, :, others]).all() and np.isfinite(lse[:, :, others]).all()
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("q_len", [1, 5])
+@pytest.mark.parametrize("k_value", [1e20, -1e20])
+def test_overflowing_scores_give_nan(rng, implementation, q_len, k_value):
+    """q·k = +inf (inf - inf) or -inf for every key (0 / 0): NaN, as IEEE arithmetic gives."""
+    q, k, v = problem(rng, q_len)
+    q[...] = 1e20
+    k[...] = k_value
+    out, lse = run(q, k, v, implementation)
+    assert np.isnan(out).all() and np.isnan(lse).all()
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_a_minus_inf_score_contributes_nothing(rng, implementation):
+    """Head dim 0 makes key 0 score -inf (1e20 · -1e20) and adds 0 to every other score: the
+    result is attention over keys 1.. with head dims 1.."""
+    q, k, v = problem(rng, 5)
+    q[..., 0] = 1e20
+    k[..., 0] = 0
+    k[:, :, 0, :] = 0
+    k[:, :, 0, 0] = -1e20
+    out, lse = run(q, k, v, implementation, scale=0.25)
+    expected, _ = run(
+        q[..., 1:].copy(),
+        k[:, :, 1:, 1:].copy(),
+        v[:, :, 1:, 1:].copy(),
+        implementation,
+        scale=0.25,
+    )
+    np.testing.assert_allclose(out[..., 1:], expected, atol=1e-6)
+    assert np.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_minus_inf_bias_masks_whatever_q_is(rng, implementation):
+    q, k, v = problem(rng, 5)
+    bias = np.zeros((1, 1, 5, 70), np.float32)
+    bias[0, 0, 1, :] = -np.inf
+    q[0, :, 1, :] = np.nan
+    out, lse = run(q, k, v, implementation, bias=bias)
+    assert (out[:, :, 1] == 0).all() and np.isneginf(lse[:, :, 1]).all()
+    assert np.isfinite(out[:, :, [0, 2, 3, 4]]).all()
+
+
+def test_very_negative_finite_scores_agree_in_every_implementation(rng):
+    """A bias of -1e30 is a score, not a mask: the row averages V, whichever implementation runs
+    (automatic picks the reference for a q with a non-unit innermost stride)."""
+    q, k, v = problem(rng, 5)
+    bias = np.zeros((1, 1, 5, 70), np.float32)
+    bias[0, 0, 3, :] = -1e30
+    q_strided = np.repeat(q, 2, axis=3)[..., ::2]
+    assert tilelab.flash_attention_implementation(q_strided, k, v, bias=bias) == "reference"
+    assert tilelab.flash_attention_implementation(q, k, v, bias=bias) == "generated"
+    results = [run(q, k, v, implementation, bias=bias) for implementation in IMPLEMENTATIONS]
+    results.append(run(q_strided, k, v, "automatic", bias=bias))
+    mean_v = v.astype(np.float64).mean(axis=2)
+    for out, lse in results:
+        np.testing.assert_allclose(out[:, :, 3], mean_v, atol=1e-5)
+        np.testing.assert_allclose(lse[:, :, 3], -1e30, rtol=1e-6)
+        np.testing.assert_allclose(out, results[0][0], atol=1e-5)
