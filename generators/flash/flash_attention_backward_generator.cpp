@@ -17,23 +17,15 @@
 #include "generators/flash/backward_stages.hpp"
 #include "schedules/flash/tiling.hpp"
 #include "schedules/flash/x86_backward.hpp"
+#include "tilelab/detail/fp32_classes.hpp"
 
 namespace {
 
 using namespace Halide;
 
-// Halide compiles float arithmetic with fast-math flags that let LLVM assume no NaN or inf, so
-// comparisons against them (is_nan, == -inf) may be folded away; the bit patterns may not.
-Expr is_nan_bits(const Expr& x) {
-  return (reinterpret<int32_t>(x) & 0x7fffffff) > 0x7f800000;
-}
-Expr is_zero_bits(const Expr& x) {
-  return (reinterpret<int32_t>(x) & 0x7fffffff) == 0;
-}
-// -inf is 0xff800000.
-Expr is_minus_inf(const Expr& x) {
-  return reinterpret<int32_t>(x) == -0x00800000 - 0x7f000000;
-}
+using tilelab::detail::fp32_bits_is_nan;
+using tilelab::detail::fp32_bits_is_zero;
+using tilelab::detail::kFp32MinusInfinityBits;
 
 class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
  public:
@@ -148,17 +140,20 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       // inf or NaN result is undefined, so testing its bits afterwards would not be reliable.
       Expr bias_value = bias(key_c, row_query, row_head, b);
       Expr visible = row < rows && key <= min(row_query + causal_offset, kv_len - 1) &&
-                     !is_minus_inf(bias_value);
+                     reinterpret<uint32_t>(bias_value) != Expr(kFp32MinusInfinityBits);
       Expr exponent =
           strict_float(t.score(ii, jj, jb, io, hk, b) + bias_value - t.row_lse(ii, io, hk, b));
-      // (Halide's exp clamps its argument, which would turn a NaN into a number.)
-      // (NaN is tested first: under those flags `NaN < -87` may be true.)
-      t.prob(ii, jj, jb, io, hk, b) = select(!visible, 0.0f, is_nan_bits(exponent), exponent,
-                                             exponent < -87.0f, 0.0f, exp(exponent));
+      // Halide compiles with fast-math flags (no NaN, no inf), so classes are read from the bits
+      // (detail/fp32_classes.hpp), NaN first: `NaN < -87` may come out true, and Halide's exp
+      // turns NaN into 0.
+      t.prob(ii, jj, jb, io, hk, b) =
+          select(!visible, 0.0f, fp32_bits_is_nan(reinterpret<uint32_t>(exponent)), exponent,
+                 exponent < -87.0f, 0.0f, exp(exponent));
       // A masked pair contributes nothing, whatever dP holds: the same as a skipped block.
       Expr p = t.prob(ii, jj, jb, io, hk, b);
-      t.dscore(ii, jj, jb, io, hk, b) = select(
-          is_zero_bits(p), 0.0f, p * (t.dprob(ii, jj, jb, io, hk, b) - t.row_delta(ii, io, hk, b)));
+      t.dscore(ii, jj, jb, io, hk, b) =
+          select(fp32_bits_is_zero(reinterpret<uint32_t>(p)), 0.0f,
+                 p * (t.dprob(ii, jj, jb, io, hk, b) - t.row_delta(ii, io, hk, b)));
     };
     define_tile(s.key_pass, "kpass");
     define_tile(s.query_pass, "qpass");

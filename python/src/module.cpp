@@ -130,10 +130,11 @@ std::vector<py::ssize_t> shape_of(const py::array& array) {
 
 py::object flash_attention_backward(const py::handle& dout, const py::handle& q,
                                     const py::handle& k, const py::handle& v, const py::handle& out,
-                                    const py::handle& lse, bool causal,
-                                    const std::string& causal_alignment, const py::handle& scale,
-                                    const py::handle& bias, bool return_dbias,
-                                    const std::string& implementation) {
+                                    const py::handle& lse, const py::handle& causal,
+                                    const py::handle& causal_alignment, const py::handle& scale,
+                                    const py::handle& bias, const py::handle& return_dbias_value,
+                                    const py::handle& implementation) {
+  const bool return_dbias = parse_bool(return_dbias_value, "return_dbias");
   // The forward's preparation checks q, k, v, bias and the options, and allocates an array with
   // q's shape and dtype: that is dq.
   AttentionCall call =

@@ -24,4 +24,10 @@ auto fp32_bits_is_finite(const U32& bits) {
   return (bits & U32(kFp32PlusInfinityBits)) != U32(kFp32PlusInfinityBits);
 }
 
+// +0 or -0.
+template <typename U32>
+auto fp32_bits_is_zero(const U32& bits) {
+  return (bits & U32(0x7fffffffu)) == U32(0u);
+}
+
 }  // namespace tilelab::detail
