@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, then runs CTest (Catch2 cases, the
-# downstream find_package project) and pytest. Exits non-zero when any test fails.
+# downstream find_package project) and pytest, then the C++ tests and the CLI under ASan+UBSan
+# (scripts/sanitize.sh) and bounded fuzz runs (scripts/fuzz.sh). Exits non-zero when any test
+# fails. TILELAB_SKIP_SANITIZE=1 or TILELAB_SKIP_FUZZ=1 leave out those two steps.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/bootstrap.sh"
@@ -13,4 +15,10 @@ status=0
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" || status=1
 PYTHONPATH="$root/$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
   .venv/bin/python -m pytest -q tests/python || status=1
+if [[ "${TILELAB_SKIP_SANITIZE:-0}" != 1 ]]; then
+  "$root/scripts/sanitize.sh" || status=1
+fi
+if [[ "${TILELAB_SKIP_FUZZ:-0}" != 1 ]]; then
+  "$root/scripts/fuzz.sh" || status=1
+fi
 exit $status
