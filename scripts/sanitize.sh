@@ -24,5 +24,9 @@ cmake --build "$build_dir" -j "$(nproc)"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 # The downstream test installs this build for a consumer built without the sanitizer runtime;
-# the main build runs it.
-ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" -LE downstream
+# the main build runs it. The three fp64 numeric grids run the same code paths as the smaller
+# cases at 10-50x the ASan cost (about 14 of the 23 minutes); the main build runs them.
+# TILELAB_SANITIZE_ALL=1 runs them here too.
+exclude='^(runtime/flash_attention: matches fp64 (on large problems|over dtypes, masks)|sim/functional: tutorial matmuls)'
+if [[ "${TILELAB_SANITIZE_ALL:-0}" == 1 ]]; then exclude='^$'; fi
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" -LE downstream -E "$exclude"
