@@ -20,6 +20,7 @@ from tilelab import _core
 def test_all_lists_the_public_api():
     assert set(tilelab.__all__) == {
         "flash_attention",
+        "flash_attention_backward",
         "flash_attention_implementation",
         "num_threads",
         "set_num_threads",
