@@ -27,47 +27,31 @@
 // (bounds become unions over both stages' loops: 300x slower).
 #include "schedules/flash/x86.hpp"
 
+#include "schedules/flash/x86_shared.hpp"
+
 namespace tilelab::schedules {
 
 using namespace Halide;
 
 void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
                                   const Expr& head_dim) {
-  const int VL = target.has_feature(Target::AVX512) ? 16 : target.has_feature(Target::AVX) ? 8 : 4;
+  const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
   const int QT = s.query_tile;
   const int score_rows = std::min(QT, 2 * VL);  // rows per score register tile
   const int pv_rows = std::min(QT, 4);          // rows per block_pv register tile
   const int RV = std::min(VL, QT);              // lanes for per-row vectors (never pad rows)
-  Var tile("tile"), dout("dout"), din("din"), iio("iio"), iii("iii"), jjo("jjo"), jji("jji");
-  Var dvo("dvo"), dvi("dvi"), hb("hb");
+  Var tile("tile"), dout("dout"), iii("iii"), jjo("jjo"), jji("jji"), hb("hb");
 
   // Outputs: stream the normalized rows out, parallel over heads.
   s.out.fuse(s.h, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   s.lse.fuse(s.h, s.b, hb).parallel(hb);
 
   // The running state lives in memory for the whole call; each (io, hk, b) owns a slice.
-  s.state.compute_root().fuse(s.io, s.hk, tile).fuse(tile, s.b, tile).parallel(tile);
-  s.state.vectorize(s.d, VL, TailStrategy::GuardWithIf);
-  Stage merge = s.state.update();
-  merge.reorder(s.d, s.ii, s.rk, s.io, s.hk, s.b)
-      .fuse(s.io, s.hk, tile)
-      .fuse(tile, s.b, tile)
-      .parallel(tile);
+  Stage merge = flash::schedule_parallel_accumulator(s.state, s.io, s.hk, s.b, s.d,
+                                                     {s.d, s.ii, s.rk, s.io, s.hk, s.b}, VL, tile);
   // Head dims are rounded up to the register tile (extra columns read a clamped V and are never
   // stored to out); fast paths for 64 and 128 have no rounding.
-  for (int dims : {128, 64}) {
-    merge.specialize(head_dim == dims)
-        .split(s.d, dout, din, std::min(dims, 4 * VL), TailStrategy::RoundUp)
-        .split(s.ii, iio, iii, pv_rows)
-        .reorder(din, iii, dout, iio)
-        .vectorize(din, VL)
-        .unroll(iii);
-  }
-  merge.split(s.d, dout, din, VL, TailStrategy::RoundUp)
-      .split(s.ii, iio, iii, pv_rows)
-      .reorder(din, iii, dout, iio)
-      .vectorize(din)
-      .unroll(iii);
+  flash::split_register_tiles(merge, s.d, s.ii, pv_rows, head_dim, VL, dout);
 
   s.query_t.compute_at(s.state, tile);
   if (!s.decode) s.query_t.vectorize(s.ii, VL, TailStrategy::GuardWithIf);
@@ -122,17 +106,7 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
   }
   s.prob.compute_at(s.state, s.rk).vectorize(s.ii, RV).unroll(s.jj, 4);
 
-  s.block_pv.compute_at(s.state, dout)
-      .split(s.d, dvo, dvi, VL)
-      .vectorize(dvi)
-      .unroll(dvo)
-      .unroll(s.ii);
-  s.block_pv.update()
-      .split(s.d, dvo, dvi, VL)
-      .reorder(dvi, dvo, s.ii, s.rj)
-      .vectorize(dvi)
-      .unroll(dvo)
-      .unroll(s.ii);
+  flash::schedule_tile_product(s.block_pv, s.d, s.ii, s.rj, LoopLevel(s.state, dout), VL);
 }
 
 }  // namespace tilelab::schedules

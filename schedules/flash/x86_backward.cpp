@@ -26,6 +26,8 @@
 #include <algorithm>
 #include <string>
 
+#include "schedules/flash/x86_shared.hpp"
+
 namespace tilelab::schedules {
 
 using namespace Halide;
@@ -52,58 +54,25 @@ void schedule_tile(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
 }
 
 // Per-row inputs of a tile, computed once per row tile.
-void schedule_rows(generators::FlashBackwardTileStages& t, FlashBackwardStages& s,
+void schedule_rows(FlashBackwardStages& s, generators::FlashBackwardTileStages& t,
                    const LoopLevel& level, int VL) {
   for (Func* f : {&t.query_t, &t.dout_t}) f->compute_at(level).vectorize(s.ii, VL);
   for (Func* f : {&t.row_lse, &t.row_delta}) f->compute_at(level).vectorize(s.ii, VL);
 }
 
 // K and V of one key block in fp32, once per block.
-void schedule_keys(generators::FlashBackwardTileStages& t, FlashBackwardStages& s,
+void schedule_keys(FlashBackwardStages& s, generators::FlashBackwardTileStages& t,
                    const LoopLevel& level, int VL) {
   for (Func* f : {&t.key_f32, &t.value_f32}) {
     f->compute_at(level).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   }
 }
 
-// The register-tiled accumulation of an update over (d, `rows_or_keys`): head dims rounded up to
-// 4 vectors (fast paths for 64 and 128) or one vector, × 4 of the second dimension.
-void split_accumulation(Stage stage, FlashBackwardStages& s, const Var& second,
-                        const Expr& head_dim, int VL, const Var& dout) {
-  Var din("din"), so("so"), si("si");
-  for (int dims : {128, 64}) {
-    stage.specialize(head_dim == dims)
-        .split(s.d, dout, din, std::min(dims, 4 * VL), TailStrategy::RoundUp)
-        .split(second, so, si, 4)
-        .reorder(din, si, dout, so)
-        .vectorize(din, VL)
-        .unroll(si);
-  }
-  stage.split(s.d, dout, din, VL, TailStrategy::RoundUp)
-      .split(second, so, si, 4)
-      .reorder(din, si, dout, so)
-      .vectorize(din)
-      .unroll(si);
-}
-
-// A block product (d, second) += Σ over `r`, computed per register tile.
-void schedule_block_product(Func f, FlashBackwardStages& s, const Var& second, const RVar& r,
-                            const LoopLevel& level, int VL) {
-  Var dvo("dvo"), dvi("dvi");
-  f.compute_at(level).split(s.d, dvo, dvi, VL).vectorize(dvi).unroll(dvo).unroll(second);
-  f.update()
-      .split(s.d, dvo, dvi, VL)
-      .reorder(dvi, dvo, second, r)
-      .vectorize(dvi)
-      .unroll(dvo)
-      .unroll(second);
-}
-
 }  // namespace
 
 void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target& target,
                                            const Expr& head_dim) {
-  const int VL = target.has_feature(Target::AVX512) ? 16 : target.has_feature(Target::AVX) ? 8 : 4;
+  const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
   Var tile("tile"), hb("hb"), dout("dout");
 
   s.delta.compute_root()
@@ -116,43 +85,27 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
   for (Func f : {s.dk, s.dv}) {
     f.fuse(s.hk, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   }
-  s.grad_kv.compute_root()
-      .fuse(s.jb, s.hk, tile)
-      .fuse(tile, s.b, tile)
-      .parallel(tile)
-      .vectorize(s.d, VL, TailStrategy::GuardWithIf);
-  Stage kv = s.grad_kv.update();
-  kv.reorder(s.d, s.jj, s.ro, s.jb, s.hk, s.b)
-      .fuse(s.jb, s.hk, tile)
-      .fuse(tile, s.b, tile)
-      .parallel(tile);
-  split_accumulation(kv, s, s.jj, head_dim, VL, dout);
-  schedule_block_product(s.block_dv, s, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
-  schedule_block_product(s.block_dk, s, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
+  Stage kv = flash::schedule_parallel_accumulator(s.grad_kv, s.jb, s.hk, s.b, s.d,
+                                                  {s.d, s.jj, s.ro, s.jb, s.hk, s.b}, VL, tile);
+  flash::split_register_tiles(kv, s.d, s.jj, 4, head_dim, VL, dout);
+  flash::schedule_tile_product(s.block_dv, s.d, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
+  flash::schedule_tile_product(s.block_dk, s.d, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
   schedule_tile(s, s.key_pass, LoopLevel(s.grad_kv, s.ro), VL, "kpass");
-  schedule_rows(s.key_pass, s, LoopLevel(s.grad_kv, s.ro), VL);
+  schedule_rows(s, s.key_pass, LoopLevel(s.grad_kv, s.ro), VL);
   for (Func f : {s.dout_f32, s.query_f32}) {
     f.compute_at(s.grad_kv, s.ro).vectorize(s.d, VL);
   }
-  schedule_keys(s.key_pass, s, LoopLevel(s.grad_kv, tile), VL);
+  schedule_keys(s, s.key_pass, LoopLevel(s.grad_kv, tile), VL);
 
   // Pass 2: dq.
   s.dq.fuse(s.h, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
-  s.grad_q.compute_root()
-      .fuse(s.io, s.hk, tile)
-      .fuse(tile, s.b, tile)
-      .parallel(tile)
-      .vectorize(s.d, VL, TailStrategy::GuardWithIf);
-  Stage qs = s.grad_q.update();
-  qs.reorder(s.d, s.ii, s.rk, s.io, s.hk, s.b)
-      .fuse(s.io, s.hk, tile)
-      .fuse(tile, s.b, tile)
-      .parallel(tile);
-  split_accumulation(qs, s, s.ii, head_dim, VL, dout);
-  schedule_block_product(s.block_dq, s, s.ii, s.rj, LoopLevel(s.grad_q, dout), VL);
+  Stage qs = flash::schedule_parallel_accumulator(s.grad_q, s.io, s.hk, s.b, s.d,
+                                                  {s.d, s.ii, s.rk, s.io, s.hk, s.b}, VL, tile);
+  flash::split_register_tiles(qs, s.d, s.ii, 4, head_dim, VL, dout);
+  flash::schedule_tile_product(s.block_dq, s.d, s.ii, s.rj, LoopLevel(s.grad_q, dout), VL);
   schedule_tile(s, s.query_pass, LoopLevel(s.grad_q, s.rk), VL, "qpass");
-  schedule_rows(s.query_pass, s, LoopLevel(s.grad_q, tile), VL);
-  schedule_keys(s.query_pass, s, LoopLevel(s.grad_q, s.rk), VL);
+  schedule_rows(s, s.query_pass, LoopLevel(s.grad_q, tile), VL);
+  schedule_keys(s, s.query_pass, LoopLevel(s.grad_q, s.rk), VL);
 
   // Pass 3: ds, tile by tile.
   Var jo("jo"), jin("jin"), rt("rt"), rin("rin");
@@ -163,8 +116,8 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
       .parallel(tile)
       .vectorize(jin, VL, TailStrategy::GuardWithIf);
   schedule_tile(s, s.bias_pass, LoopLevel(s.ds, jo), VL, "bpass");
-  schedule_rows(s.bias_pass, s, LoopLevel(s.ds, tile), VL);
-  schedule_keys(s.bias_pass, s, LoopLevel(s.ds, jo), VL);
+  schedule_rows(s, s.bias_pass, LoopLevel(s.ds, tile), VL);
+  schedule_keys(s, s.bias_pass, LoopLevel(s.ds, jo), VL);
 }
 
 }  // namespace tilelab::schedules

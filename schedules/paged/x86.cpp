@@ -37,7 +37,7 @@ namespace tilelab::schedules {
 using namespace Halide;
 
 void schedule_paged_attention_x86(PagedAttentionStages& s, const Target& target) {
-  const int VL = target.has_feature(Target::AVX512) ? 16 : target.has_feature(Target::AVX) ? 8 : 4;
+  const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
   const int QT = s.query_tile;
   const int score_rows = std::min(QT, 8), pv_rows = std::min(QT, 4);
   Var tile("tile"), co("co"), ci("ci"), iio("iio"), iii("iii"), dout("dout"), din("din"), u("u");

@@ -1,0 +1,72 @@
+// The loop structure shared by the flash attention x86 schedules (schedules/flash/x86.cpp forward,
+// x86_backward.cpp backward): accumulators at root, parallel over (tile, kv head, batch), and
+// accumulated over (head dim, rows or keys) in register tiles of 4 head-dim vectors × 4 rows or
+// keys, 16 accumulators.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "Halide.h"
+
+namespace tilelab::schedules::flash {
+
+// `f` at root, its pure stage and its update (loops `order`, innermost first) both parallel over
+// (`outer`, `kv_head`, `batch`) fused into `tile`, head dims vectorized in the pure stage; returns
+// the update.
+inline Halide::Stage schedule_parallel_accumulator(Halide::Func f, const Halide::Var& outer,
+                                                   const Halide::Var& kv_head,
+                                                   const Halide::Var& batch, const Halide::Var& d,
+                                                   const std::vector<Halide::VarOrRVar>& order,
+                                                   int lanes, const Halide::Var& tile) {
+  f.compute_root()
+      .fuse(outer, kv_head, tile)
+      .fuse(tile, batch, tile)
+      .parallel(tile)
+      .vectorize(d, lanes, Halide::TailStrategy::GuardWithIf);
+  Halide::Stage update = f.update();
+  update.reorder(order).fuse(outer, kv_head, tile).fuse(tile, batch, tile).parallel(tile);
+  return update;
+}
+
+// Splits an update over (d, second) into register tiles: head dims rounded up to 4 vectors (fast
+// paths for D = 64 and 128, which need no rounding) or else one vector, × `second_tile` of
+// `second`, unrolled. `dout` is the loop over head-dim tiles, where each tile's product is
+// computed (schedule_tile_product).
+inline void split_register_tiles(Halide::Stage stage, const Halide::Var& d,
+                                 const Halide::Var& second, int second_tile,
+                                 const Halide::Expr& head_dim, int lanes, const Halide::Var& dout) {
+  using Halide::TailStrategy;
+  Halide::Var din("din"), so("so"), si("si");
+  for (int dims : {128, 64}) {
+    stage.specialize(head_dim == dims)
+        .split(d, dout, din, std::min(dims, 4 * lanes), TailStrategy::RoundUp)
+        .split(second, so, si, second_tile)
+        .reorder(din, si, dout, so)
+        .vectorize(din, lanes)
+        .unroll(si);
+  }
+  stage.split(d, dout, din, lanes, TailStrategy::RoundUp)
+      .split(second, so, si, second_tile)
+      .reorder(din, si, dout, so)
+      .vectorize(din)
+      .unroll(si);
+}
+
+// The product of one register tile, f(d, second) = Σ over `r`, computed at `level` (the `dout`
+// loop of split_register_tiles): head dims in vectors, `second` unrolled, the accumulators in
+// registers.
+inline void schedule_tile_product(Halide::Func f, const Halide::Var& d, const Halide::Var& second,
+                                  const Halide::RVar& r, const Halide::LoopLevel& level,
+                                  int lanes) {
+  Halide::Var dvo("dvo"), dvi("dvi");
+  f.compute_at(level).split(d, dvo, dvi, lanes).vectorize(dvi).unroll(dvo).unroll(second);
+  f.update()
+      .split(d, dvo, dvi, lanes)
+      .reorder(dvi, dvo, second, r)
+      .vectorize(dvi)
+      .unroll(dvo)
+      .unroll(second);
+}
+
+}  // namespace tilelab::schedules::flash
