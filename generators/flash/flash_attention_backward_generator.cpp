@@ -188,7 +188,7 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       s.rj = rj.x;
       s.block_dq(d, ii, jb, io, hk, b) = 0.0f;
       s.block_dq(d, ii, jb, io, hk, b) +=
-          t.dscore(ii, rj, jb, io, hk, b) * t.key_f32(min(d, head_dim - 1), rj, jb, hk, b);
+          t.dscore(ii, rj, jb, io, hk, b) * t.key_f32(dim_c, rj, jb, hk, b);
       RDom rk(0, key_blocks, "rk");
       rk.where(rk * KB <= tile_max_query(io) + causal_offset);
       s.rk = rk.x;

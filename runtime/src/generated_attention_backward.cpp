@@ -39,8 +39,7 @@ bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& p
   }
   if (f.bias && (f.bias->stride(3) != 1 || !offsets_fit_int32(*f.bias))) return false;
   if (!offsets_fit_int32(*f.lse)) return false;
-  return f.head_dim <= 256 && fits_int32(f.causal_offset) && fits_int32(-f.causal_offset) &&
-         pick_kernel(f.dtype);
+  return f.head_dim <= 256 && fits_int32(f.causal_offset) && pick_kernel(f.dtype);
 }
 
 bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const TensorView* ds) {
