@@ -11,6 +11,7 @@
 
 #include "attention_problem.hpp"
 #include "dtype_convert.hpp"
+#include "strided4.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/threading.hpp"
 
@@ -25,27 +26,6 @@ constexpr std::int64_t kQueryBlock = 16;
 constexpr std::int64_t kKeyBlock = 64;
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
-
-// A rank-4 tensor addressed by element strides; extent-1 dims get stride 0 so that a broadcast
-// bias can be indexed with the full [B, Hq, M, N] index.
-template <typename Storage>
-struct Strided4 {
-  const Storage* data;
-  std::int64_t stride[4];
-
-  Strided4(const TensorView& view, bool broadcast)
-      : data(static_cast<const Storage*>(view.data())) {
-    for (int i = 0; i < 4; ++i) {
-      stride[i] = (broadcast && view.dim(i) == 1) ? 0 : view.stride(i);
-    }
-  }
-  std::int64_t row_offset(std::int64_t i0, std::int64_t i1, std::int64_t i2) const {
-    return i0 * stride[0] + i1 * stride[1] + i2 * stride[2];
-  }
-  const Storage* row(std::int64_t i0, std::int64_t i1, std::int64_t i2) const {
-    return data + row_offset(i0, i1, i2);
-  }
-};
 
 // max that returns NaN when either argument is NaN (std::max returns its first argument then).
 float nan_propagating_max(float a, float b) {
@@ -71,12 +51,12 @@ void run_reference(const AttentionProblem& problem) {
   const std::int64_t causal_offset = problem.causal_offset;
   const float scale = problem.scale;
 
-  const Strided4<Storage> q(problem.q, false), k(problem.k, false), v(problem.v, false);
-  const Strided4<Storage> out_view(problem.out, false);
+  const Strided4<const Storage> q(problem.q, false), k(problem.k, false), v(problem.v, false);
+  const Strided4<const Storage> out_view(problem.out, false);
   Storage* const out_data = static_cast<Storage*>(problem.out.data());
   const bool has_bias = problem.bias.has_value();
-  const Strided4<float> bias = has_bias ? Strided4<float>(*problem.bias, true)
-                                        : Strided4<float>(problem.q, false);  // unused
+  const Strided4<const float> bias = has_bias ? Strided4<const float>(*problem.bias, true)
+                                              : Strided4<const float>(problem.q, false);  // unused
   float* const lse_data = problem.lse ? static_cast<float*>(problem.lse->data()) : nullptr;
   const std::int64_t lse_stride[3] = {problem.lse ? problem.lse->stride(0) : 0,
                                       problem.lse ? problem.lse->stride(1) : 0,

@@ -9,25 +9,13 @@
 
 #include "attention_problem.hpp"
 #include "dtype_convert.hpp"
+#include "strided4.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/threading.hpp"
 
 namespace tilelab::detail {
 
 namespace {
-
-// Element (i0, i1, i2, i3) of a rank-4 view; dims of extent 1 broadcast.
-template <typename Storage>
-struct Indexed4 {
-  Storage* data;
-  std::int64_t stride[4];
-  explicit Indexed4(const TensorView& view) : data(static_cast<Storage*>(view.data())) {
-    for (int i = 0; i < 4; ++i) stride[i] = view.dim(i) == 1 ? 0 : view.stride(i);
-  }
-  Storage& at(std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3) const {
-    return data[i0 * stride[0] + i1 * stride[1] + i2 * stride[2] + i3 * stride[3]];
-  }
-};
 
 template <DType dtype>
 void run_reference_backward(const AttentionBackwardProblem& problem, const TensorView* ds_view) {
@@ -39,14 +27,15 @@ void run_reference_backward(const AttentionBackwardProblem& problem, const Tenso
   const float scale = f.scale;
   constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 
-  const Indexed4<const Storage> q(f.q), k(f.k), v(f.v), out(f.out), dout(problem.dout);
-  const Indexed4<Storage> dq(problem.dq), dk(problem.dk), dv(problem.dv);
+  const Strided4<const Storage> q(f.q, false), k(f.k, false), v(f.v, false), out(f.out, false);
+  const Strided4<const Storage> dout(problem.dout, false);
+  const Strided4<Storage> dq(problem.dq, false), dk(problem.dk, false), dv(problem.dv, false);
   const TensorView& lse_view = *f.lse;
   const float* const lse = static_cast<const float*>(lse_view.data());
   float zero_bias = 0.0f;
   const TensorView no_bias(&zero_bias, DType::f32, {1, 1, 1, 1});
-  const Indexed4<const float> bias(f.bias ? *f.bias : no_bias);
-  const Indexed4<float> ds(ds_view ? *ds_view : no_bias);
+  const Strided4<const float> bias(f.bias ? *f.bias : no_bias, true);
+  const Strided4<float> ds(ds_view ? *ds_view : no_bias, false);
 
 #pragma omp parallel num_threads(num_threads())
   {
