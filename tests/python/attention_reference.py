@@ -11,6 +11,13 @@ DTYPES = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
 }
 
+# The three masks every attention test covers, as keyword arguments.
+MASKS = {
+    "full": dict(causal=False),
+    "causal_top_left": dict(causal=True, causal_alignment="top_left"),
+    "causal_bottom_right": dict(causal=True, causal_alignment="bottom_right"),
+}
+
 # Unit roundoff (half an ulp at 1) of each dtype's significand.
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 

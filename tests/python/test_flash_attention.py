@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from attention_reference import (
     DTYPES,
+    MASKS,
     assert_attention_close,
     assert_lse_close,
     random_qkv,
@@ -13,12 +14,6 @@ from attention_reference import (
 )
 
 import tilelab
-
-MASKS = {
-    "full": dict(causal=False),
-    "causal_top_left": dict(causal=True, causal_alignment="top_left"),
-    "causal_bottom_right": dict(causal=True, causal_alignment="bottom_right"),
-}
 
 # (B, Hq, Hkv, M, N, D): edge sizes, M < N and M > N (bottom-right then has fully masked rows),
 # GQA and MQA, the largest head dim, decode-like single queries.

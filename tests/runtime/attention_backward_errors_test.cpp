@@ -21,6 +21,8 @@ using tilelab::ErrorKind;
 using tilelab::TensorView;
 using tilelab_test::HostTensor;
 using tilelab_test::Random;
+using tilelab_test::with_dtype;
+using tilelab_test::with_shape;
 
 // A valid backward call (B=2, Hq=4, Hkv=2, M=6, N=5, D=8, fp32, a bias broadcast over heads and
 // its gradient) that each test breaks in one way.
@@ -85,23 +87,6 @@ void expect_error(BackwardCall& call, ErrorKind kind, const std::string& argumen
   for (std::size_t i = 0; i < outputs.size(); ++i) CHECK(outputs[i]->bytes() == before[i]);
 }
 
-TensorView reshaped(const TensorView& view, std::vector<std::int64_t> shape) {
-  std::vector<std::int64_t> strides(shape.size(), 1);
-  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i)
-    strides[i] = strides[i + 1] * shape[i + 1];
-  return TensorView(view.data(), view.dtype(), static_cast<int>(shape.size()), shape.data(),
-                    strides.data());
-}
-
-TensorView retyped(const TensorView& view, DType dtype) {
-  std::int64_t shape[TensorView::kMaxRank], strides[TensorView::kMaxRank];
-  for (int i = 0; i < view.rank(); ++i) {
-    shape[i] = view.dim(i);
-    strides[i] = view.stride(i);
-  }
-  return TensorView(view.data(), dtype, view.rank(), shape, strides);
-}
-
 }  // namespace
 
 TEST_CASE("flash_attention_backward: a valid call runs with every implementation",
@@ -123,20 +108,20 @@ TEST_CASE("flash_attention_backward: shapes must match the forward's tensors",
           "[backward][errors]") {
   using C = BackwardCall;
   const std::vector<std::tuple<std::string, std::function<void(C&)>, std::string>> cases = {
-      {"dout", [](C& c) { c.dout_view = reshaped(c.dout_view, {C::B, C::Hq, C::M - 1, C::D}); },
+      {"dout", [](C& c) { c.dout_view = with_shape(c.dout_view, {C::B, C::Hq, C::M - 1, C::D}); },
        "the shape of q"},
-      {"dq", [](C& c) { c.dq_view = reshaped(c.dq_view, {C::B, C::Hq, C::M, C::D - 1}); },
+      {"dq", [](C& c) { c.dq_view = with_shape(c.dq_view, {C::B, C::Hq, C::M, C::D - 1}); },
        "the shape of q"},
-      {"dk", [](C& c) { c.dk_view = reshaped(c.dk_view, {C::B, C::Hkv, C::N - 1, C::D}); },
+      {"dk", [](C& c) { c.dk_view = with_shape(c.dk_view, {C::B, C::Hkv, C::N - 1, C::D}); },
        "the shape of k"},
-      {"dv", [](C& c) { c.dv_view = reshaped(c.dv_view, {C::B, C::Hq, C::N, C::D / 2}); },
+      {"dv", [](C& c) { c.dv_view = with_shape(c.dv_view, {C::B, C::Hq, C::N, C::D / 2}); },
        "the shape of k"},
-      {"out", [](C& c) { c.out_view = reshaped(c.out_view, {C::B, C::Hq, C::M - 1, C::D}); },
+      {"out", [](C& c) { c.out_view = with_shape(c.out_view, {C::B, C::Hq, C::M - 1, C::D}); },
        "the shape of q"},
-      {"lse", [](C& c) { c.lse_view = reshaped(c.lse_view, {C::B, C::Hq, C::M - 1}); },
+      {"lse", [](C& c) { c.lse_view = with_shape(c.lse_view, {C::B, C::Hq, C::M - 1}); },
        "[2, 4, 6]"},
-      {"lse", [](C& c) { c.lse_view = reshaped(c.lse_view, {C::B * C::Hq * C::M}); }, "rank 3"},
-      {"dbias", [](C& c) { c.dbias_view = reshaped(*c.dbias_view, {1, 1, C::M, C::N}); },
+      {"lse", [](C& c) { c.lse_view = with_shape(c.lse_view, {C::B * C::Hq * C::M}); }, "rank 3"},
+      {"dbias", [](C& c) { c.dbias_view = with_shape(*c.dbias_view, {1, 1, C::M, C::N}); },
        "the shape of bias"},
   };
   for (const auto& [argument, breakage, also] : cases) {
@@ -156,7 +141,7 @@ TEST_CASE("flash_attention_backward: dtypes", "[backward][errors]") {
                              &call.dv_view,   &*call.dbias_view, &call.lse_view};
       const char* names[] = {"dout", "dq", "dk", "dv", "dbias", "lse"};
       for (int i = 0; i < 6; ++i) {
-        if (argument == names[i]) *views[i] = retyped(*views[i], DType::bf16);
+        if (argument == names[i]) *views[i] = with_dtype(*views[i], DType::bf16);
       }
       expect_error(call, ErrorKind::invalid_type, argument, "float32");
     }
@@ -174,7 +159,7 @@ TEST_CASE("flash_attention_backward: gradients may not alias inputs or each othe
       {"dv", [](C& c) { c.dv_view = c.v_view; }, "disjoint from v"},
       {"dv", [](C& c) { c.dv_view = c.dk_view; }, "disjoint from dk"},
       {"dbias", [](C& c) { c.dbias_view = *c.options.bias; }, "disjoint from bias"},
-      {"dbias", [](C& c) { c.dbias_view = reshaped(c.dq_view, {C::B, 1, C::M, C::N}); },
+      {"dbias", [](C& c) { c.dbias_view = with_shape(c.dq_view, {C::B, 1, C::M, C::N}); },
        "disjoint from dq"},
       {"dk",
        [](C& c) {

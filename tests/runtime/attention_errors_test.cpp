@@ -21,6 +21,10 @@ using tilelab::ErrorKind;
 using tilelab::TensorView;
 using tilelab_test::HostTensor;
 using tilelab_test::Random;
+using tilelab_test::with_data;
+using tilelab_test::with_dtype;
+using tilelab_test::with_shape;
+using tilelab_test::with_stride;
 
 // A valid call (B=2, Hq=4, Hkv=2, M=6, N=5, D=8, fp32, full bias, lse) that each test breaks in
 // one way.
@@ -88,42 +92,6 @@ void expect_error(ValidCall& call, ErrorKind kind, const std::string& argument,
   }
   CHECK(call.out.bytes() == out_before);
   CHECK(call.lse.bytes() == lse_before);
-}
-
-TensorView with_shape(const TensorView& view, std::vector<std::int64_t> shape) {
-  std::vector<std::int64_t> strides(shape.size(), 1);
-  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i)
-    strides[i] = strides[i + 1] * shape[i + 1];
-  return TensorView(view.data(), view.dtype(), static_cast<int>(shape.size()), shape.data(),
-                    strides.data());
-}
-
-TensorView with_dtype(const TensorView& view, DType dtype) {
-  std::int64_t shape[TensorView::kMaxRank], strides[TensorView::kMaxRank];
-  for (int i = 0; i < view.rank(); ++i) {
-    shape[i] = view.dim(i);
-    strides[i] = view.stride(i);
-  }
-  return TensorView(view.data(), dtype, view.rank(), shape, strides);
-}
-
-TensorView with_data(const TensorView& view, void* data) {
-  std::int64_t shape[TensorView::kMaxRank], strides[TensorView::kMaxRank];
-  for (int i = 0; i < view.rank(); ++i) {
-    shape[i] = view.dim(i);
-    strides[i] = view.stride(i);
-  }
-  return TensorView(data, view.dtype(), view.rank(), shape, strides);
-}
-
-TensorView with_stride(const TensorView& view, int dim, std::int64_t stride) {
-  std::int64_t shape[TensorView::kMaxRank], strides[TensorView::kMaxRank];
-  for (int i = 0; i < view.rank(); ++i) {
-    shape[i] = view.dim(i);
-    strides[i] = view.stride(i);
-  }
-  strides[dim] = stride;
-  return TensorView(view.data(), view.dtype(), view.rank(), shape, strides);
 }
 
 }  // namespace

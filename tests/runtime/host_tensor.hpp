@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "dtype_convert.hpp"
@@ -141,5 +142,54 @@ class HostTensor {
   std::vector<std::int64_t> strides_;
   std::vector<float> storage_;
 };
+
+// Copies of a view with one property changed, for tests that break one argument at a time.
+namespace view_parts {
+struct Parts {
+  void* data;
+  tilelab::DType dtype;
+  std::vector<std::int64_t> shape, strides;
+  explicit Parts(const tilelab::TensorView& view) : data(view.data()), dtype(view.dtype()) {
+    for (int i = 0; i < view.rank(); ++i) {
+      shape.push_back(view.dim(i));
+      strides.push_back(view.stride(i));
+    }
+  }
+  tilelab::TensorView view() const {
+    return tilelab::TensorView(data, dtype, static_cast<int>(shape.size()), shape.data(),
+                               strides.data());
+  }
+};
+}  // namespace view_parts
+
+// `view`'s memory as a row-major tensor of `shape`.
+inline tilelab::TensorView with_shape(const tilelab::TensorView& view,
+                                      std::vector<std::int64_t> shape) {
+  view_parts::Parts parts(view);
+  parts.strides.assign(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i)
+    parts.strides[i] = parts.strides[i + 1] * shape[i + 1];
+  parts.shape = std::move(shape);
+  return parts.view();
+}
+
+inline tilelab::TensorView with_dtype(const tilelab::TensorView& view, tilelab::DType dtype) {
+  view_parts::Parts parts(view);
+  parts.dtype = dtype;
+  return parts.view();
+}
+
+inline tilelab::TensorView with_data(const tilelab::TensorView& view, void* data) {
+  view_parts::Parts parts(view);
+  parts.data = data;
+  return parts.view();
+}
+
+inline tilelab::TensorView with_stride(const tilelab::TensorView& view, int dim,
+                                       std::int64_t stride) {
+  view_parts::Parts parts(view);
+  parts.strides[dim] = stride;
+  return parts.view();
+}
 
 }  // namespace tilelab_test
