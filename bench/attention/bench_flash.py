@@ -81,24 +81,28 @@ WORKLOADS = [
 ]
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_benchmark_args(description: str, *, repeats: int, warmup: int,
+                         quick_repeats: int) -> argparse.Namespace:
+    """The options every attention benchmark takes (also bench_flash_backward.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--build-dir", type=pathlib.Path, default=REPO_ROOT / "build",
                         help="build directory with python/tilelab and tilelab_machine_peak "
                         "(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads for tilelab, torch and the peak probe (default: 2)")
-    parser.add_argument("--repeats", type=int, default=10, help="timed calls (default: 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (default: 2)")
+    parser.add_argument("--repeats", type=int, default=repeats,
+                        help=f"timed calls (default: {repeats})")
+    parser.add_argument("--warmup", type=int, default=warmup,
+                        help=f"untimed calls first (default: {warmup})")
     parser.add_argument("--quick", action="store_true",
-                        help="3 repeats and 1 warmup (for a demo)")
+                        help=f"{quick_repeats} repeats and 1 warmup (for a demo)")
     parser.add_argument("--filter", default="",
                         help="only workloads whose name contains this text")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even if importable")
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here")
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.warmup = 3, 1
+        args.repeats, args.warmup = quick_repeats, 1
     if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
         parser.error("--threads and --repeats must be >= 1, --warmup >= 0")
     return args
@@ -240,24 +244,17 @@ def format_row(result: dict) -> list[str]:
     ]
 
 
-def print_table(rows: list[list[str]]) -> None:
-    header = ["workload", "dtype", "mask", "tilelab impl", "ours ms", "torch ms",
-              "torch/ours", "ours rate", "of peak", "torch rate"]
+def print_table(header: list[str], rows: list[list[str]], left_aligned: int) -> None:
+    """Columns padded to their widest cell: the first `left_aligned` (text) left, numbers right."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    left_aligned = 4  # text columns, then numbers
     for row in [header, *rows]:
         cells = [cell.ljust(w) if i < left_aligned else cell.rjust(w)
                  for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
         print("  ".join(cells).rstrip(), flush=True)
 
 
-def main() -> None:
-    args = parse_args()
-    tilelab = import_tilelab(args.build_dir)
-    tilelab.set_num_threads(args.threads)
-    peak = measure_machine_peak(args.build_dir, args.threads)
-    torch = None if args.no_torch else import_torch(args.threads)
-
+def print_run_header(tilelab, torch, peak: dict, args: argparse.Namespace) -> None:
+    """The machine, its peaks measured in this run, and the versions compared."""
     print(f"machine: {cpu_model()}, {args.threads} threads; fp32 FMA peak "
           f"{peak['fma_peak_fp32_gflop_per_s']:.0f} GFLOP/s ({peak['fma_isa']}), triad "
           f"{peak['triad_bandwidth_gb_per_s']:.1f} GB/s (tilelab_machine_peak, "
@@ -266,6 +263,16 @@ def main() -> None:
                   if torch is not None else "torch not importable: no comparison")
     print(f"tilelab {tilelab.__version__}; {torch_text}; medians of {args.repeats} calls after "
           f"{args.warmup} warmup; torch/ours > 1 means tilelab is faster")
+
+
+def main() -> None:
+    args = parse_benchmark_args(__doc__.split("\n\n")[0], repeats=10, warmup=2, quick_repeats=3)
+    tilelab = import_tilelab(args.build_dir)
+    tilelab.set_num_threads(args.threads)
+    peak = measure_machine_peak(args.build_dir, args.threads)
+    torch = None if args.no_torch else import_torch(args.threads)
+
+    print_run_header(tilelab, torch, peak, args)
     print("rates: GFLOP/s = 4·B·Hq·M·N·D (half for square causal) / time, against the fp32 FMA "
           "peak; decode: GB/s of K and V read, against the triad\n")
 
@@ -277,7 +284,9 @@ def main() -> None:
         result = run_workload(workload, tilelab, torch, peak, args, rng)
         results.append(result)
         rows.append(format_row(result))
-    print_table(rows)
+    header = ["workload", "dtype", "mask", "tilelab impl", "ours ms", "torch ms",
+              "torch/ours", "ours rate", "of peak", "torch rate"]
+    print_table(header, rows, left_aligned=4)
 
     if args.json:
         report = {

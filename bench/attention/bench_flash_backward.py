@@ -14,7 +14,6 @@ of the FlashAttention-2 backward, whatever an implementation recomputes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -34,6 +33,9 @@ from bench_flash import (  # noqa: E402
     import_torch,
     make_inputs,
     measure_machine_peak,
+    parse_benchmark_args,
+    print_run_header,
+    print_table,
     to_torch,
 )
 from timing import alternating_medians  # noqa: E402
@@ -48,24 +50,6 @@ WORKLOADS = [
     Workload(1, 32, 8, 2048, 2048, 128, "bfloat16", causal=True),
     Workload(4, 8, 8, 1024, 1024, 64, "float32", causal=False),
 ]
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--build-dir", type=pathlib.Path, default=HERE.parents[1] / "build")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="2 repeats and 1 warmup")
-    parser.add_argument("--filter", default="", help="only workloads whose name contains this")
-    parser.add_argument("--no-torch", action="store_true")
-    parser.add_argument("--json", type=pathlib.Path, help="also write the results here")
-    args = parser.parse_args()
-    if args.quick:
-        args.repeats, args.warmup = 2, 1
-    if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
-        parser.error("--threads and --repeats must be >= 1, --warmup >= 0")
-    return args
 
 
 def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
@@ -134,18 +118,12 @@ def format_row(result: dict) -> list[str]:
 
 
 def main() -> None:
-    args = parse_args()
+    args = parse_benchmark_args(__doc__.split("\n\n")[0], repeats=5, warmup=1, quick_repeats=2)
     tilelab = import_tilelab(args.build_dir)
     tilelab.set_num_threads(args.threads)
     peak = measure_machine_peak(args.build_dir, args.threads)
     torch = None if args.no_torch else import_torch(args.threads)
-    print(f"machine: {cpu_model()}, {args.threads} threads; fp32 FMA peak "
-          f"{peak['fma_peak_fp32_gflop_per_s']:.0f} GFLOP/s ({peak['fma_isa']}) "
-          f"(tilelab_machine_peak, {peak['statistic']})")
-    torch_text = (f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
-                  if torch is not None else "torch not importable: no comparison")
-    print(f"tilelab {tilelab.__version__}; {torch_text}; medians of {args.repeats} calls after "
-          f"{args.warmup} warmup; torch/ours > 1 means tilelab is faster")
+    print_run_header(tilelab, torch, peak, args)
     print("backward GFLOP/s = 2.5 x 4·B·Hq·M·N·D (half for square causal) / time\n")
 
     rng = np.random.default_rng(0)
@@ -158,7 +136,7 @@ def main() -> None:
         rows.append(format_row(result))
     header = ["workload", "dtype", "mask", "ours ms", "torch ms", "torch/ours", "ours rate",
               "of peak", "torch rate", "max |ours - torch|"]
-    print_rows(header, rows)
+    print_table(header, rows, left_aligned=3)
     if args.json:
         args.json.write_text(json.dumps({
             "schema": "tilelab.bench_flash_backward",
@@ -170,14 +148,6 @@ def main() -> None:
             "results": results,
         }, indent=2) + "\n")
         print(f"\nwrote {args.json}")
-
-
-def print_rows(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        cells = [cell.ljust(w) if i < 3 else cell.rjust(w)
-                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
-        print("  ".join(cells).rstrip(), flush=True)
 
 
 if __name__ == "__main__":
