@@ -51,6 +51,22 @@ void reject_masked_array(const py::handle& object, const char* name) {
   }
 }
 
+py::array require_float32_array(const py::handle& object, const char* name, const char* what) {
+  reject_masked_array(object, name);
+  if (!py::isinstance<py::array>(object)) {
+    throw Error(std::string(name) + ": expected a numpy.ndarray of float32" + what + ", got " +
+                    python_type_name(object),
+                ErrorKind::invalid_type);
+  }
+  py::array array = py::reinterpret_borrow<py::array>(object);
+  if (attention_dtype(array.dtype()) != DType::f32) {
+    throw Error(std::string(name) + ": expected dtype float32, got " +
+                    py::str(array.dtype()).cast<std::string>(),
+                ErrorKind::invalid_type);
+  }
+  return array;
+}
+
 py::array require_attention_array(const py::handle& object, const char* name) {
   reject_masked_array(object, name);
   if (!py::isinstance<py::array>(object)) {

@@ -29,6 +29,10 @@ void reject_masked_array(const py::handle& object, const char* name);
 // naming `name` when it is not a numpy.ndarray or has another dtype.
 py::array require_attention_array(const py::handle& object, const char* name);
 
+// `object` as a float32 numpy array; tilelab::Error(invalid_type) naming `name` otherwise, its
+// message "expected a numpy.ndarray of float32<what>" (e.g. " or None").
+py::array require_float32_array(const py::handle& object, const char* name, const char* what);
+
 // A TensorView over numpy memory, and the array that owns that memory (the caller's array when it
 // was viewed in place, else a copy that must outlive every use of `view`).
 struct ArrayView {

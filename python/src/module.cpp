@@ -67,18 +67,7 @@ AttentionCall prepare_call(const py::handle& q, const py::handle& k, const py::h
   call.options.scale = parse_optional_scale(scale, "scale");
   call.options.implementation = parse_implementation(implementation);
   if (!bias.is_none()) {
-    reject_masked_array(bias, "bias");
-    if (!py::isinstance<py::array>(bias)) {
-      throw Error("bias: expected a numpy.ndarray of float32 or None, got " +
-                      py::str(py::type::handle_of(bias).attr("__name__")).cast<std::string>(),
-                  ErrorKind::invalid_type);
-    }
-    py::array bias_array = py::reinterpret_borrow<py::array>(bias);
-    if (attention_dtype(bias_array.dtype()) != DType::f32) {
-      throw Error(
-          "bias: expected dtype float32, got " + py::str(bias_array.dtype()).cast<std::string>(),
-          ErrorKind::invalid_type);
-    }
+    const py::array bias_array = require_float32_array(bias, "bias", " or None");
     call.bias = view_array(bias_array, "bias");
     call.options.bias = call.bias->view;
   }
@@ -141,19 +130,8 @@ py::object flash_attention_backward(const py::handle& dout, const py::handle& q,
       prepare_call(q, k, v, causal, causal_alignment, scale, bias, false, implementation);
   const ArrayView dout_view = view_array(require_attention_array(dout, "dout"), "dout");
   const ArrayView out_view = view_array(require_attention_array(out, "out"), "out");
-  if (!py::isinstance<py::array>(lse)) {
-    throw Error(
-        "lse: expected a numpy.ndarray of float32 (from flash_attention(..., "
-        "return_lse=True)), got " +
-            py::str(py::type::handle_of(lse).attr("__name__")).cast<std::string>(),
-        ErrorKind::invalid_type);
-  }
-  const py::array lse_array = py::reinterpret_borrow<py::array>(lse);
-  if (!lse_array.dtype().equal(py::dtype::of<float>())) {
-    throw Error(
-        "lse: expected dtype float32, got " + py::str(lse_array.dtype()).cast<std::string>(),
-        ErrorKind::invalid_type);
-  }
+  const py::array lse_array =
+      require_float32_array(lse, "lse", " (from flash_attention(..., return_lse=True))");
   const ArrayView lse_view = view_array(lse_array, "lse");
   if (return_dbias && !call.bias) {
     throw Error("return_dbias: expected False without a bias (bias is None), got True");

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from attention_reference import (
     DTYPES,
+    MASKS,
     UNIT_ROUNDOFF,
     random_qkv,
     reference_attention,
@@ -13,12 +14,6 @@ from attention_reference import (
 )
 
 import tilelab
-
-MASKS = {
-    "full": dict(causal=False),
-    "causal_top_left": dict(causal=True, causal_alignment="top_left"),
-    "causal_bottom_right": dict(causal=True, causal_alignment="bottom_right"),
-}
 
 # (B, Hq, Hkv, M, N, D): lengths 1, 7, 113, 1023 and M != N both ways (bottom-right alignment with
 # M > N has fully masked rows), GQA groups 1, 2, 4, 8 and MQA, odd head dims.
@@ -278,6 +273,12 @@ class TestBadInput:
         [
             ("lse", np.zeros((2, 4, 8), np.float64), TypeError, "lse: expected dtype float32"),
             ("lse", [[0.0]], TypeError, "lse: expected a numpy.ndarray"),
+            (
+                "lse",
+                np.ma.zeros((2, 4, 8), np.float32),
+                TypeError,
+                "lse: expected a numpy.ndarray, got a numpy.ma.MaskedArray",
+            ),
             ("dout", np.ones((2, 4, 8, 16), np.float16), TypeError, "dout: expected dtype float32"),
             ("out", np.ones((2, 4, 8, 16), np.float16), TypeError, "out: expected dtype float32"),
         ],
