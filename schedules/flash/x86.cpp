@@ -35,16 +35,25 @@ using namespace Halide;
 
 void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
                                   const Expr& head_dim) {
+  const int VL = target.natural_vector_size<float>();
+  // Outputs: stream the normalized rows out, parallel over heads.
+  Var hb("hb");
+  s.out.fuse(s.h, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  s.lse.fuse(s.h, s.b, hb).parallel(hb);
+  const Var tile = schedule_online_softmax_x86(s, target, head_dim);
+  const int RV = std::min(VL, s.query_tile);
+  for (Func f : {s.row_query, s.row_key_limit}) f.compute_at(s.state, tile).vectorize(s.ii, RV);
+  s.row_head.compute_at(s.state, tile).vectorize(s.ii, RV);
+}
+
+Var schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
+                                const Expr& head_dim) {
   const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
   const int QT = s.query_tile;
   const int score_rows = std::min(QT, 2 * VL);  // rows per score register tile
   const int pv_rows = std::min(QT, 4);          // rows per block_pv register tile
   const int RV = std::min(VL, QT);              // lanes for per-row vectors (never pad rows)
-  Var tile("tile"), dout("dout"), iii("iii"), jjo("jjo"), jji("jji"), hb("hb");
-
-  // Outputs: stream the normalized rows out, parallel over heads.
-  s.out.fuse(s.h, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
-  s.lse.fuse(s.h, s.b, hb).parallel(hb);
+  Var tile("tile"), dout("dout"), iii("iii"), jjo("jjo"), jji("jji");
 
   // The running state lives in memory for the whole call; each (io, hk, b) owns a slice.
   Stage merge = flash::schedule_parallel_accumulator(s.state, s.io, s.hk, s.b, s.d,
@@ -87,9 +96,6 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
         .unroll(s.jj);
   }
 
-  for (Func f : {s.row_query, s.row_key_limit}) f.compute_at(s.state, tile).vectorize(s.ii, RV);
-  s.row_head.compute_at(s.state, tile).vectorize(s.ii, RV);
-
   // Block maxima are kept for the whole tile (store_at) and computed per block: the sliding
   // window computes each block once while running_max reads blocks 0..rk.
   s.block_max.store_at(s.state, tile).compute_at(s.state, s.rk).vectorize(s.ii, RV);
@@ -107,6 +113,7 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
   s.prob.compute_at(s.state, s.rk).vectorize(s.ii, RV).unroll(s.jj, 4);
 
   flash::schedule_tile_product(s.block_pv, s.d, s.ii, s.rj, LoopLevel(s.state, dout), VL);
+  return tile;
 }
 
 }  // namespace tilelab::schedules

@@ -14,4 +14,11 @@ using generators::FlashAttentionStages;
 void schedule_flash_attention_x86(FlashAttentionStages& stages, const Halide::Target& target,
                                   const Halide::Expr& head_dim);
 
+// Schedules everything from the stages that feed the scores to `state` (the loop nest per
+// (query tile io, kv head hk, batch b) described in x86.cpp), leaving out and lse to the caller:
+// shared by the dense forward and the block-sparse forward, whose outputs and per-row lookups
+// differ. Returns the parallel loop over (io, hk, b), where per-tile lookups are computed.
+Halide::Var schedule_online_softmax_x86(FlashAttentionStages& stages, const Halide::Target& target,
+                                        const Halide::Expr& head_dim);
+
 }  // namespace tilelab::schedules

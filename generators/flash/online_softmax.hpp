@@ -1,0 +1,153 @@
+// The online softmax over key blocks, shared by every forward attention generator (dense flash
+// attention in flash_attention_generator.cpp, block-sparse in generators/blocksparse/): how a
+// score is classified, the block-wise merge into (running max, running sum, unnormalized out), and
+// how a finished row becomes out and lse. A generator defines the score and the stages that feed
+// it (query_t, key_f32, value_f32, score, what is visible); everything after is defined here.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "Halide.h"
+#include "generators/flash/stages.hpp"
+#include "tilelab/detail/fp32_classes.hpp"
+
+namespace tilelab::generators {
+
+// Only the mask (the caller's visibility, or a bias of exactly -inf) masks a key; every other
+// score follows IEEE arithmetic: NaN or +inf among a row's scores makes the row NaN, a score of
+// -inf contributes exp(-inf) = 0 (and a row whose scores are all -inf is NaN, 0 / 0). Halide
+// compiles with fast-math flags (no NaN, no inf: float comparisons with them fold away) and its exp
+// gives 0 for NaN, so the softmax works on finite values only: each score is classified once, from
+// its bits (integer compares, fp32_classes.hpp), into one of these markers, ordered so that the
+// row's running max carries the worst case to the end:
+//   kMasked          masked: contributes nothing (below every score);
+//   kMinusInfinity   -inf: contributes nothing, but the row is not masked;
+//   kPoisoned        NaN or +inf: the row's result is NaN (above every score);
+//   the score, clamped to [kLowestScore, kHighestScore] (moving only the extreme floats).
+struct ScoreMarkers {
+  static constexpr float kMasked = -std::numeric_limits<float>::max();
+  static constexpr float kPoisoned = std::numeric_limits<float>::max();
+  static float minus_infinity() { return std::nextafter(kMasked, 0.0f); }
+  static float lowest_score() { return std::nextafter(minus_infinity(), 0.0f); }
+  static float highest_score() { return std::nextafter(kPoisoned, 0.0f); }
+};
+
+// The classified score (ScoreMarkers) of `biased` (score + bias) where `visible`, else kMasked.
+inline Halide::Expr classify_score(const Halide::Expr& biased, const Halide::Expr& visible) {
+  using namespace Halide;
+  using S = ScoreMarkers;
+  Expr bits = reinterpret<uint32_t>(biased);
+  Expr poisoned = detail::fp32_bits_is_nan(bits) || bits == Expr(detail::kFp32PlusInfinityBits);
+  Expr classified =
+      select(poisoned, S::kPoisoned,
+             select(detail::fp32_bits_is_finite(bits),
+                    clamp(biased, S::lowest_score(), S::highest_score()), S::minus_infinity()));
+  return select(visible, classified, S::kMasked);
+}
+
+// Defines s.score(ii, jj, jb, io, hk, b) = Σ_d query_t · key_f32 (query_t carries the scale).
+// Prefill: rows innermost, so the row statistics that follow are vertical ops. Decode
+// (s.decode): per-lane partial sums with the head dim in s.decode_lanes vector lanes, then one
+// horizontal sum per score; dims past head_dim add 0.
+inline void define_scores(FlashAttentionStages& s, const Halide::Expr& head_dim) {
+  using namespace Halide;
+  Var &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
+  if (!s.decode) {
+    RDom rd(0, head_dim, "rd");
+    s.rd = rd.x;
+    s.score(ii, jj, jb, io, hk, b) = 0.0f;
+    s.score(ii, jj, jb, io, hk, b) += s.query_t(ii, rd, io, hk, b) * s.key_f32(rd, jj, jb, hk, b);
+    return;
+  }
+  const int L = s.decode_lanes;
+  Var dl("dl");
+  RDom rd(0, (head_dim + L - 1) / L, "rd");
+  s.rd = rd.x;
+  Expr dim = rd * L + dl;
+  Expr dim_c = min(dim, head_dim - 1);
+  s.score_partial(dl, ii, jj, jb, io, hk, b) = 0.0f;
+  s.score_partial(dl, ii, jj, jb, io, hk, b) += select(
+      dim < head_dim, s.query_t(ii, dim_c, io, hk, b) * s.key_f32(dim_c, jj, jb, hk, b), 0.0f);
+  s.dl = dl;
+  RDom rl(0, L, "rl");
+  s.rl = rl.x;
+  s.score(ii, jj, jb, io, hk, b) = 0.0f;
+  s.score(ii, jj, jb, io, hk, b) += s.score_partial(rl, ii, jj, jb, io, hk, b);
+}
+
+// Defines, from s.masked (the classified scores), the block statistics, the probabilities, the
+// per-block P·V and the running state s.state, merged over key blocks 0 .. num_blocks - 1 in order.
+// `block_is_live(rk)` says which blocks the merge visits (a predicate on the pure vars and rk);
+// the blocks it skips must be a suffix of 0 .. num_blocks - 1 (running_max reads blocks 0..jb).
+inline void define_online_softmax(
+    FlashAttentionStages& s, const Halide::Expr& num_blocks,
+    const std::function<Halide::Expr(const Halide::Expr&)>& block_is_live) {
+  using namespace Halide;
+  using S = ScoreMarkers;
+  Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
+
+  RDom rj(0, s.key_block, "rj");
+  s.rj = rj.x;
+  // Reductions over a block go through *_in_block (per row vector, kept in registers); the
+  // block-indexed Funcs the merge reads are plain copies the schedule can store and slide.
+  s.block_max_in_block(ii, jb, io, hk, b) = S::kMasked;
+  s.block_max_in_block(ii, jb, io, hk, b) =
+      max(s.block_max_in_block(ii, jb, io, hk, b), s.masked(ii, rj, jb, io, hk, b));
+  s.block_max(ii, jb, io, hk, b) = s.block_max_in_block(ii, jb, io, hk, b);
+  // Running max over blocks 0..jb. Recomputed from the stored block maxima (cheap: one vector max
+  // per block and row) so that the merge below needs no exp per output element.
+  RDom rb(0, num_blocks, "rb");
+  rb.where(rb <= jb);
+  s.running_max(ii, jb, io, hk, b) = S::kMasked;
+  s.running_max(ii, jb, io, hk, b) =
+      max(s.running_max(ii, jb, io, hk, b), s.block_max(ii, rb, io, hk, b));
+  s.rb = rb.x;
+  Expr m_now = s.running_max(ii, jb, io, hk, b);
+  // Rescale of what blocks < jb accumulated: exp(m(jb-1) - m(jb)), per row.
+  s.rescale(ii, jb, io, hk, b) =
+      select(jb == 0, 1.0f, exp(s.running_max(ii, max(jb - 1, 0), io, hk, b) - m_now));
+  // exp's argument is <= 0; the clamp keeps the polynomial away from denormals.
+  Expr masked = s.masked(ii, jj, jb, io, hk, b);
+  s.prob(ii, jj, jb, io, hk, b) =
+      select(masked > S::minus_infinity(), exp(max(masked - m_now, -80.0f)), 0.0f);
+  s.block_sum_in_block(ii, jb, io, hk, b) = 0.0f;
+  s.block_sum_in_block(ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b);
+  s.block_sum(ii, jb, io, hk, b) = s.block_sum_in_block(ii, jb, io, hk, b);
+  s.block_pv(d, ii, jb, io, hk, b) = 0.0f;
+  s.block_pv(d, ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b) * s.value_f32(d, rj, jb, hk, b);
+
+  // Merge block rk into (m, l, o): two FMAs per element, the exps were per row.
+  RDom rk(0, num_blocks, "rk");
+  rk.where(block_is_live(rk));
+  s.rk = rk.x;
+  s.state(d, ii, io, hk, b) = {S::kMasked, 0.0f, 0.0f};
+  Expr alpha = s.rescale(ii, rk, io, hk, b);
+  s.state(d, ii, io, hk, b) = {
+      s.running_max(ii, rk, io, hk, b),
+      s.state(d, ii, io, hk, b)[1] * alpha + s.block_sum(ii, rk, io, hk, b),
+      s.state(d, ii, io, hk, b)[2] * alpha + s.block_pv(d, ii, rk, io, hk, b)};
+}
+
+// A finished row: out (fp32) from its state (m, l, o) at one head dim, lse from (m, l). A row to
+// which no key contributed has l == 0: out 0, lse -inf, never NaN. A row whose running max is
+// kPoisoned or minus_infinity(): out NaN, lse NaN. NaN and -inf are selected as bits: fast-math
+// would fold a select of a NaN or inf float away.
+inline Halide::Expr row_is_nan(const Halide::Expr& m) {
+  return m == ScoreMarkers::kPoisoned || m == ScoreMarkers::minus_infinity();
+}
+inline Halide::Expr normalized_out(const Halide::Expr& m, const Halide::Expr& l,
+                                   const Halide::Expr& o) {
+  using namespace Halide;
+  Expr out_bits = reinterpret<uint32_t>(select(l > 0.0f, o / l, 0.0f));
+  return reinterpret<float>(select(row_is_nan(m), Expr(detail::kFp32QuietNanBits), out_bits));
+}
+inline Halide::Expr row_lse(const Halide::Expr& m, const Halide::Expr& l) {
+  using namespace Halide;
+  Expr lse_bits =
+      select(l > 0.0f, reinterpret<uint32_t>(m + log(l)), Expr(detail::kFp32MinusInfinityBits));
+  return reinterpret<float>(select(row_is_nan(m), Expr(detail::kFp32QuietNanBits), lse_bits));
+}
+
+}  // namespace tilelab::generators
