@@ -21,9 +21,11 @@ struct BlockSparseProblem {
   std::int64_t max_q_len = 0, max_k_len = 0;
   float scale = 1.0f;
 
-  // The layout head query head h uses: h, or 0 for a single-head layout.
+  // The layout head query head h uses: h (one layout head per query head), its kv head (one per kv
+  // head), or 0 (a single-head layout).
   std::int64_t layout_head(std::int64_t q_head) const {
-    return layout->n_heads() == 1 ? 0 : q_head;
+    if (layout->n_heads() == q_heads) return q_head;
+    return layout->n_heads() == kv_heads ? q_head / (q_heads / kv_heads) : 0;
   }
   std::int64_t q_len(std::int64_t seq) const { return q_starts[seq + 1] - q_starts[seq]; }
   std::int64_t k_len(std::int64_t seq) const { return k_starts[seq + 1] - k_starts[seq]; }

@@ -98,9 +98,10 @@ BlockSparseProblem validate_blocksparse_attention(
         << "out: expected shape " << shape_of(q) << " (the shape of q), got " << shape_of(out);
   }
 
-  TILELAB_REQUIRE(layout.n_heads() == 1 || layout.n_heads() == problem.q_heads)
-      << "layout: expected 1 head or Hq = " << problem.q_heads
-      << " heads (one per query head), got " << layout.n_heads();
+  TILELAB_REQUIRE(layout.n_heads() == 1 || layout.n_heads() == problem.q_heads ||
+                  layout.n_heads() == problem.kv_heads)
+      << "layout: expected 1 head, Hq = " << problem.q_heads << " heads (one per query head) or "
+      << "Hkv = " << problem.kv_heads << " heads (one per kv head), got " << layout.n_heads();
 
   problem.q_starts = read_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", problem.total_q, "total_q");
   problem.k_starts = read_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", problem.total_k, "total_k");

@@ -57,7 +57,8 @@ def reference_blocksparse(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, scale=Non
         if q_len == 0:
             continue
         for h in range(q_heads):
-            head = h if layout.n_heads > 1 else 0
+            # One layout head per query head, per kv head, or one for all.
+            head = {q_heads: h, k.shape[1]: h // group, 1: 0}[layout.n_heads]
             visible = layout.token_mask(k_len, head=head)[k_len - q_len :]
             scores = scale * q[q0:q1, h] @ k[k0:k1, h // group].T
             scores = np.where(visible, scores, -np.inf)
@@ -229,6 +230,14 @@ CASES = {
         4, 1, 32, dict(n_heads=1, max_seqlen=160, block_size=16, local_blocks=3, vert_stride=2),
         [160, 1], [160, 159],
     ),
+    # One layout head per kv head: the strided pattern slides by kv head (vLLM's negative
+    # head_sliding_step); the query heads of a group share it.
+    "kv_head_sliding": (
+        8, 4, 64,
+        dict(n_heads=4, max_seqlen=256, block_size=16, local_blocks=3, vert_stride=4,
+             head_sliding_step=1),
+        [256, 1, 70], [256, 200, 100],
+    ),
     "block_not_dividing_seqlen": (
         2, 2, 16, dict(n_heads=2, max_seqlen=100, block_size=24, local_blocks=1, vert_stride=2),
         [100, 30, 1], [100, 77, 5],
@@ -254,6 +263,25 @@ def test_long_sequences_phi3_small_layout(rng, dtype_name):
     q_lens, k_lens = [2500, 1, 300], [2500, 3000, 4096]
     q, k, v = random_packed(rng, q_lens, k_lens, 4, 2, 64, dtype_name)
     check(q, k, v, layout, q_lens, k_lens, dtype_name)
+
+
+def test_kv_head_layout_equals_its_per_query_head_expansion(rng):
+    # A layout of Hkv heads is the layout of Hq heads that repeats each kv head's blocks for the
+    # query heads of its group.
+    per_kv_head = tilelab.BlockSparseLayout.local_strided(2, 128, 16, 2, 4, head_sliding_step=1)
+    per_q_head = tilelab.BlockSparseLayout.from_dense(np.repeat(per_kv_head.to_dense(), 3, axis=0),
+                                                      16)
+    q, k, v = random_packed(rng, [128, 1], [128, 90], 6, 2, 32, "float32")
+    cu_q, cu_k = cu_seqlens([128, 1]), cu_seqlens([128, 90])
+    results = [
+        tilelab.blocksparse_attention(q, k, v, layout, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        for layout in (per_kv_head, per_q_head)
+    ]
+    np.testing.assert_array_equal(results[0], results[1])
+    # ... and differs from using kv head 0's blocks for everyone.
+    single = tilelab.BlockSparseLayout.from_dense(per_kv_head.to_dense()[:1], 16)
+    other = tilelab.BlockSparseLayout.from_dense(per_kv_head.to_dense()[1:], 16)
+    assert not np.array_equal(single.to_dense(), other.to_dense())
 
 
 def test_explicit_scale_and_head_dim_256(rng):
@@ -499,8 +527,9 @@ def test_valid_call_succeeds(rng):
          r"^cu_seqlens_q: expected rank 1 \[num_seqs \+ 1\], got shape \(1, 3\)"),
         (dict(cu_seqlens_k=np.array([0, 40, 2**31], np.int64)),
          r"^cu_seqlens_k: expected values in the int32 range"),
-        (dict(layout=tilelab.BlockSparseLayout.local_strided(2, 64, 16, 2, 2)),
-         r"^layout: expected 1 head or Hq = 4 heads \(one per query head\), got 2"),
+        (dict(layout=tilelab.BlockSparseLayout.local_strided(3, 64, 16, 2, 2)),
+         r"^layout: expected 1 head, Hq = 4 heads \(one per query head\) or Hkv = 2 heads \(one "
+         r"per kv head\), got 3"),
         (dict(layout=tilelab.BlockSparseLayout.local_strided(4, 32, 16, 2, 2)),
          r"^layout: expected num_row_blocks x block_size = 2 x 16 = 32 tokens to cover every "
          r"sequence, got k_len 40 in sequence 0"),

@@ -112,10 +112,11 @@ struct BlockSparseAttentionOptions {
 //   Positions: sequence s's keys are positions 0 .. k_len - 1 and its queries are its last q_len
 //   positions (bottom-right alignment): query r sits at position k_len - q_len + r. q_len = 1 is
 //   decode.
-//   Layout: query head h uses layout head h, or head 0 when the layout has one head; so
-//   layout.n_heads() is Hq or 1. Query position i sees key position j iff block (i / block_size,
-//   j / block_size) is kept for that head and, for a causal layout, j <= i. Absent blocks are never
-//   read.
+//   Layout: layout.n_heads() is Hq, Hkv or 1, and query head h uses layout head h, its kv head
+//   h / (Hq / Hkv), or head 0 respectively (a layout of Hkv heads slides the strided pattern by kv
+//   head, as vLLM's negative head_sliding_step does). Query position i sees key position j iff
+//   block (i / block_size, j / block_size) is kept for that head and, for a causal layout, j <= i.
+//   Absent blocks are never read.
 //   Masking and non-finite values as flash_attention: only the layout masks a key; NaN or +inf
 //   scores give NaN rows, a row whose visible scores are all -inf is NaN, and a row with no
 //   visible key (its query block keeps no block, or only blocks past k_len) gives out 0.
