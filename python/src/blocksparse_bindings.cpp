@@ -186,8 +186,17 @@ py::array blocksparse_attention(const py::handle& q, const py::handle& k, const 
 }  // namespace
 
 void register_blocksparse_bindings(py::module_& core) {
-  py::class_<BlockSparseLayout>(core, "BlockSparseLayout",
-                                "Per-head CSR block layout; see tilelab.BlockSparseLayout.")
+  py::class_<BlockSparseLayout>(
+      core, "BlockSparseLayout",
+      "Which key blocks each query block attends to, per head, for blocksparse_attention.\n\n"
+      "Positions are split into blocks of block_size tokens; the layout has num_row_blocks query\n"
+      "blocks and as many key blocks (it covers sequences up to max_seqlen tokens). Storage is\n"
+      "int32 CSR per head: crow [n_heads, num_row_blocks + 1] (crow[h, 0] = 0), col\n"
+      "[n_heads, nnz_max] (sorted, unique columns per row; -1 padding past crow[h, -1]).\n"
+      "causal (default True): no block above the diagonal, and j <= i inside diagonal blocks.\n"
+      "density: kept blocks / blocks on or below the diagonal (all blocks when not causal).\n\n"
+      "BlockSparseLayout(crow, col, block_size, causal=True) validates the arrays (errors name\n"
+      "the array, head and row); see also local_strided and from_dense. docs/blocksparse.md.")
       .def(py::init(&layout_from_csr), py::arg("crow"), py::arg("col"), py::arg("block_size"),
            py::arg("causal") = true)
       .def_static("local_strided", &BlockSparseLayout::local_strided, py::arg("n_heads"),

@@ -282,10 +282,11 @@ def blocksparse_attention(
         A sequence's keys are positions ``0 .. k_len-1``; its queries are its last q_len
         positions (bottom-right alignment; q_len 1 is decode). Query position i sees key position
         j iff block ``(i // block_size, j // block_size)`` is kept in the layout head of the query
-        head (head h, or head 0 of a one-head layout) and, for a causal layout, ``j <= i``. The
-        layout must have 1 or Hq heads and cover the longest sequence
+        head and, for a causal layout, ``j <= i``. The layout has Hq heads (query head h uses
+        head h), Hkv heads (it uses its kv head's) or 1, and must cover the longest sequence
         (``layout.max_seqlen >= k_len``). A query that sees no key gives 0; NaN and inf propagate
-        as in :func:`flash_attention`.
+        as in :func:`flash_attention`. Blocks absent from the layout are never read. See
+        docs/blocksparse.md.
 
     Args:
         layout: a :class:`BlockSparseLayout`.

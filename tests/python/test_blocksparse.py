@@ -284,6 +284,13 @@ def test_kv_head_layout_equals_its_per_query_head_expansion(rng):
     assert not np.array_equal(single.to_dense(), other.to_dense())
 
 
+def test_sequence_without_queries(rng):
+    # q_len 0: the sequence's keys are skipped, the others unaffected.
+    layout = tilelab.BlockSparseLayout.local_strided(2, 64, 16, 1, 2)
+    q, k, v = random_packed(rng, [0, 5, 1], [30, 5, 64], 2, 2, 16, "float32")
+    check(q, k, v, layout, [0, 5, 1], [30, 5, 64], "float32")
+
+
 def test_explicit_scale_and_head_dim_256(rng):
     layout = tilelab.BlockSparseLayout.local_strided(2, 64, 16, 1, 2)
     q, k, v = random_packed(rng, [64, 1], [64, 40], 2, 1, 256, "float32")
