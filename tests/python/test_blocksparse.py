@@ -284,6 +284,22 @@ def test_kv_head_layout_equals_its_per_query_head_expansion(rng):
     assert not np.array_equal(single.to_dense(), other.to_dense())
 
 
+def test_strided_views_of_a_packed_qkv_tensor(rng):
+    # vLLM-style packed qkv [total, 3, H, D]: q, k and v are strided views, read in place.
+    layout = tilelab.BlockSparseLayout.local_strided(4, 128, 16, 2, 3)
+    lens = [128, 50]
+    qkv = rng.standard_normal((sum(lens), 3, 4, 32), dtype=np.float32).astype(np.float16)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    assert not q.flags.c_contiguous and tilelab._core._views_in_place(q)
+    check(q, k, v, layout, lens, lens, "float16")
+    out = np.zeros((sum(lens), 4, 2, 32), np.float16)[:, :, 1]  # a strided out
+    expected = tilelab.blocksparse_attention(
+        q, k, v, layout, cu_seqlens_q=cu_seqlens(lens), cu_seqlens_k=cu_seqlens(lens))
+    tilelab.blocksparse_attention(q, k, v, layout, cu_seqlens_q=cu_seqlens(lens),
+                                  cu_seqlens_k=cu_seqlens(lens), out=out)
+    np.testing.assert_array_equal(out, expected)
+
+
 def test_sequence_without_queries(rng):
     # q_len 0: the sequence's keys are skipped, the others unaffected.
     layout = tilelab.BlockSparseLayout.local_strided(2, 64, 16, 1, 2)
