@@ -238,6 +238,11 @@ CASES = {
              head_sliding_step=1),
         [256, 1, 70], [256, 200, 100],
     ),
+    # Blocks longer than the reference's 64-row and 64-key chunks.
+    "block_80": (
+        2, 1, 48, dict(n_heads=2, max_seqlen=400, block_size=80, local_blocks=2, vert_stride=2),
+        [400, 1, 150], [400, 333, 170],
+    ),
     "block_not_dividing_seqlen": (
         2, 2, 16, dict(n_heads=2, max_seqlen=100, block_size=24, local_blocks=1, vert_stride=2),
         [100, 30, 1], [100, 77, 5],
