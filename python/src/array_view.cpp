@@ -178,6 +178,13 @@ std::string parse_choice(const py::handle& value, const char* name,
   throw Error(std::string(name) + ": expected " + choices + ", got '" + text + "'");
 }
 
+Implementation parse_implementation(const py::handle& value) {
+  const std::string name =
+      parse_choice(value, "implementation", {"automatic", "generated", "reference"});
+  if (name == "automatic") return Implementation::automatic;
+  return name == "generated" ? Implementation::generated : Implementation::reference;
+}
+
 std::optional<float> parse_optional_scale(const py::handle& value, const char* name) {
   if (value.is_none()) return std::nullopt;
   static const py::handle real = py::object(py::module_::import("numbers").attr("Real")).release();

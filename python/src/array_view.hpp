@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "tilelab/attention.hpp"
 #include "tilelab/tensor.hpp"
 
 namespace tilelab::python {
@@ -62,6 +63,8 @@ bool parse_bool(const py::handle& value, const char* name);
 // One of `allowed` (a str); TypeError for a non-str, ValueError for another string.
 std::string parse_choice(const py::handle& value, const char* name,
                          std::initializer_list<const char*> allowed);
+// 'automatic', 'generated' or 'reference' (the `implementation` argument of every kernel).
+Implementation parse_implementation(const py::handle& value);
 // None -> nullopt; a real number (Python or numpy int or float, not bool or complex) -> its value
 // as float. Finiteness is left to the C++ validation (a double beyond float stays infinite).
 std::optional<float> parse_optional_scale(const py::handle& value, const char* name);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "array_view.hpp"
+#include "blocksparse_bindings.hpp"
 #include "nki_bindings.hpp"
 #include "sim_bindings.hpp"
 #include "tilelab/tilelab.hpp"
@@ -21,13 +22,6 @@ namespace {
 CausalAlignment parse_causal_alignment(const py::handle& value) {
   const std::string name = parse_choice(value, "causal_alignment", {"top_left", "bottom_right"});
   return name == "top_left" ? CausalAlignment::top_left : CausalAlignment::bottom_right;
-}
-
-Implementation parse_implementation(const py::handle& value) {
-  const std::string name =
-      parse_choice(value, "implementation", {"automatic", "generated", "reference"});
-  if (name == "automatic") return Implementation::automatic;
-  return name == "generated" ? Implementation::generated : Implementation::reference;
 }
 
 // One flash_attention call: the numpy arrays that own every buffer the views point into.
@@ -222,6 +216,7 @@ PYBIND11_MODULE(_core, module) {
                                << "'";
       },
       py::arg("kind"), "Testing hook: raises a tilelab::Error of `kind` through the translator.");
+  register_blocksparse_bindings(module);
   register_nki_bindings(module);
   register_sim_bindings(module);
 }

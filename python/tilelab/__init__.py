@@ -17,7 +17,9 @@ from . import sim as sim  # tilelab.sim: the simulator's exploration API
 from ._version import __version__
 
 __all__ = [
+    "BlockSparseLayout",
     "__version__",
+    "blocksparse_attention",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_implementation",
@@ -27,6 +29,10 @@ __all__ = [
 
 CausalAlignment = Literal["top_left", "bottom_right"]
 Implementation = Literal["automatic", "generated", "reference"]
+
+# Per-head CSR block layout for blocksparse_attention (constructors local_strided, from_dense and
+# BlockSparseLayout(crow, col, block_size, causal=True)); docs/blocksparse.md describes it.
+BlockSparseLayout = _core.BlockSparseLayout
 
 
 @overload
@@ -244,6 +250,68 @@ def flash_attention_implementation(
         scale=scale,
         bias=bias,
         return_lse=return_lse,
+    )
+
+
+def blocksparse_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    layout: BlockSparseLayout,
+    *,
+    cu_seqlens_q: np.ndarray,
+    cu_seqlens_k: np.ndarray,
+    scale: float | None = None,
+    out: np.ndarray | None = None,
+    implementation: Implementation = "automatic",
+) -> np.ndarray:
+    """Block-sparse attention over packed variable-length sequences; only the layout's blocks are
+    read and computed.
+
+    Shapes and dtypes:
+        q: ``[total_q, Hq, D]``; k, v: ``[total_k, Hkv, D]`` (sequences packed along dim 0). Hq
+        must be a multiple of Hkv (query head h reads kv head ``h // (Hq // Hkv)``);
+        1 <= D <= 256. q, k and v share one dtype: float32, float16 or ``ml_dtypes.bfloat16``;
+        accumulation is float32.
+        cu_seqlens_q, cu_seqlens_k: integer arrays ``[num_seqs + 1]`` (values int32): 0 first,
+        non-decreasing, last ``total_q`` (``total_k``). Sequence s has queries
+        ``q[cu_seqlens_q[s]:cu_seqlens_q[s+1]]`` and keys ``k[cu_seqlens_k[s]:cu_seqlens_k[s+1]]``,
+        with q_len <= k_len.
+
+    Semantics:
+        A sequence's keys are positions ``0 .. k_len-1``; its queries are its last q_len
+        positions (bottom-right alignment; q_len 1 is decode). Query position i sees key position
+        j iff block ``(i // block_size, j // block_size)`` is kept in the layout head of the query
+        head and, for a causal layout, ``j <= i``. The layout has Hq heads (query head h uses
+        head h), Hkv heads (it uses its kv head's) or 1, and must cover the longest sequence
+        (``layout.max_seqlen >= k_len``). A query that sees no key gives 0; NaN and inf propagate
+        as in :func:`flash_attention`. Blocks absent from the layout are never read. See
+        docs/blocksparse.md.
+
+    Args:
+        layout: a :class:`BlockSparseLayout`.
+        scale: multiplies ``q @ k^T`` before the softmax; default ``1 / sqrt(D)``; must be finite.
+        out: when given, a writeable ``[total_q, Hq, D]`` array of q's dtype that tilelab can
+            write in place (it is returned); default a new C-contiguous array.
+        implementation: ``"automatic"``, ``"generated"`` (ValueError when no generated kernel
+            covers the call) or ``"reference"``.
+
+    Raises:
+        TypeError: an argument is not a numpy array or has a wrong dtype (the message names it).
+        ValueError: a wrong rank or shape, bad cu_seqlens (first not 0, decreasing, last not the
+            total, different lengths, q_len > k_len), a layout with a wrong head count or too
+            short for a sequence, a non-finite scale (the message names the argument).
+    """
+    return _core.blocksparse_attention(
+        q,
+        k,
+        v,
+        layout,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        scale=scale,
+        out=out,
+        implementation=implementation,
     )
 
 

@@ -11,6 +11,7 @@
 
 #include "attention_problem.hpp"
 #include "dtype_convert.hpp"
+#include "reference_softmax.hpp"
 #include "strided4.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/threading.hpp"
@@ -26,19 +27,6 @@ constexpr std::int64_t kQueryBlock = 16;
 constexpr std::int64_t kKeyBlock = 64;
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
-
-// max that returns NaN when either argument is NaN (std::max returns its first argument then).
-float nan_propagating_max(float a, float b) {
-  return std::isnan(b) || b > a ? b : a;
-}
-
-// x[j] = exp(x[j]) for j < count. SSE2 is the x86-64 baseline, so the 4-lane SLEEF entry point is
-// always available (SLEEF dispatches to SSE4 when present).
-void exp_in_place(float* x, std::int64_t count) {
-  std::int64_t j = 0;
-  for (; j + 4 <= count; j += 4) _mm_storeu_ps(x + j, Sleef_expf4_u10(_mm_loadu_ps(x + j)));
-  for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j]);
-}
 
 template <DType dtype>
 void run_reference(const AttentionProblem& problem) {

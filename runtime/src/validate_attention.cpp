@@ -8,70 +8,10 @@
 #include <vector>
 
 #include "attention_problem.hpp"
+#include "tilelab/detail/argument_checks.hpp"
 #include "tilelab/error.hpp"
 
 namespace tilelab::detail {
-
-namespace {
-
-std::string shape_of(const TensorView& view) {
-  std::ostringstream text;
-  text << '[';
-  for (int i = 0; i < view.rank(); ++i) text << (i ? ", " : "") << view.dim(i);
-  text << ']';
-  return text.str();
-}
-
-bool is_attention_dtype(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
-}
-
-void require_rank(const TensorView& view, const char* name, int rank, const char* layout) {
-  TILELAB_REQUIRE(view.rank() == rank) << name << ": expected rank " << rank << " " << layout
-                                       << ", got rank " << view.rank() << " " << shape_of(view);
-}
-
-// Pointer and strides: what every tensor argument needs before its addresses can be reasoned about.
-void require_addressable(const TensorView& view, const char* name) {
-  TILELAB_REQUIRE(view.data() != nullptr) << name << ": expected a non-null data pointer, got null";
-  for (int i = 0; i < view.rank(); ++i) {
-    TILELAB_REQUIRE(view.stride(i) >= 0)
-        << name << ": expected non-negative strides, got " << view.describe();
-  }
-}
-
-// True when two different indices of `view` can map to the same element. Sufficient test: with
-// dims of extent > 1 sorted by stride, each stride must step past everything the inner dims span.
-// Layouts that interleave dims without colliding are rare and are reported as overlapping.
-bool overlaps_itself(const TensorView& view) {
-  std::vector<std::array<std::int64_t, 2>> dims;  // {stride, extent}
-  for (int i = 0; i < view.rank(); ++i) {
-    if (view.dim(i) > 1) dims.push_back({view.stride(i), view.dim(i)});
-  }
-  std::sort(dims.begin(), dims.end());
-  std::int64_t inner_span = 1;  // elements covered by the dims already visited
-  for (const auto& [stride, extent] : dims) {
-    if (stride < inner_span) return true;  // includes stride 0 with extent > 1
-    inner_span = stride * (extent - 1) + inner_span;
-  }
-  return false;
-}
-
-void require_disjoint(const TensorView& written, const char* written_name, const TensorView& other,
-                      const char* other_name) {
-  TILELAB_REQUIRE(!written.overlaps(other))
-      << written_name << ": expected memory disjoint from " << other_name << ", got "
-      << written_name << " " << written.describe() << " overlapping " << other_name << " "
-      << other.describe();
-}
-
-void require_no_self_overlap(const TensorView& written, const char* name) {
-  TILELAB_REQUIRE(!overlaps_itself(written))
-      << name << ": expected a view whose elements have distinct addresses, got "
-      << written.describe() << " (some elements alias)";
-}
-
-}  // namespace
 
 AttentionProblem validate_flash_attention(const TensorView& q, const TensorView& k,
                                           const TensorView& v, const TensorView& out,

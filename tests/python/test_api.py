@@ -19,6 +19,8 @@ from tilelab import _core
 
 def test_all_lists_the_public_api():
     assert set(tilelab.__all__) == {
+        "BlockSparseLayout",
+        "blocksparse_attention",
         "flash_attention",
         "flash_attention_backward",
         "flash_attention_implementation",

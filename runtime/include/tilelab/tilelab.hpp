@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tilelab/attention.hpp"
+#include "tilelab/blocksparse.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/tensor.hpp"
 #include "tilelab/threading.hpp"

@@ -1,0 +1,246 @@
+// BlockSparseLayout and blocksparse_attention for Python: numpy arrays in and out, the checks of
+// the C++ API behind them.
+#include "blocksparse_bindings.hpp"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "array_view.hpp"
+#include "tilelab/blocksparse.hpp"
+#include "tilelab/error.hpp"
+
+namespace py = pybind11;
+
+namespace tilelab::python {
+namespace {
+
+std::string dtype_string(const py::array& array) {
+  return py::str(array.dtype()).cast<std::string>();
+}
+
+// `object` as a C-contiguous int32 array of rank `rank`: any numpy integer dtype is accepted when
+// every value fits int32. TypeError for a non-array or a non-integer dtype, ValueError for a wrong
+// rank or out-of-range values; each names `name`.
+py::array_t<std::int32_t> require_int32_array(const py::handle& object, const char* name, int rank,
+                                              const char* layout) {
+  reject_masked_array(object, name);
+  if (!py::isinstance<py::array>(object)) {
+    throw Error(std::string(name) + ": expected a numpy.ndarray of int32, got " +
+                    py::str(py::type::handle_of(object).attr("__name__")).cast<std::string>(),
+                ErrorKind::invalid_type);
+  }
+  const py::array array = py::reinterpret_borrow<py::array>(object);
+  const char kind = array.dtype().kind();
+  if (kind != 'i' && kind != 'u') {
+    throw Error(
+        std::string(name) + ": expected an integer dtype (int32), got " + dtype_string(array),
+        ErrorKind::invalid_type);
+  }
+  if (array.ndim() != rank) {
+    throw Error(std::string(name) + ": expected rank " + std::to_string(rank) + " " + layout +
+                ", got shape " + shape_string(array));
+  }
+  if (array.size() > 0) {
+    const py::object low = array.attr("min")(), high = array.attr("max")();
+    if (py::int_(low).cast<std::int64_t>() < INT32_MIN ||
+        py::int_(high).cast<std::int64_t>() > INT32_MAX) {
+      throw Error(std::string(name) + ": expected values in the int32 range, got values in [" +
+                  py::str(low).cast<std::string>() + ", " + py::str(high).cast<std::string>() +
+                  "]");
+    }
+  }
+  return py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(array);
+}
+
+std::vector<std::int32_t> to_vector(const py::array_t<std::int32_t>& array) {
+  return std::vector<std::int32_t>(array.data(), array.data() + array.size());
+}
+
+TensorView view_int32(const py::array_t<std::int32_t>& array) {
+  const std::int64_t shape = array.shape(0), stride = 1;
+  return TensorView(const_cast<std::int32_t*>(array.data()), DType::i32, 1, &shape, &stride);
+}
+
+// A bool array of `shape` holding `mask` (0/1 bytes).
+py::array_t<bool> bool_array(const std::vector<std::uint8_t>& mask,
+                             const std::vector<py::ssize_t>& shape) {
+  py::array_t<bool> result(shape);
+  std::copy(mask.begin(), mask.end(), result.mutable_data());
+  return result;
+}
+
+// An int32 array of `shape` holding `values`.
+py::array_t<std::int32_t> int32_array(const std::vector<std::int32_t>& values,
+                                      const std::vector<py::ssize_t>& shape) {
+  py::array_t<std::int32_t> result(shape);
+  std::copy(values.begin(), values.end(), result.mutable_data());
+  return result;
+}
+
+BlockSparseLayout layout_from_csr(const py::handle& crow, const py::handle& col,
+                                  std::int64_t block_size, bool causal) {
+  const auto crow_array = require_int32_array(crow, "crow", 2, "[n_heads, num_row_blocks + 1]");
+  const auto col_array = require_int32_array(col, "col", 2, "[n_heads, nnz_max]");
+  if (col_array.shape(0) != crow_array.shape(0)) {
+    throw Error("col: expected " + std::to_string(crow_array.shape(0)) +
+                " rows (n_heads, from crow), got shape " + shape_string(col_array));
+  }
+  return BlockSparseLayout(crow_array.shape(0), block_size, to_vector(crow_array),
+                           to_vector(col_array), causal);
+}
+
+BlockSparseLayout layout_from_dense(const py::handle& block_mask, std::int64_t block_size,
+                                    bool causal) {
+  reject_masked_array(block_mask, "block_mask");
+  if (!py::isinstance<py::array>(block_mask) ||
+      py::reinterpret_borrow<py::array>(block_mask).dtype().kind() != 'b') {
+    throw Error(
+        "block_mask: expected a numpy.ndarray of bool, got " +
+            (py::isinstance<py::array>(block_mask)
+                 ? "dtype " + dtype_string(py::reinterpret_borrow<py::array>(block_mask))
+                 : py::str(py::type::handle_of(block_mask).attr("__name__")).cast<std::string>()),
+        ErrorKind::invalid_type);
+  }
+  const auto mask = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(
+      py::reinterpret_borrow<py::array>(block_mask));
+  if (mask.ndim() != 3 || mask.shape(1) != mask.shape(2)) {
+    throw Error("block_mask: expected shape [n_heads, num_blocks, num_blocks], got shape " +
+                shape_string(mask));
+  }
+  const std::vector<std::uint8_t> bytes(mask.data(), mask.data() + mask.size());
+  return BlockSparseLayout::from_dense(bytes, mask.shape(0), mask.shape(1), block_size, causal);
+}
+
+py::array_t<bool> token_mask(const BlockSparseLayout& layout, std::int64_t seqlen,
+                             const std::optional<std::int64_t>& head) {
+  if (head) return bool_array(layout.token_mask(*head, seqlen), {seqlen, seqlen});
+  // Check the length before allocating n_heads masks.
+  if (seqlen < 0 || seqlen > layout.max_seqlen()) layout.token_mask(0, seqlen);
+  py::array_t<bool> result({layout.n_heads(), seqlen, seqlen});
+  for (std::int64_t h = 0; h < layout.n_heads(); ++h) {
+    const std::vector<std::uint8_t> mask = layout.token_mask(h, seqlen);
+    std::copy(mask.begin(), mask.end(), result.mutable_data() + h * seqlen * seqlen);
+  }
+  return result;
+}
+
+std::string layout_repr(const BlockSparseLayout& layout) {
+  std::ostringstream text;
+  text << "BlockSparseLayout(n_heads=" << layout.n_heads() << ", block_size=" << layout.block_size()
+       << ", num_row_blocks=" << layout.num_row_blocks()
+       << ", causal=" << (layout.causal() ? "True" : "False") << ", density=" << layout.density()
+       << ")";
+  return text.str();
+}
+
+py::array blocksparse_attention(const py::handle& q, const py::handle& k, const py::handle& v,
+                                const BlockSparseLayout& layout, const py::handle& cu_seqlens_q,
+                                const py::handle& cu_seqlens_k, const py::handle& scale,
+                                const py::handle& out, const py::handle& implementation) {
+  const ArrayView q_view = view_array(require_attention_array(q, "q"), "q");
+  const ArrayView k_view = view_array(require_attention_array(k, "k"), "k");
+  const ArrayView v_view = view_array(require_attention_array(v, "v"), "v");
+  const auto cu_q = require_int32_array(cu_seqlens_q, "cu_seqlens_q", 1, "[num_seqs + 1]");
+  const auto cu_k = require_int32_array(cu_seqlens_k, "cu_seqlens_k", 1, "[num_seqs + 1]");
+  BlockSparseAttentionOptions options;
+  options.scale = parse_optional_scale(scale, "scale");
+  options.implementation = parse_implementation(implementation);
+
+  py::array out_array;
+  TensorView out_view;
+  if (out.is_none()) {
+    // out takes q's shape; every other shape and dtype check is the C++ validation's.
+    if (q_view.owner.ndim() != 3) {
+      throw Error("q: expected rank 3 [total_q, Hq, D], got shape " + shape_string(q_view.owner));
+    }
+    out_array = new_array(q_view.owner.dtype(),
+                          {q_view.owner.shape(0), q_view.owner.shape(1), q_view.owner.shape(2)});
+    out_view = view_output(out_array);
+  } else {
+    out_array = require_attention_array(out, "out");
+    if (!out_array.writeable()) throw Error("out: expected a writeable array, got a read-only one");
+    const ArrayView viewed = view_array(out_array, "out");
+    if (viewed.copied) {
+      throw Error(
+          "out: expected an array written in place (native byte order, aligned, non-negative "
+          "strides in whole elements), got one with strides " +
+          py::str(out_array.attr("strides")).cast<std::string>());
+    }
+    out_view = viewed.view;
+  }
+  {
+    py::gil_scoped_release release;
+    tilelab::blocksparse_attention(q_view.view, k_view.view, v_view.view, layout, view_int32(cu_q),
+                                   view_int32(cu_k), out_view, options);
+  }
+  return out_array;
+}
+
+}  // namespace
+
+void register_blocksparse_bindings(py::module_& core) {
+  py::class_<BlockSparseLayout>(
+      core, "BlockSparseLayout",
+      "Which key blocks each query block attends to, per head, for blocksparse_attention.\n\n"
+      "Positions are split into blocks of block_size tokens; the layout has num_row_blocks query\n"
+      "blocks and as many key blocks (it covers sequences up to max_seqlen tokens). Storage is\n"
+      "int32 CSR per head: crow [n_heads, num_row_blocks + 1] (crow[h, 0] = 0), col\n"
+      "[n_heads, nnz_max] (sorted, unique columns per row; -1 padding past crow[h, -1]).\n"
+      "causal (default True): no block above the diagonal, and j <= i inside diagonal blocks.\n"
+      "density: kept blocks / blocks on or below the diagonal (all blocks when not causal).\n\n"
+      "BlockSparseLayout(crow, col, block_size, causal=True) validates the arrays (errors name\n"
+      "the array, head and row); see also local_strided and from_dense. docs/blocksparse.md.")
+      .def(py::init(&layout_from_csr), py::arg("crow"), py::arg("col"), py::arg("block_size"),
+           py::arg("causal") = true)
+      .def_static("local_strided", &BlockSparseLayout::local_strided, py::arg("n_heads"),
+                  py::arg("max_seqlen"), py::arg("block_size"), py::arg("local_blocks"),
+                  py::arg("vert_stride"), py::arg("homo_head") = false,
+                  py::arg("head_sliding_step") = py::none(),
+                  "Local plus vertically strided blocks (Phi-3-small).")
+      .def_static("from_dense", &layout_from_dense, py::arg("block_mask"), py::arg("block_size"),
+                  py::arg("causal") = true,
+                  "From a bool block mask [n_heads, num_blocks, num_blocks].")
+      .def(
+          "to_dense",
+          [](const BlockSparseLayout& layout) {
+            const py::ssize_t rows = layout.num_row_blocks();
+            return bool_array(layout.to_dense(), {layout.n_heads(), rows, rows});
+          },
+          "The bool block mask [n_heads, num_row_blocks, num_row_blocks].")
+      .def("token_mask", &token_mask, py::arg("seqlen"), py::arg("head") = py::none(),
+           "The bool token mask [n_heads, seqlen, seqlen], or [seqlen, seqlen] of one head.")
+      .def_property_readonly("crow",
+                             [](const BlockSparseLayout& layout) {
+                               return int32_array(layout.crow(),
+                                                  {layout.n_heads(), layout.num_row_blocks() + 1});
+                             })
+      .def_property_readonly("col",
+                             [](const BlockSparseLayout& layout) {
+                               return int32_array(layout.col(),
+                                                  {layout.n_heads(), layout.nnz_max()});
+                             })
+      .def_property_readonly("n_heads", &BlockSparseLayout::n_heads)
+      .def_property_readonly("block_size", &BlockSparseLayout::block_size)
+      .def_property_readonly("num_row_blocks", &BlockSparseLayout::num_row_blocks)
+      .def_property_readonly("max_seqlen", &BlockSparseLayout::max_seqlen)
+      .def_property_readonly("nnz_max", &BlockSparseLayout::nnz_max)
+      .def_property_readonly("causal", &BlockSparseLayout::causal)
+      .def_property_readonly("density", &BlockSparseLayout::density)
+      .def("__repr__", &layout_repr);
+
+  core.def("blocksparse_attention", &blocksparse_attention, py::arg("q"), py::arg("k"),
+           py::arg("v"), py::arg("layout"), py::kw_only(), py::arg("cu_seqlens_q"),
+           py::arg("cu_seqlens_k"), py::arg("scale") = py::none(), py::arg("out") = py::none(),
+           py::arg("implementation") = "automatic",
+           "Block-sparse attention over packed varlen sequences; returns out. See "
+           "tilelab.blocksparse_attention.");
+}
+
+}  // namespace tilelab::python

@@ -1,0 +1,10 @@
+// No generated block-sparse kernel is built: every call takes the reference implementation.
+#include "blocksparse_problem.hpp"
+
+namespace tilelab::detail {
+
+bool generated_blocksparse_attention(const BlockSparseProblem&) {
+  return false;
+}
+
+}  // namespace tilelab::detail
