@@ -555,6 +555,9 @@ def test_valid_call_succeeds(rng):
          r"^cu_seqlens_q: expected rank 1 \[num_seqs \+ 1\], got shape \(1, 3\)"),
         (dict(cu_seqlens_k=np.array([0, 40, 2**31], np.int64)),
          r"^cu_seqlens_k: expected values in the int32 range"),
+        (dict(cu_seqlens_k=np.array([0, 40, 2**64 - 1], np.uint64)),
+         r"^cu_seqlens_k: expected values in the int32 range, got values in \[0, "
+         r"18446744073709551615\]"),
         (dict(layout=tilelab.BlockSparseLayout.local_strided(3, 64, 16, 2, 2)),
          r"^layout: expected 1 head, Hq = 4 heads \(one per query head\) or Hkv = 2 heads \(one "
          r"per kv head\), got 3"),
