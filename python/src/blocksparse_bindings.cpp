@@ -49,8 +49,8 @@ py::array_t<std::int32_t> require_int32_array(const py::handle& object, const ch
   }
   if (array.size() > 0) {
     const py::object low = array.attr("min")(), high = array.attr("max")();
-    if (py::int_(low).cast<std::int64_t>() < INT32_MIN ||
-        py::int_(high).cast<std::int64_t>() > INT32_MAX) {
+    // Compared as Python ints: uint64 values beyond int64 included.
+    if (py::int_(low) < py::int_(INT32_MIN) || py::int_(high) > py::int_(INT32_MAX)) {
       throw Error(std::string(name) + ": expected values in the int32 range, got values in [" +
                   py::str(low).cast<std::string>() + ", " + py::str(high).cast<std::string>() +
                   "]");

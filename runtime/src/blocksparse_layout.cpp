@@ -117,12 +117,15 @@ BlockSparseLayout BlockSparseLayout::local_strided(std::int64_t n_heads, std::in
 
   std::vector<CsrBuilder> heads(n_heads);
   for (std::int64_t h = 0; h < n_heads; ++h) {
-    // (kb + h·step + 1) % vert_stride == 0, with h·step reduced first so nothing overflows.
+    // Strided blocks: (kb + h·step + 1) % vert_stride == 0, i.e. kb = first_strided (mod
+    // vert_stride), with h·step reduced first so nothing overflows. Generated in order, O(nnz).
     const std::int64_t shift = (h % vert_stride) * (step % vert_stride) % vert_stride;
+    const std::int64_t first_strided = (vert_stride - (shift + 1) % vert_stride) % vert_stride;
     for (std::int64_t qb = 0; qb < rows; ++qb) {
-      for (std::int64_t kb = 0; kb <= qb; ++kb) {
-        if (qb - kb < local_blocks || (kb + shift + 1) % vert_stride == 0) heads[h].keep(kb);
-      }
+      // Local blocks: qb - kb < local_blocks (none when local_blocks is 0).
+      const std::int64_t local_begin = std::max<std::int64_t>(0, qb - local_blocks + 1);
+      for (std::int64_t kb = first_strided; kb < local_begin; kb += vert_stride) heads[h].keep(kb);
+      for (std::int64_t kb = local_begin; kb <= qb; ++kb) heads[h].keep(kb);
       heads[h].end_row("local_strided");
     }
   }

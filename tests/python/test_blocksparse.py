@@ -396,6 +396,22 @@ def test_nan_in_a_visible_key_gives_nan_rows(rng):
     assert np.isfinite(out[:40]).all()
 
 
+def test_rows_whose_visible_scores_are_all_negative_infinity_are_nan_as_in_flash_attention():
+    # q·k overflows float32 to -inf for every key: 0 / 0, NaN, as the dense reference gives;
+    # the finite rows of q stay finite.
+    layout = tilelab.BlockSparseLayout.from_dense(np.tril(np.ones((1, 2, 2), bool)), 16)
+    q = np.ones((32, 1, 2), np.float32)
+    q[20:] = 1e30
+    k = np.full((32, 1, 2), -1e30, np.float32)
+    v = np.ones((32, 1, 2), np.float32)
+    cu = cu_seqlens([32])
+    out = tilelab.blocksparse_attention(q, k, v, layout, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    dense = tilelab.flash_attention(q.transpose(1, 0, 2)[None], k.transpose(1, 0, 2)[None],
+                                    v.transpose(1, 0, 2)[None], causal=True)
+    assert np.isnan(out[20:]).all() and np.isfinite(out[:20]).all()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(dense[0].transpose(1, 0, 2)))
+
+
 def test_queries_that_see_no_key_give_zero(rng):
     block_mask = np.tril(np.ones((1, 4, 4), bool))
     block_mask[0, 3] = False  # the last query block keeps nothing
@@ -555,6 +571,9 @@ def test_valid_call_succeeds(rng):
          r"^cu_seqlens_q: expected rank 1 \[num_seqs \+ 1\], got shape \(1, 3\)"),
         (dict(cu_seqlens_k=np.array([0, 40, 2**31], np.int64)),
          r"^cu_seqlens_k: expected values in the int32 range"),
+        (dict(cu_seqlens_k=np.array([0, 40, 2**64 - 1], np.uint64)),
+         r"^cu_seqlens_k: expected values in the int32 range, got values in \[0, "
+         r"18446744073709551615\]"),
         (dict(layout=tilelab.BlockSparseLayout.local_strided(3, 64, 16, 2, 2)),
          r"^layout: expected 1 head, Hq = 4 heads \(one per query head\) or Hkv = 2 heads \(one "
          r"per kv head\), got 3"),

@@ -354,3 +354,52 @@ TEST_CASE("blocksparse_attention: a dense causal layout gives flash_attention's 
     }
   }
 }
+
+TEST_CASE(
+    "blocksparse_attention: a sparse layout gives flash_attention's result with its token "
+    "mask as a -inf bias",
+    "[runtime][blocksparse]") {
+  // One sequence of 90 keys and its last 70 queries; 16-token blocks, one local block, stride 3:
+  // most blocks are absent.
+  const std::int64_t heads = 2, kv_len = 90, q_len = 70, dim = 8;
+  const BlockSparseLayout layout = BlockSparseLayout::local_strided(heads, 96, 16, 1, 3);
+  HostTensor q(DType::f32, {q_len, heads, dim}), k(DType::f32, {kv_len, heads, dim});
+  HostTensor v(DType::f32, {kv_len, heads, dim}), out(DType::f32, {q_len, heads, dim});
+  HostTensor dense_out(DType::f32, {1, heads, q_len, dim});
+  HostTensor bias(DType::f32, {1, heads, q_len, kv_len});
+  Random random(9);
+  q.fill_uniform(random, 2.0);
+  k.fill_uniform(random, 2.0);
+  v.fill_uniform(random, 1.0);
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const std::vector<std::uint8_t> tokens = layout.token_mask(h, kv_len);
+    for (std::int64_t i = 0; i < q_len; ++i) {
+      for (std::int64_t j = 0; j < kv_len; ++j) {
+        const bool visible = tokens[(kv_len - q_len + i) * kv_len + j];
+        bias.set((h * q_len + i) * kv_len + j,
+                 visible ? 0.0f : -std::numeric_limits<float>::infinity());
+      }
+    }
+  }
+  HostTensor cu_q(DType::i32, {2}), cu_k(DType::i32, {2});
+  cu_q.set(1, q_len);
+  cu_k.set(1, kv_len);
+  tilelab::blocksparse_attention(q.view(), k.view(), v.view(), layout, cu_q.view(), cu_k.view(),
+                                 out.view());
+  const auto as_batch = [](const HostTensor& t, std::int64_t len) {
+    return TensorView(t.view().data(), DType::f32, {1, heads, len, dim},
+                      {len * heads * dim, dim, heads * dim, 1});
+  };
+  tilelab::FlashAttentionOptions options;
+  options.bias = bias.view();
+  tilelab::flash_attention(as_batch(q, q_len), as_batch(k, kv_len), as_batch(v, kv_len),
+                           dense_out.view(), options);
+  for (std::int64_t i = 0; i < q_len; ++i) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      for (std::int64_t d = 0; d < dim; ++d) {
+        const float expected = dense_out.get((h * q_len + i) * dim + d);
+        REQUIRE(out.get((i * heads + h) * dim + d) == Approx(expected).margin(1e-6));
+      }
+    }
+  }
+}
