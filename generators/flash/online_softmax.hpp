@@ -79,8 +79,9 @@ inline void define_scores(FlashAttentionStages& s, const Halide::Expr& head_dim)
 
 // Defines, from s.masked (the classified scores), the block statistics, the probabilities, the
 // per-block P·V and the running state s.state, merged over key blocks 0 .. num_blocks - 1 in order.
-// `block_is_live(rk)` says which blocks the merge visits (a predicate on the pure vars and rk);
-// the blocks it skips must be a suffix of 0 .. num_blocks - 1 (running_max reads blocks 0..jb).
+// `block_is_live(rk)`, when given, says which blocks the merge visits (a predicate on the pure vars
+// and rk; Halide turns it into a loop bound only when it loads nothing); the blocks it skips must
+// be a suffix of 0 .. num_blocks - 1 (running_max reads blocks 0..jb).
 inline void define_online_softmax(
     FlashAttentionStages& s, const Halide::Expr& num_blocks,
     const std::function<Halide::Expr(const Halide::Expr&)>& block_is_live) {
@@ -120,7 +121,7 @@ inline void define_online_softmax(
 
   // Merge block rk into (m, l, o): two FMAs per element, the exps were per row.
   RDom rk(0, num_blocks, "rk");
-  rk.where(block_is_live(rk));
+  if (block_is_live) rk.where(block_is_live(rk));
   s.rk = rk.x;
   s.state(d, ii, io, hk, b) = {S::kMasked, 0.0f, 0.0f};
   Expr alpha = s.rescale(ii, rk, io, hk, b);

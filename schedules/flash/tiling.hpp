@@ -24,33 +24,6 @@ inline constexpr FlashAttentionTiling kDecodeTiling{64, 4, true};
 // Backward (both passes): a 32-row × 64-key tile of P and dS, recomputed by each pass.
 inline constexpr FlashAttentionTiling kBackwardTiling{64, 32, false};
 
-// Block-sparse forward: tasks of 32 rows (prefill) or 4 rows (decode: a sequence's last query with
-// its GQA group folded in) over key tiles of 64 keys; a layout block of another size spans
-// ceil(block_size / 64) tiles, the last one masked past the block's end.
-inline constexpr FlashAttentionTiling kBlockSparsePrefillTiling{64, 32, false};
-inline constexpr FlashAttentionTiling kBlockSparseDecodeTiling{64, 4, true};
-
-// The fields of one block-sparse task (up to a block-sparse tiling's query_tile rows of one
-// sequence inside one layout row block), in the order the kernel reads them from its task list.
-enum class BlockSparseTaskField : int {
-  query_token,     // packed index of the task's first query row
-  rows,            // query rows in the task, 1 .. query_tile
-  query_position,  // position in its sequence of the first row (keys are positions 0 ..
-                   // key_count-1)
-  key_token,       // packed index of the sequence's first key
-  key_count,       // the sequence's keys
-  row_block,       // the layout row block (position / block_size) of every row of the task
-};
-inline constexpr int kBlockSparseTaskFields = 6;
-
-// The block-sparse tiling of a generated variant: "prefill" or "decode".
-inline FlashAttentionTiling blocksparse_tiling_of_variant(std::string_view variant) {
-  if (variant == "decode") return kBlockSparseDecodeTiling;
-  TILELAB_REQUIRE(variant == "prefill")
-      << "variant: expected \"prefill\" or \"decode\", got \"" << variant << "\"";
-  return kBlockSparsePrefillTiling;
-}
-
 // Rows per kv head (query rows × GQA group) up to which the runtime runs the decode kernels: up to
 // 8 rows two 4-row passes over K/V still beat one 32-row prefill tile, whose rows would be mostly
 // padding.

@@ -1,0 +1,230 @@
+// The generated block-sparse attention kernels behind detail::generated_blocksparse_attention.
+// Here the runtime splits the query rows into tasks (schedules/flash/blocksparse_tasks.hpp: rows of
+// one sequence inside one layout row block, for one group of folded query heads), batches them by
+// variant (decode: few rows; prefill) and by live key tiles, runs each batch as one kernel call,
+// and scatters each task's rows to out. The layout's CSR arrays are passed as they are.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "blocksparse_bf16_decode.h"
+#include "blocksparse_bf16_prefill.h"
+#include "blocksparse_f16_decode.h"
+#include "blocksparse_f16_prefill.h"
+#include "blocksparse_f32_decode.h"
+#include "blocksparse_f32_prefill.h"
+#include "blocksparse_problem.hpp"
+#include "halide_glue.hpp"
+#include "schedules/flash/blocksparse_tasks.hpp"
+#include "tilelab/error.hpp"
+
+namespace tilelab::detail {
+namespace {
+
+using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
+                         halide_buffer_t*, halide_buffer_t*, int32_t, int32_t, int32_t, bool, float,
+                         halide_buffer_t*);
+
+using schedules::flash::BlockSparseTaskField;
+using schedules::flash::FlashAttentionTiling;
+using schedules::flash::kBlockSparseDecodeTiling;
+using schedules::flash::kBlockSparsePrefillTiling;
+using schedules::flash::kBlockSparseTaskFields;
+using schedules::flash::kDecodeMaxRows;
+
+KernelFn pick_kernel(DType dtype, bool decode) {
+  switch (dtype) {
+    case DType::f32:
+      return decode ? blocksparse_f32_decode : blocksparse_f32_prefill;
+    case DType::f16:
+      return decode ? blocksparse_f16_decode : blocksparse_f16_prefill;
+    case DType::bf16:
+      return decode ? blocksparse_bf16_decode : blocksparse_bf16_prefill;
+    case DType::i32:
+      break;
+  }
+  return nullptr;
+}
+
+// Whether the query heads of every GQA group use the same blocks (the same layout head, or layout
+// heads with equal CSR rows), so that a task can serve the whole group.
+bool groups_share_blocks(const BlockSparseProblem& p) {
+  const BlockSparseLayout& layout = *p.layout;
+  const std::int64_t group = p.q_heads / p.kv_heads, rows = layout.num_row_blocks();
+  for (std::int64_t h = 0; h < p.q_heads; ++h) {
+    const std::int64_t head = p.layout_head(h), first = p.layout_head(h - h % group);
+    if (head == first) continue;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::span<const std::int32_t> a = layout.columns(head, r), b = layout.columns(first, r);
+      if (!std::equal(a.begin(), a.end(), b.begin(), b.end())) return false;
+    }
+  }
+  return true;
+}
+
+// How one variant runs: its tiling and the query heads folded into a task's rows.
+struct VariantPlan {
+  FlashAttentionTiling tiling;
+  std::int64_t folded_heads = 1;
+  std::int64_t rows_per_task() const { return tiling.query_tile / folded_heads; }
+};
+
+VariantPlan plan_variant(const FlashAttentionTiling& tiling, std::int64_t group, bool shared) {
+  VariantPlan plan{tiling, 1};
+  if (shared && group <= tiling.query_tile) plan.folded_heads = group;
+  return plan;
+}
+
+// The key tiles (of `tile` keys) of the kernel's block loop for rows whose last visible key is
+// `key_limit`: the tiles of every listed block up to the first tile past key_limit (columns are
+// sorted, so that is a prefix of the list).
+std::int32_t live_key_tiles(std::span<const std::int32_t> columns, std::int64_t block_size,
+                            std::int64_t tile, std::int64_t key_limit) {
+  const std::int64_t tiles_per_block = (block_size + tile - 1) / tile;
+  std::int64_t live = 0;
+  for (const std::int32_t column : columns) {
+    const std::int64_t first_key = column * block_size;
+    if (first_key > key_limit) break;
+    live += std::min(tiles_per_block, (key_limit - first_key) / tile + 1);
+  }
+  return static_cast<std::int32_t>(live);
+}
+
+using Task = std::array<std::int32_t, kBlockSparseTaskFields>;
+
+// The tasks one kernel call runs: one variant, one number of live key tiles.
+struct TaskBatch {
+  bool decode = false;
+  std::int32_t live_tiles = 0;
+  std::vector<std::int32_t> tasks;  // [num_tasks, kBlockSparseTaskFields]
+  std::int64_t size() const {
+    return static_cast<std::int64_t>(tasks.size()) / kBlockSparseTaskFields;
+  }
+};
+
+// Splits each sequence's query rows at layout row-block boundaries and into tasks of
+// rows_per_task() rows of the sequence's variant, for each group of folded query heads; batches
+// them by (variant, live key tiles).
+std::vector<TaskBatch> build_task_batches(const BlockSparseProblem& p, const VariantPlan& prefill,
+                                          const VariantPlan& decode) {
+  const BlockSparseLayout& layout = *p.layout;
+  const std::int64_t block_size = layout.block_size();
+  std::map<std::pair<bool, std::int32_t>, TaskBatch> batches;
+  for (std::int64_t seq = 0; seq < p.num_seqs; ++seq) {
+    const bool is_decode = p.q_len(seq) * decode.folded_heads <= kDecodeMaxRows;
+    const VariantPlan& plan = is_decode ? decode : prefill;
+    const std::int64_t k_len = p.k_len(seq), first_position = k_len - p.q_len(seq);
+    for (std::int64_t position = first_position; position < k_len;) {
+      const std::int64_t row_block = position / block_size;
+      const std::int64_t end =
+          std::min({k_len, (row_block + 1) * block_size, position + plan.rows_per_task()});
+      const std::int64_t key_limit = layout.causal() ? end - 1 : k_len - 1;
+      for (std::int64_t group = 0; group < p.q_heads / plan.folded_heads; ++group) {
+        Task task{};
+        auto set = [&](BlockSparseTaskField field, std::int64_t value) {
+          task[static_cast<std::size_t>(field)] = static_cast<std::int32_t>(value);
+        };
+        set(BlockSparseTaskField::query_token, p.q_starts[seq] + (position - first_position));
+        set(BlockSparseTaskField::rows, end - position);
+        set(BlockSparseTaskField::query_position, position);
+        set(BlockSparseTaskField::key_token, p.k_starts[seq]);
+        set(BlockSparseTaskField::key_count, k_len);
+        set(BlockSparseTaskField::row_block, row_block);
+        set(BlockSparseTaskField::head_group, group);
+        const std::int64_t layout_head = p.layout_head(group * plan.folded_heads);
+        set(BlockSparseTaskField::layout_head, layout_head);
+        const std::int32_t live = live_key_tiles(layout.columns(layout_head, row_block), block_size,
+                                                 plan.tiling.key_block, key_limit);
+        TaskBatch& batch = batches[{is_decode, live}];
+        batch.decode = is_decode;
+        batch.live_tiles = live;
+        batch.tasks.insert(batch.tasks.end(), task.begin(), task.end());
+      }
+      position = end;
+    }
+  }
+  std::vector<TaskBatch> list;
+  for (auto& [key, batch] : batches) list.push_back(std::move(batch));
+  return list;
+}
+
+// Copies each task's rows from the kernel's task-indexed output [tasks, query_tile, D] to out.
+void scatter_rows(const BlockSparseProblem& p, const TaskBatch& batch, const VariantPlan& plan,
+                  const std::vector<std::byte>& task_out) {
+  const auto element = static_cast<std::int64_t>(dtype_size(p.dtype));
+  const std::int64_t row_bytes = p.head_dim * element;
+  const std::int64_t tile_rows = plan.tiling.query_tile;
+  auto* out = static_cast<std::byte*>(p.out.data());
+  for (std::int64_t t = 0; t < batch.size(); ++t) {
+    const std::int32_t* task = &batch.tasks[static_cast<std::size_t>(t * kBlockSparseTaskFields)];
+    auto get = [&](BlockSparseTaskField field) { return task[static_cast<std::size_t>(field)]; };
+    const std::int64_t rows = get(BlockSparseTaskField::rows);
+    for (std::int64_t row = 0; row < rows * plan.folded_heads; ++row) {
+      const std::int64_t token = get(BlockSparseTaskField::query_token) + row % rows;
+      const std::int64_t head =
+          get(BlockSparseTaskField::head_group) * plan.folded_heads + row / rows;
+      std::memcpy(out + (token * p.out.stride(0) + head * p.out.stride(1)) * element,
+                  task_out.data() + (t * tile_rows + row) * row_bytes,
+                  static_cast<std::size_t>(row_bytes));
+    }
+  }
+}
+
+}  // namespace
+
+bool generated_blocksparse_attention(const BlockSparseProblem& p) {
+  // The kernels read the head dim densely and address elements with int32 offsets.
+  for (const TensorView* view : {&p.q, &p.k, &p.v, &p.out}) {
+    if (view->stride(2) != 1 || !offsets_fit_int32(*view)) return false;
+  }
+  const BlockSparseLayout& layout = *p.layout;
+  if (p.head_dim > 256 || !pick_kernel(p.dtype, false) ||
+      !fits_int32(layout.num_row_blocks() * layout.block_size()) ||
+      !fits_int32(static_cast<std::int64_t>(layout.col().size()))) {
+    return false;
+  }
+  if (p.total_q == 0) return true;
+  install_halide_hooks();
+
+  const std::int64_t group = p.q_heads / p.kv_heads;
+  const bool shared = groups_share_blocks(p);
+  const VariantPlan prefill = plan_variant(kBlockSparsePrefillTiling, group, shared);
+  const VariantPlan decode = plan_variant(kBlockSparseDecodeTiling, group, shared);
+
+  // A layout that keeps no block has an empty col: the kernel still needs one (unread) column.
+  std::vector<std::int32_t> no_columns(static_cast<std::size_t>(layout.n_heads()), 0);
+  const bool empty = layout.nnz_max() == 0;
+  TensorView row_offsets(const_cast<std::int32_t*>(layout.crow().data()), DType::i32,
+                         {layout.n_heads(), layout.num_row_blocks() + 1});
+  TensorView columns(empty ? no_columns.data() : const_cast<std::int32_t*>(layout.col().data()),
+                     DType::i32, {layout.n_heads(), empty ? 1 : layout.nnz_max()});
+
+  for (const TaskBatch& batch : build_task_batches(p, prefill, decode)) {
+    const VariantPlan& plan = batch.decode ? decode : prefill;
+    const std::int64_t tile_rows = plan.tiling.query_tile;
+    std::vector<std::byte> task_out(
+        static_cast<std::size_t>(batch.size() * tile_rows * p.head_dim) * dtype_size(p.dtype));
+    TensorView tasks(const_cast<std::int32_t*>(batch.tasks.data()), DType::i32,
+                     {batch.size(), kBlockSparseTaskFields});
+    TensorView task_out_view(task_out.data(), p.dtype, {batch.size(), tile_rows, p.head_dim});
+    HalideView q(p.q), k(p.k), v(p.v), tasks_h(tasks), row_offsets_h(row_offsets),
+        columns_h(columns), out(task_out_view);
+    halide_error_message_of_thread().clear();
+    const int status = pick_kernel(p.dtype, batch.decode)(
+        q.get(), k.get(), v.get(), tasks_h.get(), row_offsets_h.get(), columns_h.get(),
+        static_cast<int32_t>(layout.block_size()), batch.live_tiles,
+        static_cast<int32_t>(plan.folded_heads), layout.causal(), p.scale, out.get());
+    TILELAB_CHECK(status == 0) << "generated block-sparse attention kernel failed (status "
+                               << status << "): " << halide_error_message_of_thread();
+    scatter_rows(p, batch, plan, task_out);
+  }
+  return true;
+}
+
+}  // namespace tilelab::detail

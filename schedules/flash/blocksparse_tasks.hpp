@@ -1,0 +1,43 @@
+// The block-sparse attention kernels' tiling and task list, one description read by the Halide
+// generator (generators/blocksparse/) and by the runtime that builds the tasks
+// (runtime/src/generated_blocksparse.cpp). Plain C++; apart from tiling.hpp so that editing it
+// does not regenerate the dense kernels.
+#pragma once
+
+#include <string_view>
+
+#include "schedules/flash/tiling.hpp"
+#include "tilelab/error.hpp"
+
+namespace tilelab::schedules::flash {
+
+// Block-sparse forward: tasks of 32 rows (prefill) or 4 rows (decode: a sequence's last query with
+// its GQA group folded in) over key tiles of 64 keys; a layout block of another size spans
+// ceil(block_size / 64) tiles, the last one masked past the block's end.
+inline constexpr FlashAttentionTiling kBlockSparsePrefillTiling{64, 32, false};
+inline constexpr FlashAttentionTiling kBlockSparseDecodeTiling{64, 4, true};
+
+// The fields of one block-sparse task (up to a block-sparse tiling's query_tile rows: query rows of
+// one sequence inside one layout row block, times the query heads folded into the task), in the
+// order the kernel reads them from its task list.
+enum class BlockSparseTaskField : int {
+  query_token,     // packed index of the task's first query row
+  rows,            // query rows (per head) in the task, 1 .. query_tile / folded heads
+  query_position,  // the first row's position in its sequence (keys: positions 0 .. key_count-1)
+  key_token,       // packed index of the sequence's first key
+  key_count,       // the sequence's keys
+  row_block,       // the layout row block (position / block_size) of every row of the task
+  head_group,      // the task's query heads: head_group · F .. head_group · F + F - 1
+  layout_head,     // the layout head whose blocks the task's query heads use
+};
+inline constexpr int kBlockSparseTaskFields = 8;
+
+// The block-sparse tiling of a generated variant: "prefill" or "decode".
+inline FlashAttentionTiling blocksparse_tiling_of_variant(std::string_view variant) {
+  if (variant == "decode") return kBlockSparseDecodeTiling;
+  TILELAB_REQUIRE(variant == "prefill")
+      << "variant: expected \"prefill\" or \"decode\", got \"" << variant << "\"";
+  return kBlockSparsePrefillTiling;
+}
+
+}  // namespace tilelab::schedules::flash
