@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""bench_blocksparse: tilelab.blocksparse_attention against our dense causal flash attention and
+PyTorch SDPA with the layout's dense boolean mask, at Phi-3-small-like settings (local + vertically
+strided blocks), with the layout's density, all measured in one run.
+
+    python bench/attention/bench_blocksparse.py [--build-dir build] [--threads 2] [--quick]
+        [--filter S8192] [--no-torch]
+
+Each workload is one sequence of S tokens (prefill: every query of the sequence). The target is
+time(block-sparse) <= 1.25 x density x time(dense causal): the kernel's time follows the layout's
+density. SDPA runs head by head with that head's [S, S] boolean mask (a [Hq, S, S] mask does not
+fit in memory at 16 k tokens), and its time is the sum over heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from bench_flash import (  # noqa: E402
+    cpu_model,
+    import_tilelab,
+    import_torch,
+    measure_machine_peak,
+    parse_benchmark_args,
+    print_run_header,
+    print_table,
+    to_torch,
+)
+from timing import alternating_medians  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    seqlen: int
+    q_heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 64
+    local_blocks: int = 16
+    vert_stride: int = 8
+    dtype: str = "bfloat16"
+
+    @property
+    def name(self) -> str:
+        return (
+            f"S{self.seqlen} Hq{self.q_heads} Hkv{self.kv_heads} D{self.head_dim} "
+            f"block{self.block_size} local{self.local_blocks} vert{self.vert_stride}"
+        )
+
+    @property
+    def dense_causal_flops(self) -> float:
+        return 4.0 * self.q_heads * self.seqlen * self.seqlen * self.head_dim / 2
+
+
+WORKLOADS = [
+    Workload(2048),
+    Workload(8192),
+    Workload(16384),
+    Workload(2048, dtype="float32"),
+    Workload(8192, dtype="float32"),
+]
+
+
+def run_workload(w: Workload, tilelab, torch, peak, args, rng) -> dict:
+    import ml_dtypes
+
+    dtype = np.float32 if w.dtype == "float32" else ml_dtypes.bfloat16
+    layout = tilelab.BlockSparseLayout.local_strided(
+        w.q_heads, w.seqlen, w.block_size, w.local_blocks, w.vert_stride
+    )
+    # Packed [S, H, D] for block-sparse; [1, H, S, D] views of the same data for dense.
+    q = rng.standard_normal((w.seqlen, w.q_heads, w.head_dim), dtype=np.float32).astype(dtype)
+    k = rng.standard_normal((w.seqlen, w.kv_heads, w.head_dim), dtype=np.float32).astype(dtype)
+    v = rng.standard_normal((w.seqlen, w.kv_heads, w.head_dim), dtype=np.float32).astype(dtype)
+    cu_seqlens = np.array([0, w.seqlen], dtype=np.int32)
+    q_dense, k_dense, v_dense = (
+        np.ascontiguousarray(a.transpose(1, 0, 2))[None] for a in (q, k, v)
+    )
+
+    def sparse_call():
+        return tilelab.blocksparse_attention(
+            q, k, v, layout, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens
+        )
+
+    def dense_call():
+        return tilelab.flash_attention(q_dense, k_dense, v_dense, causal=True)
+
+    calls = [sparse_call, dense_call]
+    if torch is not None:
+        group = w.q_heads // w.kv_heads
+        tq, tk, tv = (to_torch(torch, a) for a in (q_dense, k_dense, v_dense))
+        masks = [torch.from_numpy(layout.token_mask(w.seqlen, head=h)) for h in range(w.q_heads)]
+
+        def torch_call():
+            for h in range(w.q_heads):
+                torch.nn.functional.scaled_dot_product_attention(
+                    tq[:, h : h + 1],
+                    tk[:, h // group : h // group + 1],
+                    tv[:, h // group : h // group + 1],
+                    attn_mask=masks[h],
+                )
+
+        calls.append(torch_call)
+    repeats = args.repeats if w.seqlen <= 4096 else max(1, args.repeats // 3)
+    warmup = args.warmup if w.seqlen <= 4096 else 0
+    medians = alternating_medians(calls, warmup, repeats)
+    density = layout.density
+    sparse_s, dense_s = medians[0], medians[1]
+    result = {
+        "workload": w.name,
+        "dtype": w.dtype,
+        "density": density,
+        "blocksparse_median_s": sparse_s,
+        "dense_causal_median_s": dense_s,
+        "sparse_over_density_dense": sparse_s / (density * dense_s),
+        "dense_fraction_of_fma_peak": w.dense_causal_flops
+        / dense_s
+        * 1e-9
+        / peak["fma_peak_fp32_gflop_per_s"],
+        "sparse_fraction_of_fma_peak": density
+        * w.dense_causal_flops
+        / sparse_s
+        * 1e-9
+        / peak["fma_peak_fp32_gflop_per_s"],
+    }
+    if torch is not None:
+        result["torch_masked_median_s"] = medians[2]
+        result["torch_over_blocksparse"] = medians[2] / sparse_s
+    return result
+
+
+def format_row(r: dict) -> list[str]:
+    torch_ms = f"{1e3 * r['torch_masked_median_s']:.0f}" if "torch_masked_median_s" in r else "-"
+    torch_ratio = f"{r['torch_over_blocksparse']:.2f}x" if "torch_over_blocksparse" in r else "-"
+    return [
+        r["workload"],
+        r["dtype"],
+        f"{r['density']:.3f}",
+        f"{1e3 * r['blocksparse_median_s']:.0f}",
+        f"{1e3 * r['dense_causal_median_s']:.0f}",
+        f"{r['sparse_over_density_dense']:.2f}",
+        torch_ms,
+        torch_ratio,
+        f"{100 * r['sparse_fraction_of_fma_peak']:.1f}%",
+        f"{100 * r['dense_fraction_of_fma_peak']:.1f}%",
+    ]
+
+
+def main() -> None:
+    args = parse_benchmark_args(__doc__.split("\n\n")[0], repeats=3, warmup=1, quick_repeats=1)
+    tilelab = import_tilelab(args.build_dir)
+    tilelab.set_num_threads(args.threads)
+    peak = measure_machine_peak(args.build_dir, args.threads)
+    torch = None if args.no_torch else import_torch(args.threads)
+    print_run_header(tilelab, torch, peak, args)
+    print(
+        "density: kept blocks / causal blocks (layout.density); sparse/(density*dense) is the "
+        "target ratio (<= 1.25); of peak: useful FLOPs (density x 4·H·S²·D/2) / time against "
+        "the fp32 FMA peak\n"
+    )
+    rng = np.random.default_rng(0)
+    results, rows = [], []
+    for workload in WORKLOADS:
+        if args.filter not in workload.name + " " + workload.dtype:
+            continue
+        if args.quick and workload.seqlen > 2048:
+            continue
+        result = run_workload(workload, tilelab, torch, peak, args, rng)
+        results.append(result)
+        rows.append(format_row(result))
+    header = [
+        "workload",
+        "dtype",
+        "density",
+        "sparse ms",
+        "dense causal ms",
+        "sparse/(density*dense)",
+        "torch masked ms",
+        "torch/sparse",
+        "sparse of peak",
+        "dense of peak",
+    ]
+    print_table(header, rows, left_aligned=2)
+    if args.json:
+        report = {
+            "schema": "tilelab.bench_blocksparse",
+            "schema_version": 1,
+            "tilelab_version": tilelab.__version__,
+            "torch_version": torch.__version__ if torch is not None else None,
+            "cpu": cpu_model(),
+            "threads": args.threads,
+            "repeats": args.repeats,
+            "statistic": "median",
+            "machine_peak": peak,
+            "results": results,
+        }
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
