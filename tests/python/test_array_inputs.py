@@ -74,7 +74,7 @@ _capsule_new.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
 _VERSIONED_NAME = b"dltensor_versioned"
 _LEGACY_NAME = b"dltensor"
 
-FLOAT, BFLOAT, FLOAT8_E4M3FN, FLOAT8_E5M2, OPAQUE = 2, 4, 10, 12, 3
+FLOAT, BFLOAT, FLOAT8_E4M3FN, FLOAT8_E5M2, OPAQUE, BOOL = 2, 4, 10, 12, 3, 6
 CPU, CUDA = 1, 2
 
 
@@ -378,3 +378,21 @@ def test_non_arrays_are_still_refused():
                                         r"__dlpack__ or the buffer protocol\).*got list"):
         tilelab.flash_attention([[[[1.0]]]], np.zeros((1, 1, 1, 1), np.float32),
                                 np.zeros((1, 1, 1, 1), np.float32))
+
+
+# --- integer arguments of tilelab.nki --------------------------------------------------------
+
+
+def test_nki_index_arrays_from_buffers_and_dlpack(rng):
+    kv_cache = np.zeros((2, 3, 1, 4, 8), np.float32)
+    key = rng.standard_normal((2, 1, 8)).astype(np.float32)
+    value = rng.standard_normal((2, 1, 8)).astype(np.float32)
+    tilelab.nki.reshape_and_cache(key, value, kv_cache, array.array("q", [5, 0]))
+    np.testing.assert_array_equal(kv_cache[0, 1, :, 1], key[0])
+    mask = rng.random((128, 1024 + 128)) < 0.5
+    want = tilelab.nki.reorder_context_mask(mask, 512, 32)
+    got = tilelab.nki.reorder_context_mask(Producer(mask, code=BOOL, bits=8), 512, 32)
+    np.testing.assert_array_equal(got, want)
+    not_integers = r"^slot_mapping: expected .*integer array, got dtype float64"
+    with pytest.raises(TypeError, match=not_integers):
+        tilelab.nki.reshape_and_cache(key, value, kv_cache, array.array("d", [5.0, 0.0]))
