@@ -3,6 +3,9 @@
 # downstream find_package project) and pytest, then the C++ tests and the CLI under ASan+UBSan
 # (scripts/sanitize.sh) and bounded fuzz runs (scripts/fuzz.sh). Exits non-zero when any test
 # fails. TILELAB_SKIP_SANITIZE=1 or TILELAB_SKIP_FUZZ=1 leave out those two steps.
+# The tilelab.torch tests run in their own venv, .venv-torch (requirements-torch.txt, made here
+# with .venv's python when missing or when the file changed): torch stays out of the project
+# venv, so the pytest run in .venv shows the rest passes without it. TILELAB_SKIP_TORCH=1 skips.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/bootstrap.sh"
@@ -15,6 +18,25 @@ status=0
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" || status=1
 PYTHONPATH="$root/$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
   .venv/bin/python -m pytest -q tests/python || status=1
+if [[ "${TILELAB_SKIP_TORCH:-0}" != 1 ]]; then
+  torch_venv=.venv-torch
+  torch_stamp="$torch_venv/.requirements.sha256"
+  torch_hash="$(sha256sum requirements-torch.txt | cut -d' ' -f1)"
+  install_torch_venv() {
+    echo "[test] installing $torch_venv from requirements-torch.txt" >&2
+    if [[ ! -x "$torch_venv/bin/python" ]]; then
+      "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" -m venv "$torch_venv"
+    fi
+    "$torch_venv/bin/python" -m pip install -q --disable-pip-version-check \
+      -r requirements-torch.txt && echo "$torch_hash" > "$torch_stamp"
+  }
+  if [[ ! -x "$torch_venv/bin/python" || ! -f "$torch_stamp" ||
+        "$(cat "$torch_stamp")" != "$torch_hash" ]]; then
+    install_torch_venv || status=1
+  fi
+  PYTHONPATH="$root/$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
+    "$torch_venv/bin/python" -m pytest -q tests/python/torch || status=1
+fi
 if [[ "${TILELAB_SKIP_SANITIZE:-0}" != 1 ]]; then
   "$root/scripts/sanitize.sh" || status=1
 fi

@@ -1,10 +1,14 @@
-// Numpy arrays as tilelab::TensorView (see array_view.hpp).
+// Array arguments as numpy arrays (numpy itself, DLPack, the buffer protocol) and numpy arrays as
+// tilelab::TensorView (see array_view.hpp).
 #include "array_view.hpp"
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <vector>
 
+#include "dlpack.hpp"
 #include "tilelab/error.hpp"
 
 namespace tilelab::python {
@@ -51,14 +55,205 @@ void reject_masked_array(const py::handle& object, const char* name) {
   }
 }
 
-py::array require_float32_array(const py::handle& object, const char* name, const char* what) {
+namespace {
+
+// What an array argument may be, for the messages of require_*_array.
+constexpr const char* kArrayKinds =
+    "a numpy.ndarray (or an object with __dlpack__ or the buffer protocol)";
+
+// The numpy (or ml_dtypes) dtype of a DLPack element type; tilelab::Error(invalid_type) naming
+// `name` for vector types and codes numpy cannot hold.
+py::dtype numpy_dtype_of(const dlpack::DLDataType& type, const char* name) {
+  struct Entry {
+    std::uint8_t code;
+    std::uint8_t bits;
+    const char* module;
+    const char* attribute;
+  };
+  static constexpr Entry kEntries[] = {
+      {dlpack::kDLFloat, 16, "numpy", "float16"},
+      {dlpack::kDLFloat, 32, "numpy", "float32"},
+      {dlpack::kDLFloat, 64, "numpy", "float64"},
+      {dlpack::kDLBfloat, 16, "ml_dtypes", "bfloat16"},
+      {dlpack::kDLInt, 8, "numpy", "int8"},
+      {dlpack::kDLInt, 16, "numpy", "int16"},
+      {dlpack::kDLInt, 32, "numpy", "int32"},
+      {dlpack::kDLInt, 64, "numpy", "int64"},
+      {dlpack::kDLUInt, 8, "numpy", "uint8"},
+      {dlpack::kDLUInt, 16, "numpy", "uint16"},
+      {dlpack::kDLUInt, 32, "numpy", "uint32"},
+      {dlpack::kDLUInt, 64, "numpy", "uint64"},
+      {dlpack::kDLBool, 8, "numpy", "bool_"},
+      {dlpack::kDLComplex, 64, "numpy", "complex64"},
+      {dlpack::kDLComplex, 128, "numpy", "complex128"},
+      {dlpack::kDLFloat8_e3m4, 8, "ml_dtypes", "float8_e3m4"},
+      {dlpack::kDLFloat8_e4m3, 8, "ml_dtypes", "float8_e4m3"},
+      {dlpack::kDLFloat8_e4m3b11fnuz, 8, "ml_dtypes", "float8_e4m3b11fnuz"},
+      {dlpack::kDLFloat8_e4m3fn, 8, "ml_dtypes", "float8_e4m3fn"},
+      {dlpack::kDLFloat8_e4m3fnuz, 8, "ml_dtypes", "float8_e4m3fnuz"},
+      {dlpack::kDLFloat8_e5m2, 8, "ml_dtypes", "float8_e5m2"},
+      {dlpack::kDLFloat8_e5m2fnuz, 8, "ml_dtypes", "float8_e5m2fnuz"},
+      {dlpack::kDLFloat8_e8m0fnu, 8, "ml_dtypes", "float8_e8m0fnu"},
+  };
+  if (type.lanes == 1) {
+    for (const Entry& entry : kEntries) {
+      if (entry.code == type.code && entry.bits == type.bits) {
+        return py::dtype::from_args(py::module_::import(entry.module).attr(entry.attribute));
+      }
+    }
+  }
+  throw Error(std::string(name) + ": its DLPack element type (code " + std::to_string(type.code) +
+                  ", " + std::to_string(type.bits) + " bits, " + std::to_string(type.lanes) +
+                  " lanes) has no numpy or ml_dtypes equivalent",
+              ErrorKind::invalid_type);
+}
+
+// Device types whose memory the CPU reads directly: CPU, CUDA host (pinned), ROCm host.
+bool host_readable(std::int32_t device_type) {
+  return device_type == dlpack::kDLCPU || device_type == 3 || device_type == 11;
+}
+
+std::string device_description(std::int32_t device_type) {
+  switch (device_type) {
+    case dlpack::kDLCUDA:
+      return "CUDA";
+    case 4:
+      return "OpenCL";
+    case 7:
+      return "Vulkan";
+    case 8:
+      return "Metal";
+    case 10:
+      return "ROCm";
+    case 13:
+      return "CUDA managed";
+    case 14:
+      return "oneAPI";
+    default:
+      return "DLPack device type " + std::to_string(device_type);
+  }
+}
+
+void require_host_device(std::int32_t device_type, const char* name) {
+  if (!host_readable(device_type)) {
+    throw Error(std::string(name) + ": expected an array in CPU memory, got one on the " +
+                    device_description(device_type) + " device (copy it to the CPU first)",
+                ErrorKind::invalid_type);
+  }
+}
+
+// A numpy array over the memory of a consumed DLPack tensor. The array's base is a capsule that
+// owns `managed` and calls the producer's deleter when numpy releases the array; it takes
+// ownership before any check, so an error frees the tensor too.
+template <typename Managed>
+py::array wrap_managed_tensor(Managed* managed, bool read_only, const char* name) {
+  const py::capsule owner(managed, [](void* pointer) {
+    auto* tensor = static_cast<Managed*>(pointer);
+    if (tensor->deleter != nullptr) tensor->deleter(tensor);
+  });
+  if constexpr (std::is_same_v<Managed, dlpack::DLManagedTensorVersioned>) {
+    if (managed->version.major != 1) {
+      throw Error(std::string(name) + ": its __dlpack__ returned DLPack version " +
+                      std::to_string(managed->version.major) + "." +
+                      std::to_string(managed->version.minor) + ", expected 1.x",
+                  ErrorKind::invalid_type);
+    }
+  }
+  const dlpack::DLTensor& tensor = managed->dl_tensor;
+  require_host_device(tensor.device.device_type, name);
+  const py::dtype dtype = numpy_dtype_of(tensor.dtype, name);
+  const py::ssize_t itemsize = dtype.itemsize();
+  std::vector<py::ssize_t> shape(static_cast<std::size_t>(tensor.ndim));
+  std::vector<py::ssize_t> strides(shape.size());
+  py::ssize_t contiguous_stride = itemsize;
+  for (std::int32_t i = tensor.ndim - 1; i >= 0; --i) {
+    shape[i] = tensor.shape[i];
+    strides[i] = tensor.strides != nullptr ? tensor.strides[i] * itemsize : contiguous_stride;
+    contiguous_stride *= shape[i];
+  }
+  void* data = static_cast<char*>(tensor.data) + tensor.byte_offset;
+  py::array result(dtype, shape, strides, data, owner);
+  if (read_only) result.attr("setflags")(py::arg("write") = false);
+  return result;
+}
+
+// Calls object.__dlpack__ (asking for a versioned capsule, falling back to the pre-1.0 call for
+// producers without max_version) and consumes the capsule as the protocol says: take the
+// tensor, rename the capsule "used_..." so the producer's capsule destructor leaves it alone.
+py::array array_from_dlpack(const py::handle& object, const char* name) {
+  try {
+    if (py::hasattr(object, "__dlpack_device__")) {
+      const py::tuple device = object.attr("__dlpack_device__")();
+      require_host_device(device[0].cast<std::int32_t>(), name);
+    }
+    py::object capsule;
+    try {
+      capsule = object.attr("__dlpack__")(py::arg("max_version") = py::make_tuple(1, 1));
+    } catch (const py::error_already_set& error) {
+      if (!error.matches(PyExc_TypeError)) throw;
+      capsule = object.attr("__dlpack__")();
+    }
+    if (!py::isinstance<py::capsule>(capsule)) {
+      throw Error(std::string(name) + ": its __dlpack__ returned " +
+                      py::str(py::type::handle_of(capsule).attr("__name__")).cast<std::string>() +
+                      ", expected a PyCapsule",
+                  ErrorKind::invalid_type);
+    }
+    PyObject* raw = capsule.ptr();
+    if (PyCapsule_IsValid(raw, "dltensor_versioned") != 0) {
+      auto* managed = static_cast<dlpack::DLManagedTensorVersioned*>(
+          PyCapsule_GetPointer(raw, "dltensor_versioned"));
+      if (PyCapsule_SetName(raw, "used_dltensor_versioned") != 0) throw py::error_already_set();
+      return wrap_managed_tensor(managed, (managed->flags & dlpack::kFlagReadOnly) != 0, name);
+    }
+    if (PyCapsule_IsValid(raw, "dltensor") != 0) {
+      auto* managed = static_cast<dlpack::DLManagedTensor*>(PyCapsule_GetPointer(raw, "dltensor"));
+      if (PyCapsule_SetName(raw, "used_dltensor") != 0) throw py::error_already_set();
+      return wrap_managed_tensor(managed, false, name);
+    }
+    const char* capsule_name = PyCapsule_GetName(raw);
+    throw Error(std::string(name) + ": its __dlpack__ returned a capsule named '" +
+                    (capsule_name != nullptr ? capsule_name : "") +
+                    "', expected 'dltensor_versioned' or 'dltensor' (an unused tensor)",
+                ErrorKind::invalid_type);
+  } catch (const py::error_already_set& error) {
+    // The producer refused (e.g. a tensor that requires grad, a conjugate view): say which
+    // argument it was.
+    const std::string producer_message =
+        py::str(error.type().attr("__name__")).cast<std::string>() + ": " +
+        py::str(error.value()).cast<std::string>();
+    throw Error(std::string(name) + ": could not be read through __dlpack__: " + producer_message,
+                ErrorKind::invalid_type);
+  }
+}
+
+}  // namespace
+
+std::optional<py::array> as_numpy_array(const py::handle& object, const char* name) {
   reject_masked_array(object, name);
-  if (!py::isinstance<py::array>(object)) {
-    throw Error(std::string(name) + ": expected a numpy.ndarray of float32" + what + ", got " +
+  if (py::isinstance<py::array>(object)) return py::reinterpret_borrow<py::array>(object);
+  if (py::hasattr(object, "__dlpack__")) return array_from_dlpack(object, name);
+  if (PyObject_CheckBuffer(object.ptr()) != 0) {
+    // Through a memoryview, numpy keeps the buffer's format and shape (bytes stay uint8 rather
+    // than becoming a 0-d string array) and the array holds the buffer export alive.
+    const py::object view =
+        py::reinterpret_steal<py::object>(PyMemoryView_FromObject(object.ptr()));
+    if (!view) throw py::error_already_set();
+    static const py::handle asarray =
+        py::object(py::module_::import("numpy").attr("asarray")).release();
+    return py::reinterpret_steal<py::array>(asarray(view).release());
+  }
+  return std::nullopt;
+}
+
+py::array require_float32_array(const py::handle& object, const char* name, const char* what) {
+  const std::optional<py::array> converted = as_numpy_array(object, name);
+  if (!converted) {
+    throw Error(std::string(name) + ": expected " + kArrayKinds + " of float32" + what + ", got " +
                     python_type_name(object),
                 ErrorKind::invalid_type);
   }
-  py::array array = py::reinterpret_borrow<py::array>(object);
+  const py::array& array = *converted;
   if (attention_dtype(array.dtype()) != DType::f32) {
     throw Error(std::string(name) + ": expected dtype float32, got " +
                     py::str(array.dtype()).cast<std::string>(),
@@ -68,13 +263,13 @@ py::array require_float32_array(const py::handle& object, const char* name, cons
 }
 
 py::array require_attention_array(const py::handle& object, const char* name) {
-  reject_masked_array(object, name);
-  if (!py::isinstance<py::array>(object)) {
-    throw Error(std::string(name) + ": expected a numpy.ndarray of " + kAttentionDtypes + ", got " +
-                    python_type_name(object),
+  const std::optional<py::array> converted = as_numpy_array(object, name);
+  if (!converted) {
+    throw Error(std::string(name) + ": expected " + kArrayKinds + " of " + kAttentionDtypes +
+                    ", got " + python_type_name(object),
                 ErrorKind::invalid_type);
   }
-  py::array array = py::reinterpret_borrow<py::array>(object);
+  const py::array& array = *converted;
   if (!attention_dtype(array.dtype())) {
     throw Error(std::string(name) + ": expected dtype " + kAttentionDtypes + ", got " +
                     py::str(array.dtype()).cast<std::string>(),

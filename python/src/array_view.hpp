@@ -1,5 +1,7 @@
-// Numpy arrays as tilelab::TensorView: dtype mapping, byte strides to element strides, and the
-// contiguous copy made when a buffer cannot be viewed in place.
+// Array arguments as numpy arrays without copying (numpy arrays, objects with __dlpack__ such as
+// torch or JAX CPU tensors, objects with the buffer protocol), and numpy arrays as
+// tilelab::TensorView: dtype mapping, byte strides to element strides, and the contiguous copy
+// made when a buffer cannot be viewed in place.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -26,12 +28,24 @@ std::optional<DType> attention_dtype(const py::dtype& dtype);
 // read its data and silently ignore its mask.
 void reject_masked_array(const py::handle& object, const char* name);
 
-// `object` as a numpy array of an attention dtype (not a MaskedArray); tilelab::Error(invalid_type)
-// naming `name` when it is not a numpy.ndarray or has another dtype.
+// `object` as a numpy array over the same memory, nullopt when it is no array:
+// - a numpy.ndarray is returned as is (a numpy.ma.MaskedArray is refused, see above);
+// - an object with `__dlpack__` is consumed through the DLPack protocol (a versioned capsule when
+//   the producer offers one; the array's base owns the tensor and calls the producer's deleter).
+//   Element types map to numpy's, bfloat16 and the float8 types to ml_dtypes'; a read-only tensor
+//   gives a read-only array. tilelab::Error(invalid_type) naming `name` for memory the CPU cannot
+//   read (a CUDA tensor), an element type numpy cannot hold, or a producer that refuses;
+// - an object with the buffer protocol (memoryview, array.array, bytes) is viewed through a
+//   memoryview, keeping its format and shape.
+std::optional<py::array> as_numpy_array(const py::handle& object, const char* name);
+
+// `object` (any array as_numpy_array takes) as a numpy array of an attention dtype;
+// tilelab::Error(invalid_type) naming `name` when it is no array or has another dtype.
 py::array require_attention_array(const py::handle& object, const char* name);
 
-// `object` as a float32 numpy array; tilelab::Error(invalid_type) naming `name` otherwise, its
-// message "expected a numpy.ndarray of float32<what>" (e.g. " or None").
+// `object` (any array as_numpy_array takes) as a float32 numpy array; tilelab::Error(invalid_type)
+// naming `name` otherwise, its message "expected a numpy.ndarray (...) of float32<what>" (e.g.
+// " or None").
 py::array require_float32_array(const py::handle& object, const char* name, const char* what);
 
 // A TensorView over numpy memory, and the array that owns that memory (the caller's array when it

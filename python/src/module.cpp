@@ -203,6 +203,15 @@ PYBIND11_MODULE(_core, module) {
       py::arg("array"),
       "Testing hook: whether flash_attention reads `array` in place (True) or copies it first.");
   module.def(
+      "_as_array",
+      [](const py::handle& array, const std::string& name) -> py::object {
+        std::optional<py::array> result = as_numpy_array(array, name.c_str());
+        return result ? py::object(*result) : py::object(py::none());
+      },
+      py::arg("array"), py::arg("name") = "array",
+      "The numpy array tilelab reads for `array` (a numpy array, or an object with __dlpack__ or "
+      "the buffer protocol), over the same memory; None when `array` is none of those.");
+  module.def(
       "_raise_error",
       [](const std::string& kind) {
         if (kind == "value") {

@@ -1,6 +1,8 @@
 """tilelab: CPU attention kernels generated with Halide, behind a checked API.
 
-Arrays are numpy arrays of float32, float16 or bfloat16 (``ml_dtypes.bfloat16``). Work runs on
+Arrays are numpy arrays of float32, float16 or bfloat16 (``ml_dtypes.bfloat16``), or any object
+with ``__dlpack__`` (torch CPU tensors, ...) or the buffer protocol, read in place; results are
+numpy arrays. ``tilelab.torch`` (imported separately) wraps attention for torch. Work runs on
 tilelab's OpenMP pool (see :func:`set_num_threads`) with the GIL released, so Python threads may
 call into tilelab concurrently.
 """
@@ -114,8 +116,9 @@ def flash_attention(
         (0 / 0). Large finite scores such as -1e30 are ordinary scores.
 
     Raises:
-        TypeError: an argument is not a numpy array (a ``numpy.ma.MaskedArray`` neither: its mask
-            would be ignored) or has a wrong dtype; ``causal`` or ``return_lse`` is not a bool;
+        TypeError: an argument is not an array (a ``numpy.ma.MaskedArray`` neither: its mask
+            would be ignored), is in memory the CPU cannot read (a CUDA tensor) or has a wrong
+            dtype; ``causal`` or ``return_lse`` is not a bool;
             ``scale`` is not a real number; ``causal_alignment`` or ``implementation`` is not a
             str (the message names the argument).
         ValueError: a wrong rank or shape, Hq not a multiple of Hkv, a non-finite scale, an unknown
@@ -207,7 +210,7 @@ def flash_attention_backward(
         row gives zero gradients. NaN and inf in the inputs propagate.
 
     Raises:
-        TypeError: an argument is not a numpy array or has a wrong dtype (the message names it).
+        TypeError: an argument is not an array or has a wrong dtype (the message names it).
         ValueError: a wrong rank or shape (e.g. lse not ``[B, Hq, M]``, dout not the shape of q),
             ``return_dbias`` without a bias, or any error :func:`flash_attention` would raise.
     """

@@ -2,8 +2,9 @@
 block tables, continuous batching through a mask) with the same layouts and numerics, run as CPU
 code generated from one Halide algorithm with either of two schedules.
 
-Arrays are numpy arrays; attention tensors are float32 or bfloat16 (``ml_dtypes.bfloat16``).
-Work runs on tilelab's OpenMP pool with the GIL released.
+Arrays are numpy arrays or any object with ``__dlpack__`` or the buffer protocol (torch CPU
+tensors, memoryviews), read in place; attention tensors are float32 or bfloat16
+(``ml_dtypes.bfloat16``). Work runs on tilelab's OpenMP pool with the GIL released.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ __all__ = [
 MASKED_SCORE = -9984.0
 
 Schedule = Literal["cpu", "tile"]
+
+
+def _as_numpy(array, name: str):
+    """An object with __dlpack__ or the buffer protocol as a numpy array over its memory (as
+    every attention tensor is taken); anything else unchanged, for _require_int_array to judge."""
+    converted = _core._as_array(array, name)
+    return array if converted is None else converted
 
 
 def _require_int_array(array, name: str, *, allow_bool: bool = False) -> None:
@@ -52,6 +60,7 @@ def _fits_int32(array: np.ndarray) -> bool:
 
 def _as_int32(array, name: str) -> np.ndarray:
     """An integer index array (block tables, slot mappings) as C-contiguous int32."""
+    array = _as_numpy(array, name)
     _require_int_array(array, name)
     if not _fits_int32(array):
         low, high = int(array.min()), int(array.max())
@@ -61,6 +70,7 @@ def _as_int32(array, name: str) -> np.ndarray:
 
 def _mask_as_int32(mask) -> np.ndarray:
     """A bool or integer mask (nonzero = attend) as C-contiguous int32 with the same zeros."""
+    mask = _as_numpy(mask, "mask")
     _require_int_array(mask, "mask", allow_bool=True)
     if not _fits_int32(mask):
         mask = mask != 0
@@ -151,6 +161,7 @@ def reorder_context_mask(mask: np.ndarray, LARGE_TILE_SZ: int, block_size: int) 
     consumes a column of partitions at a time. The new tokens' columns are unchanged.
     ValueError when context_len is not a multiple of LARGE_TILE_SZ or the sizes do not tile.
     """
+    mask = _as_numpy(mask, "mask")
     _require_int_array(mask, "mask", allow_bool=True)
     LARGE_TILE_SZ = _require_int(LARGE_TILE_SZ, "LARGE_TILE_SZ")  # noqa: N806
     block_size = _require_int(block_size, "block_size")
