@@ -118,8 +118,8 @@ ResolvedPoint resolve_point(const PagedPoint& point) {
   TILELAB_REQUIRE(!point.requests.empty()) << "prefill, decode: no requests given";
   TILELAB_REQUIRE(point.seed >= 0 && point.seed <= UINT32_MAX)
       << "seed: expected 0 <= seed < 2**32, got " << point.seed;
-  const sim::PagedAttentionBatch batch =
-      sim::make_paged_attention_batch(point.requests, s, static_cast<uint32_t>(point.seed));
+  // Timing only: the batch's sizes, not its block table and mask (the seed places blocks).
+  const sim::PagedAttentionBatchShape batch = sim::paged_attention_batch_shape(point.requests, s);
   r.config.shape.num_heads = point.num_heads;
   r.config.shape.num_kv_heads = point.num_kv_heads;
   r.config.shape.head_dim = point.head_dim;
