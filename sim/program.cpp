@@ -91,6 +91,21 @@ void set_program_limits(const ProgramLimits& limits) {
   max_buffer_elements.store(limits.max_buffer_elements);
 }
 
+namespace {
+// Programs built one after another on a thread are usually alike (a sweep's points, a benchmark's
+// runs, a CLI run and its comparisons). Starting with the capacity the last one needed, plus a
+// margin, saves growing a vector of ~120-byte instructions from empty: each doubling copies it and
+// touches fresh pages, which cost more than building the instructions. The cap keeps one huge
+// program from making every later builder reserve its address space.
+thread_local size_t instruction_capacity_hint = 1024;
+thread_local size_t dma_capacity_hint = 256;
+constexpr size_t kMaxCapacityHint = size_t{1} << 20;
+
+size_t next_capacity_hint(size_t used) {
+  return std::min(kMaxCapacityHint, std::max<size_t>(1024, used + used / 8));
+}
+}  // namespace
+
 void ProgramBuilder::reserve_buffer_elements(const std::string& name, uint64_t elements) {
   TILELAB_REQUIRE(elements <= limits_.max_buffer_elements - buffer_elements_)
       << "program '" << program_.name << "': buffer '" << name << "' (" << elements
@@ -107,7 +122,8 @@ ProgramBuilder::ProgramBuilder(Machine machine, std::string name)
             kPsumAlignment) {
   program_.machine = std::move(machine);
   program_.name = std::move(name);
-  program_.instructions.reserve(1024);
+  program_.instructions.reserve(instruction_capacity_hint);
+  program_.dmas.reserve(dma_capacity_hint);
 }
 
 Tensor ProgramBuilder::hbm_tensor(const std::string& name, std::vector<int64_t> shape,
@@ -915,6 +931,8 @@ Program ProgramBuilder::finish() {
   finished_ = true;
   program_.peak_sbuf_bytes_per_partition = sbuf_.peak();
   program_.peak_psum_bytes_per_partition = psum_.peak();
+  instruction_capacity_hint = next_capacity_hint(program_.instructions.size());
+  dma_capacity_hint = next_capacity_hint(program_.dmas.size());
   return std::move(program_);
 }
 
