@@ -996,9 +996,16 @@ def _run_points(
     chunk = max(16, 8 * _core.num_threads())
     meter = _Progress(len(points), progress)
     try:
-        for begin in range(0, len(points), chunk):
+        begin = 0
+        while begin < len(points):
+            started = time.perf_counter()
             results.extend(run_chunk(points[begin : begin + chunk]))
+            begin += chunk
             meter.update(len(results))
+            # Larger calls keep the threads busy through points of uneven cost and let repeated
+            # points share a run; doubling while a call is quick still updates the meter often.
+            if time.perf_counter() - started < 0.25:
+                chunk *= 2
     finally:
         meter.close()
     metric_names = next((list(r) for r in results if isinstance(r, dict)), [])
