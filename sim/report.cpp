@@ -199,20 +199,27 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   // --- critical path ---
   const std::vector<uint32_t> path = critical_path(p, t);
   r.critical_path_instructions = path.size();
+  // Units by index (engines, then DMA), summed in path order and named once at the end.
+  constexpr int kDmaUnit = kEngineCount;
+  std::array<double, kEngineCount + 1> ns_by_unit{};
+  std::array<bool, kEngineCount + 1> on_path{};
+  int segment_unit = -1;  // unit of r.critical_path.back()
   double previous_end = 0;
   for (uint32_t i : path) {
     const InstructionTiming& it = t.instructions[i];
     const double contributed = std::max(0.0, it.end_ns - previous_end);
     previous_end = std::max(previous_end, it.end_ns);
-    const std::string unit = unit_of(p, i);
-    r.critical_path_ns_by_unit[unit] += contributed;
-    if (r.critical_path.empty() || r.critical_path.back().unit != unit) {
+    const int unit = is_dma(p.instructions[i]) ? kDmaUnit : int(p.instructions[i].engine);
+    ns_by_unit[unit] += contributed;
+    on_path[unit] = true;
+    if (segment_unit != unit) {
       if (r.critical_path.size() >= options.max_critical_path_segments) {
         r.critical_path_truncated = true;
         continue;
       }
+      segment_unit = unit;
       CriticalPathSegment s;
-      s.unit = unit;
+      s.unit = unit_of(p, i);
       s.start_ns = it.start_ns;
       s.first_instruction = std::string("#")
                                 .append(std::to_string(i))
@@ -225,6 +232,11 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
     s.end_ns = it.end_ns;
     s.contributed_ns += contributed;
   }
+  for (int unit = 0; unit <= kDmaUnit; ++unit)
+    if (on_path[unit])
+      r.critical_path_ns_by_unit[unit == kDmaUnit ? "dma"
+                                                  : std::string(engine_name(Engine(unit)))] =
+          ns_by_unit[unit];
   return r;
 }
 
