@@ -50,3 +50,16 @@ def test_kernel_sweep_results_are_pinned_and_thread_count_independent(restore_nu
     parallel = sim.sweep(grid=KERNEL_GRID, kernel="matmul", progress=False)
     assert [r.valid for r in serial] == [True, False, True, False]
     assert digest(serial) == digest(parallel) == KERNEL_DIGEST
+
+
+def test_points_differing_in_the_seed_share_a_run_and_bad_seeds_stay_invalid():
+    rows = sim.sweep(BASE, grid={"seed": [1, -1, 2, 2**32], "kv_buffers": [1, 2]}, progress=False)
+    assert [r.valid for r in rows] == [True, True, False, False, True, True, False, False]
+    assert rows[2].error == "seed: expected 0 <= seed < 2**32, got -1"
+    assert rows[6].error == "seed: expected 0 <= seed < 2**32, got 4294967296"
+    # The seed places blocks in the cache; a timing-only run is the same for every seed.
+    assert rows[0].metrics == rows[4].metrics
+    assert rows[1].metrics == rows[5].metrics
+    # Each equals the point simulated on its own.
+    single = sim.sweep(BASE, grid={"seed": [2], "kv_buffers": [2]}, progress=False)
+    assert single[0].metrics == rows[5].metrics
