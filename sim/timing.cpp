@@ -116,9 +116,8 @@ class Tracker {
     const AccessRecord entry{g.p0, g.p1, g.b0, g.b1, done_ns, instruction, source, g.write};
     if (g.write) {
       // A write supersedes every earlier access it fully covers.
-      erase_covered(lists.writes, g);
       erase_covered(lists.reads, g);
-      insert(lists.writes, lists.max_write_span, entry);
+      replace_covered(lists.writes, lists.max_write_span, g, entry);
     } else {
       insert(lists.reads, lists.max_read_span, entry);
     }
@@ -176,6 +175,27 @@ class Tracker {
     while (last != list.end() && last->b0 < g.b1) ++last;
     list.erase(std::remove_if(first, last, [&](const AccessRecord& r) { return covers(g, r); }),
                last);
+  }
+
+  // erase_covered(list, g) then insert(list, max_span, e) for e over g, in one pass: the records g
+  // covers include any of e's region, and e lands where the first of them was (the first record
+  // at or after g.b0), ahead of the records of the range that stay.
+  void replace_covered(std::vector<AccessRecord>& list, uint64_t& max_span, const Region& g,
+                       const AccessRecord& e) {
+    const auto first = first_at_or_after(list, g.b0);
+    auto last = first;
+    while (last != list.end() && last->b0 < g.b1) ++last;
+    const auto kept_end =
+        std::remove_if(first, last, [&](const AccessRecord& r) { return covers(g, r); });
+    if (kept_end == last) {
+      list.insert(first, e);
+    } else {
+      std::move_backward(first, kept_end, kept_end + 1);
+      *first = e;
+      list.erase(kept_end + 1, last);
+    }
+    max_span = std::max(max_span, e.b1 - e.b0);
+    if (list.size() > kMaxAccessRecords) compact(list, max_span);
   }
 
   void insert(std::vector<AccessRecord>& list, uint64_t& max_span, const AccessRecord& e) {
@@ -290,7 +310,12 @@ TimingResult simulate_timing(const Program& program, const Machine& m,
 
     // Port conflicts (NC-v2): only against the other engine sharing the port.
     bool uses_sbuf = false, uses_psum = false;
-    if (instr.dma == kNone) {
+    const bool may_share_port =
+        (m.vector_gpsimd_share_sbuf_port &&
+         (instr.engine == Engine::vector || instr.engine == Engine::gpsimd)) ||
+        (m.vector_scalar_share_psum_port &&
+         (instr.engine == Engine::vector || instr.engine == Engine::scalar));
+    if (instr.dma == kNone && may_share_port) {
       for (const TileRef& ref : instr.operands) {
         if (!ref.valid()) continue;
         const Memory mem = facts[ref.tile].memory;
