@@ -55,7 +55,8 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
 
   // --- engines and idle-time blame ---
   const size_t n = p.instructions.size();
-  std::array<EngineIdleTime, kEngineCount> idle = attribute_idle_time(p, t);
+  std::array<EngineIdleTime, kEngineCount> idle{};
+  if (options.idle_blame) idle = attribute_idle_time(p, t);
   for (int e = 0; e < kEngineCount; ++e) {
     EngineSummary s;
     s.name = std::string(engine_name(static_cast<Engine>(e)));

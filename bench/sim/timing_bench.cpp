@@ -95,6 +95,7 @@ Throughput measure(const std::function<Program()>& build, int repeats) {
     if (r == 0) t.first_end_to_end_s = build_s + simulate_s;
     ReportOptions options;
     options.max_critical_path_segments = 0;
+    options.idle_blame = false;
     const double report_start = now_s();
     const Report report = make_report(program, timing, options);
     t.report_s = std::min(t.report_s, now_s() - report_start);

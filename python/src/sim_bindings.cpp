@@ -378,6 +378,7 @@ py::list sweep(const py::list& machine_specs, const py::list& points) {
     sim::ReportOptions options;
     options.kernel = kKernelName;
     options.max_critical_path_segments = 0;  // the per-unit totals are enough for a table
+    options.idle_blame = false;              // not among the flat metrics
     return flat_summary(sim::make_report(program, sim::simulate_timing(program), options));
   });
   SweepOutcomes out{std::vector<Summary>(parsed.size()), std::move(resolve_outcomes.errors)};
@@ -416,6 +417,7 @@ py::list sweep_kernel(const std::string& kernel_name, const py::list& machine_sp
     options.kernel = kernel.name;
     options.parameters = parameters;
     options.max_critical_path_segments = 0;
+    options.idle_blame = false;  // not among the flat metrics
     return flat_summary(sim::make_report(program, sim::simulate_timing(program), options));
   });
   py::gil_scoped_acquire acquire;

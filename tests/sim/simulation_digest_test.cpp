@@ -327,3 +327,26 @@ TEST_CASE("simulation digests: the matmul tutorial variants and flash prefill") 
          0xc9805d51f6cd82b0ull,
          0x7589a2736d0993a2ull});
 }
+
+TEST_CASE("simulation digests: a report without idle-time blame has the same flat metrics") {
+  const KernelInfo& kernel = kernel_registry().find("paged-attention");
+  const KernelParameters parameters = resolve_parameters(kernel, {{"large_tile_size", "1024"}});
+  const Program program = kernel.build(trn1(), parameters);
+  const TimingResult timing = simulate_timing(program);
+  ReportOptions without;
+  without.max_critical_path_segments = 0;
+  without.idle_blame = false;
+  const Report lean = make_report(program, timing, without);
+  for (const EngineSummary& e : lean.engines) {
+    CHECK(e.idle_blame.empty());
+    CHECK(e.top_waits.empty());
+  }
+  const std::vector<Metric> full = flat_metrics(make_report(program, timing));
+  const std::vector<Metric> flat = flat_metrics(lean);
+  REQUIRE(full.size() == flat.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    INFO(full[i].name);
+    CHECK(flat[i].name == full[i].name);
+    CHECK(std::bit_cast<uint64_t>(flat[i].value) == std::bit_cast<uint64_t>(full[i].value));
+  }
+}
