@@ -36,6 +36,7 @@
 #include "sim/timing.hpp"
 #include "tilelab/detail/argument_checks.hpp"
 #include "tilelab/error.hpp"
+#include "tilelab/threading.hpp"
 
 namespace py = pybind11;
 
@@ -289,8 +290,10 @@ SweepOutcomes summarize_in_parallel(size_t point_count, const Summarize& summari
   SweepOutcomes out{std::vector<Summary>(point_count), std::vector<std::string>(point_count)};
   std::exception_ptr internal_error;
   std::atomic<bool> failed{false};
-  // dynamic: points differ in cost by orders of magnitude (block size, context length).
-#pragma omp parallel for schedule(dynamic, 1)
+  // dynamic: points differ in cost by orders of magnitude (block size, context length). The
+  // thread count is tilelab's (tilelab.set_num_threads), not OpenMP's default.
+  const int threads = tilelab::num_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < count; ++i) {
     if (failed.load()) continue;
     try {

@@ -993,7 +993,9 @@ def _run_points(
     """Runs `points` in chunks through `run_chunk` (a _core sweep) and pairs each result with its
     row of grid values."""
     results: list[Any] = []
-    chunk = max(16, 8 * _core.num_threads())
+    # Each call shares its points out over the threads and runs points that differ only in their
+    # seed once, so calls hold many points; they double while a call takes under a second.
+    chunk = 64 * _core.num_threads()
     meter = _Progress(len(points), progress)
     try:
         begin = 0
@@ -1002,9 +1004,7 @@ def _run_points(
             results.extend(run_chunk(points[begin : begin + chunk]))
             begin += chunk
             meter.update(len(results))
-            # Larger calls keep the threads busy through points of uneven cost and let repeated
-            # points share a run; doubling while a call is quick still updates the meter often.
-            if time.perf_counter() - started < 0.25:
+            if time.perf_counter() - started < 1.0:
                 chunk *= 2
     finally:
         meter.close()
