@@ -17,16 +17,6 @@ std::string base_name(const std::string& name) {
   return bracket == std::string::npos ? name : name.substr(0, bracket);
 }
 
-std::string wait_label(const Program& p, uint32_t i) {
-  const Instruction& instr = p.instructions[i];
-  std::string target;
-  if (instr.operands[kDst].valid())
-    target = p.buffers[instr.operands[kDst].tile].name;
-  else if (instr.dma != kNone && p.dmas[instr.dma].hbm.tensor != kNone)
-    target = p.buffers[p.dmas[instr.dma].hbm.tensor].name;
-  return std::string(opcode_name(instr.opcode)) + " -> " + base_name(target);
-}
-
 double percent(double part, double whole) {
   return whole > 0 ? 100.0 * part / whole : 0.0;
 }
@@ -87,10 +77,89 @@ std::vector<uint32_t> critical_path(const Program& p, const TimingResult& t) {
   return path;
 }
 
+namespace {
+
+// Units as indices: the engines in Engine order, then DMA.
+constexpr int kDmaUnit = kEngineCount;
+constexpr int kUnitCount = kEngineCount + 1;
+
+int unit_index(const Program& p, uint32_t i) {
+  const Instruction& instr = p.instructions[i];
+  return is_dma(instr) ? kDmaUnit : static_cast<int>(instr.engine);
+}
+
+std::string unit_name(int unit) {
+  return unit == kDmaUnit ? "dma" : std::string(engine_name(static_cast<Engine>(unit)));
+}
+
+// What an idle gap waited on, as a small index (its name: blame_name): a unit, through a shared
+// port or not, the engine's own queue order, or the program start.
+constexpr int kPortBlame = kUnitCount;  // kPortBlame + unit: "port:<unit>"
+constexpr int kEngineOrderBlame = 2 * kUnitCount;
+constexpr int kProgramStartBlame = kEngineOrderBlame + 1;
+constexpr int kBlameKinds = kProgramStartBlame + 1;
+
+std::string blame_name(int blame) {
+  if (blame < kUnitCount) return unit_name(blame);
+  if (blame < kEngineOrderBlame) return "port:" + unit_name(blame - kPortBlame);
+  return blame == kEngineOrderBlame ? "engine_order" : "program_start";
+}
+
+// What a wait waited on, "dma_copy -> rhs_tiles" (the opcode and its target buffer's name
+// without a pool's "[k]"), as a number: the opcode and the base name's index (kNone: no target).
+// The label is made a string once per distinct key, not once per wait.
+class WaitLabels {
+ public:
+  explicit WaitLabels(const Program& p) : p_(p), base_of_buffer_(p.buffers.size(), kNone) {}
+
+  uint64_t key(uint32_t i) {
+    const Instruction& instr = p_.instructions[i];
+    uint32_t target = kNone;
+    if (instr.operands[kDst].valid())
+      target = instr.operands[kDst].tile;
+    else if (instr.dma != kNone && p_.dmas[instr.dma].hbm.tensor != kNone)
+      target = p_.dmas[instr.dma].hbm.tensor;
+    const uint32_t base = target == kNone ? kNone : base_id(target);
+    return (uint64_t(base) << 8) | uint64_t(instr.opcode);
+  }
+
+  std::string label(uint64_t key) const {
+    const uint32_t base = uint32_t(key >> 8);
+    return std::string(opcode_name(static_cast<Opcode>(key & 0xff))) + " -> " +
+           (base == kNone ? std::string() : base_names_[base]);
+  }
+
+ private:
+  uint32_t base_id(uint32_t buffer) {
+    if (base_of_buffer_[buffer] == kNone) {
+      const std::string base = base_name(p_.buffers[buffer].name);
+      const auto [it, added] = ids_.emplace(base, uint32_t(base_names_.size()));
+      if (added) base_names_.push_back(base);
+      base_of_buffer_[buffer] = it->second;
+    }
+    return base_of_buffer_[buffer];
+  }
+
+  const Program& p_;
+  std::vector<uint32_t> base_of_buffer_;
+  std::map<std::string, uint32_t> ids_;
+  std::vector<std::string> base_names_;
+};
+
+}  // namespace
+
 std::array<EngineIdleTime, kEngineCount> attribute_idle_time(const Program& p,
                                                              const TimingResult& t) {
-  std::array<std::map<std::string, BlameEntry>, kEngineCount> blame;
-  std::array<std::map<std::string, TopWait>, kEngineCount> top;
+  // Sums per key in instruction order (as the string-keyed maps they become summed them), turned
+  // into the name-ordered maps only once at the end, so that the sort below sees the same input.
+  struct Sum {
+    double idle_ns = 0;
+    uint64_t waits = 0;
+  };
+  std::array<std::array<Sum, kBlameKinds>, kEngineCount> blame{};
+  std::array<std::array<bool, kBlameKinds>, kEngineCount> blamed{};
+  std::array<std::map<uint64_t, Sum>, kEngineCount> top;
+  WaitLabels labels(p);
   std::array<double, kEngineCount> last_end{};
   std::array<bool, kEngineCount> started{};
   for (uint32_t i = 0; i < p.instructions.size(); ++i) {
@@ -99,43 +168,47 @@ std::array<EngineIdleTime, kEngineCount> attribute_idle_time(const Program& p,
     const int e = static_cast<int>(instr.engine);
     const double gap = it.start_ns - last_end[e];
     if (gap > 1e-9) {
-      std::string key;
-      std::string detail;
+      int kind;
       if (it.wait_on != kNone) {
-        key = it.wait_reason == WaitReason::port ? "port:" + unit_of(p, it.wait_on)
-                                                 : unit_of(p, it.wait_on);
-        detail = wait_label(p, it.wait_on);
-      } else {
-        key = started[e] ? "engine_order" : "program_start";
-      }
-      auto& entry = blame[e][key];
-      entry.waited_on = key;
-      entry.idle_ns += gap;
-      ++entry.waits;
-      if (!detail.empty()) {
-        auto& w = top[e][detail];
-        w.waited_on = detail;
+        kind = (it.wait_reason == WaitReason::port ? kPortBlame : 0) + unit_index(p, it.wait_on);
+        Sum& w = top[e][labels.key(it.wait_on)];
         w.idle_ns += gap;
         ++w.waits;
+      } else {
+        kind = started[e] ? kEngineOrderBlame : kProgramStartBlame;
       }
+      blame[e][kind].idle_ns += gap;
+      ++blame[e][kind].waits;
+      blamed[e][kind] = true;
     }
     last_end[e] = it.issue_end_ns;
     started[e] = true;
   }
   std::array<EngineIdleTime, kEngineCount> out;
   for (int e = 0; e < kEngineCount; ++e) {
+    std::map<std::string, BlameEntry> by_name;
+    for (int kind = 0; kind < kBlameKinds; ++kind)
+      if (blamed[e][kind]) {
+        const std::string name = blame_name(kind);
+        by_name[name] = BlameEntry{name, blame[e][kind].idle_ns, blame[e][kind].waits};
+      }
     const double tail = t.total_ns - last_end[e];
     if (tail > 1e-9) {
-      auto& entry = blame[e]["program_end"];
+      auto& entry = by_name["program_end"];
       entry.waited_on = "program_end";
       entry.idle_ns += tail;
       ++entry.waits;
     }
+    std::map<std::string, TopWait> top_by_name;
+    for (const auto& [key, sum] : top[e]) {
+      const std::string label = labels.label(key);
+      top_by_name[label] = TopWait{label, sum.idle_ns, sum.waits};
+    }
     EngineIdleTime& idle = out[e];
-    for (auto& [key, entry] : blame[e]) idle.blame.push_back(entry);
+    for (auto& [key, entry] : by_name) idle.blame.push_back(entry);
     std::sort(idle.blame.begin(), idle.blame.end(),
               [](const BlameEntry& a, const BlameEntry& b) { return a.idle_ns > b.idle_ns; });
-    for (auto& [key, w] : top[e]) idle.top_waits.push_back(w);
+    for (auto& [key, w] : top_by_name) idle.top_waits.push_back(w);
     std::sort(idle.top_waits.begin(), idle.top_waits.end(),
               [](const TopWait& a, const TopWait& b) { return a.idle_ns > b.idle_ns; });
     if (idle.top_waits.size() > 5) idle.top_waits.resize(5);

@@ -2,9 +2,13 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
+#include <string_view>
 
 #include "analysis.hpp"
 #include "cost.hpp"
@@ -51,7 +55,8 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
 
   // --- engines and idle-time blame ---
   const size_t n = p.instructions.size();
-  std::array<EngineIdleTime, kEngineCount> idle = attribute_idle_time(p, t);
+  std::array<EngineIdleTime, kEngineCount> idle{};
+  if (options.idle_blame) idle = attribute_idle_time(p, t);
   for (int e = 0; e < kEngineCount; ++e) {
     EngineSummary s;
     s.name = std::string(engine_name(static_cast<Engine>(e)));
@@ -67,13 +72,18 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   }
 
   // --- DMA ---
+  // Per kind (opcode), queue and size bucket: small arrays filled in instruction order, emitted in
+  // the order of the name- or number-keyed maps they replace.
   std::vector<std::pair<double, double>> all_intervals;
-  std::map<int, std::vector<std::pair<double, double>>> queue_intervals;
-  std::map<int, DmaQueueSummary> queues;
-  std::map<int, BytesHistogramBucket> histogram;  // by floor(log2(bytes per partition))
-  std::map<std::string, std::vector<std::pair<double, double>>> kind_intervals;
-  std::map<std::string, DmaKindSummary> kinds;
-  std::map<std::string, std::vector<bool>> kind_engines;
+  std::array<std::vector<std::pair<double, double>>, kOpcodeCount> kind_intervals;
+  std::array<DmaKindSummary, kOpcodeCount> kinds{};
+  std::array<std::vector<bool>, kOpcodeCount> kind_engines;
+  constexpr int kQueues = 256;  // DmaRecord::queue is a uint8_t
+  std::vector<std::vector<std::pair<double, double>>> queue_intervals(kQueues);
+  std::vector<DmaQueueSummary> queues(kQueues);
+  constexpr int kBuckets = 64;  // floor(log2(bytes per partition)) of a uint64_t
+  std::array<BytesHistogramBucket, kBuckets> histogram{};
+  const size_t engine_flags = size_t(std::max(m.dma_engines, 1));
   for (uint32_t i = 0; i < n; ++i) {
     const Instruction& instr = p.instructions[i];
     if (!is_dma(instr)) continue;
@@ -81,15 +91,14 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
     const InstructionTiming& it = t.instructions[i];
     all_intervals.emplace_back(it.transfer_start_ns, it.end_ns);
     queue_intervals[d.queue].emplace_back(it.transfer_start_ns, it.end_ns);
-    const std::string kind(opcode_name(instr.opcode));
+    const int kind = static_cast<int>(instr.opcode);
     kind_intervals[kind].emplace_back(it.transfer_start_ns, it.end_ns);
     auto& k = kinds[kind];
-    k.kind = kind;
     ++k.transfers;
     k.bytes += d.bytes();
     k.average_bytes_per_partition += double(d.bytes_per_partition);
     auto& engines_touched = kind_engines[kind];
-    engines_touched.resize(size_t(std::max(m.dma_engines, 1)), false);
+    engines_touched.resize(engine_flags, false);
     // The engines split_dma uses: a range that starts inside an engine's partitions still
     // touches every engine it overlaps.
     const DmaEngineSpan span = dma_engine_span(m, d.partition_start, d.partitions);
@@ -101,10 +110,11 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
     q.bytes += d.bytes();
     ++r.dma_transfer_count;
     r.dma_transfer_total_bytes += d.bytes();
+    // floor(log2(x)) of a positive integer is its bit width - 1 (exact, unlike log2 in double).
     const int bucket = d.bytes_per_partition == 0
                            ? 0
-                           : static_cast<int>(std::floor(std::log2(double(d.bytes_per_partition))));
-    auto& h = histogram[bucket];
+                           : static_cast<int>(std::bit_width(d.bytes_per_partition)) - 1;
+    auto& h = histogram[size_t(bucket)];
     h.bytes_per_partition_min = uint64_t(1) << bucket;
     h.bytes_per_partition_max = uint64_t(1) << (bucket + 1);
     ++h.transfers;
@@ -114,12 +124,15 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   r.dma_active_time_percent = percent(r.dma_active_time_ns, t.total_ns);
   r.dma_transfer_average_bytes =
       r.dma_transfer_count ? double(r.dma_transfer_total_bytes) / r.dma_transfer_count : 0.0;
-  for (auto& [q, summary] : queues) {
-    summary.active_time_ns = union_length(queue_intervals[q]);
+  for (int q = 0; q < kQueues; ++q) {
+    if (queues[size_t(q)].transfers == 0) continue;
+    DmaQueueSummary& summary = queues[size_t(q)];
+    summary.active_time_ns = union_length(queue_intervals[size_t(q)]);
     summary.active_time_percent = percent(summary.active_time_ns, t.total_ns);
     r.dma_queues.push_back(summary);
   }
-  for (auto& [bucket, h] : histogram) r.dma_bytes_per_partition_histogram.push_back(h);
+  for (const BytesHistogramBucket& h : histogram)
+    if (h.transfers > 0) r.dma_bytes_per_partition_histogram.push_back(h);
   for (size_t e = 0; e < t.dma_engine_busy_ns.size(); ++e) {
     DmaEngineSummary s;
     s.engine = static_cast<int>(e);
@@ -135,7 +148,13 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
       r.dma_active_time_ns > 0
           ? percent(r.dma_transfer_total_bytes / r.dma_active_time_ns, r.dma_peak_gbps)
           : 0.0;
-  for (auto& [kind, k] : kinds) {
+  // Kinds by name, as the report has always listed them.
+  std::map<std::string_view, int> kinds_by_name;
+  for (int kind = 0; kind < kOpcodeCount; ++kind)
+    if (kinds[kind].transfers > 0) kinds_by_name[opcode_name(static_cast<Opcode>(kind))] = kind;
+  for (const auto& [name, kind] : kinds_by_name) {
+    DmaKindSummary& k = kinds[kind];
+    k.kind = std::string(name);
     k.average_bytes_per_partition /= double(k.transfers);
     k.active_time_ns = union_length(kind_intervals[kind]);
     k.achieved_gbps = k.active_time_ns > 0 ? k.bytes / k.active_time_ns : 0.0;
@@ -181,20 +200,27 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   // --- critical path ---
   const std::vector<uint32_t> path = critical_path(p, t);
   r.critical_path_instructions = path.size();
+  // Units by index (engines, then DMA), summed in path order and named once at the end.
+  constexpr int kDmaUnit = kEngineCount;
+  std::array<double, kEngineCount + 1> ns_by_unit{};
+  std::array<bool, kEngineCount + 1> on_path{};
+  int segment_unit = -1;  // unit of r.critical_path.back()
   double previous_end = 0;
   for (uint32_t i : path) {
     const InstructionTiming& it = t.instructions[i];
     const double contributed = std::max(0.0, it.end_ns - previous_end);
     previous_end = std::max(previous_end, it.end_ns);
-    const std::string unit = unit_of(p, i);
-    r.critical_path_ns_by_unit[unit] += contributed;
-    if (r.critical_path.empty() || r.critical_path.back().unit != unit) {
+    const int unit = is_dma(p.instructions[i]) ? kDmaUnit : int(p.instructions[i].engine);
+    ns_by_unit[unit] += contributed;
+    on_path[unit] = true;
+    if (segment_unit != unit) {
       if (r.critical_path.size() >= options.max_critical_path_segments) {
         r.critical_path_truncated = true;
         continue;
       }
+      segment_unit = unit;
       CriticalPathSegment s;
-      s.unit = unit;
+      s.unit = unit_of(p, i);
       s.start_ns = it.start_ns;
       s.first_instruction = std::string("#")
                                 .append(std::to_string(i))
@@ -207,6 +233,11 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
     s.end_ns = it.end_ns;
     s.contributed_ns += contributed;
   }
+  for (int unit = 0; unit <= kDmaUnit; ++unit)
+    if (on_path[unit])
+      r.critical_path_ns_by_unit[unit == kDmaUnit ? "dma"
+                                                  : std::string(engine_name(Engine(unit)))] =
+          ns_by_unit[unit];
   return r;
 }
 

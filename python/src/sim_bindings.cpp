@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <climits>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -15,6 +17,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -33,6 +36,7 @@
 #include "sim/timing.hpp"
 #include "tilelab/detail/argument_checks.hpp"
 #include "tilelab/error.hpp"
+#include "tilelab/threading.hpp"
 
 namespace py = pybind11;
 
@@ -118,8 +122,8 @@ ResolvedPoint resolve_point(const PagedPoint& point) {
   TILELAB_REQUIRE(!point.requests.empty()) << "prefill, decode: no requests given";
   TILELAB_REQUIRE(point.seed >= 0 && point.seed <= UINT32_MAX)
       << "seed: expected 0 <= seed < 2**32, got " << point.seed;
-  const sim::PagedAttentionBatch batch =
-      sim::make_paged_attention_batch(point.requests, s, static_cast<uint32_t>(point.seed));
+  // Timing only: the batch's sizes, not its block table and mask (the seed places blocks).
+  const sim::PagedAttentionBatchShape batch = sim::paged_attention_batch_shape(point.requests, s);
   r.config.shape.num_heads = point.num_heads;
   r.config.shape.num_kv_heads = point.num_kv_heads;
   r.config.shape.head_dim = point.head_dim;
@@ -271,52 +275,74 @@ py::list kernels() {
   return out;
 }
 
-// Runs `summarize(i)` for every point on OpenMP threads with the GIL released; returns per
-// point its summary dict or, when the point is invalid (tilelab::Error), the message. Errors
-// other than tilelab::Error (internal faults) are rethrown after the loop.
+// Per point of a sweep: its summary or, when the point is invalid, the reason (non-empty).
+struct SweepOutcomes {
+  std::vector<Summary> summaries;
+  std::vector<std::string> errors;
+};
+
+// Runs `summarize(i)` for i < count on OpenMP threads (the GIL must be released); a point whose
+// summarize throws tilelab::Error gets the message. Errors other than tilelab::Error (internal
+// faults) are rethrown after the loop.
 template <typename Summarize>
-py::list summarize_in_parallel(size_t point_count, const Summarize& summarize) {
+SweepOutcomes summarize_in_parallel(size_t point_count, const Summarize& summarize) {
   const int64_t count = static_cast<int64_t>(point_count);
-  std::vector<Summary> summaries(point_count);
-  std::vector<std::string> errors(point_count);
+  SweepOutcomes out{std::vector<Summary>(point_count), std::vector<std::string>(point_count)};
   std::exception_ptr internal_error;
   std::atomic<bool> failed{false};
-  {
-    py::gil_scoped_release release;
-    // dynamic: points differ in cost by orders of magnitude (block size, context length).
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t i = 0; i < count; ++i) {
-      if (failed.load()) continue;
-      try {
-        summaries[static_cast<size_t>(i)] = summarize(static_cast<size_t>(i));
-      } catch (const Error& error) {
-        if (error.kind() == ErrorKind::internal) {
-#pragma omp critical(tilelab_sweep_error)
-          if (!internal_error) internal_error = std::current_exception();
-          failed.store(true);
-        } else {
-          errors[static_cast<size_t>(i)] = error.what();
-        }
-      } catch (...) {
+  // dynamic: points differ in cost by orders of magnitude (block size, context length). The
+  // thread count is tilelab's (tilelab.set_num_threads), not OpenMP's default.
+  const int threads = tilelab::num_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < count; ++i) {
+    if (failed.load()) continue;
+    try {
+      out.summaries[static_cast<size_t>(i)] = summarize(static_cast<size_t>(i));
+    } catch (const Error& error) {
+      if (error.kind() == ErrorKind::internal) {
 #pragma omp critical(tilelab_sweep_error)
         if (!internal_error) internal_error = std::current_exception();
         failed.store(true);
+      } else {
+        out.errors[static_cast<size_t>(i)] = error.what();
       }
+    } catch (...) {
+#pragma omp critical(tilelab_sweep_error)
+      if (!internal_error) internal_error = std::current_exception();
+      failed.store(true);
     }
   }
   if (internal_error) std::rethrow_exception(internal_error);
+  return out;
+}
+
+// Per point its summary dict or, when it is invalid, the message.
+py::list to_python(const SweepOutcomes& outcomes) {
   py::list out;
-  for (size_t i = 0; i < point_count; ++i) {
-    if (errors[i].empty())
-      out.append(summary_dict(summaries[i]));
+  for (size_t i = 0; i < outcomes.errors.size(); ++i) {
+    if (outcomes.errors[i].empty())
+      out.append(summary_dict(outcomes.summaries[i]));
     else
-      out.append(py::str(errors[i]));
+      out.append(py::str(outcomes.errors[i]));
   }
   return out;
 }
 
-// The paged-attention shape-based points. Each point builds and times its own program (timing
-// only, no DMA pieces).
+// What a timing-only run of a resolved point depends on: everything but the seed, which places
+// the batch's blocks in the cache (the program and its timing do not depend on the placement).
+std::string timing_key(const PagedPoint& p) {
+  std::string key = p.schedule_json;
+  for (const sim::PagedAttentionRequest& r : p.requests)
+    key += "|" + std::to_string(r.query_len) + ":" + std::to_string(r.context_len);
+  key += "|" + std::to_string(p.num_heads) + "|" + std::to_string(p.num_kv_heads) + "|" +
+         std::to_string(p.head_dim) + "|" + p.dtype + "|" + std::to_string(p.tiling_factor) + "|" +
+         (p.softmax_scale ? std::to_string(std::bit_cast<uint64_t>(*p.softmax_scale)) : "-") + "|" +
+         std::to_string(p.machine);
+  return key;
+}
+
+// The paged-attention shape-based points. Each distinct point builds and times its own program
+// (timing only, no DMA pieces); points that differ only in their seed share one run.
 // `machines` is a list of (source, overrides) pairs; taken as py::list so that the signature line
 // stays free of nested type names (tests/python/test_api.py parses it against _core.pyi).
 py::list sweep(const py::list& machine_specs, const py::list& points) {
@@ -331,16 +357,41 @@ py::list sweep(const py::list& machine_specs, const py::list& points) {
       throw Error("points: machine index " + std::to_string(parsed.back().machine) +
                   " out of range (" + std::to_string(machines.size()) + " machines)");
   }
-  return summarize_in_parallel(parsed.size(), [&](size_t i) {
-    const PagedPoint& point = parsed[i];
-    const ResolvedPoint resolved = resolve_point(point);
+  py::gil_scoped_release release;
+  // Resolve every point (cheap: the schedule's JSON and the batch's sizes); invalid points get
+  // the message, the valid ones a run each distinct key.
+  std::vector<ResolvedPoint> resolved(parsed.size());
+  SweepOutcomes resolve_outcomes = summarize_in_parallel(parsed.size(), [&](size_t i) {
+    resolved[i] = resolve_point(parsed[i]);
+    return Summary{};
+  });
+  std::vector<size_t> run_of(parsed.size(), SIZE_MAX);
+  std::vector<size_t> representatives;  // per run, its first point
+  std::unordered_map<std::string, size_t> run_by_key;
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    if (!resolve_outcomes.errors[i].empty()) continue;
+    const auto [it, added] = run_by_key.emplace(timing_key(parsed[i]), representatives.size());
+    if (added) representatives.push_back(i);
+    run_of[i] = it->second;
+  }
+  const SweepOutcomes runs = summarize_in_parallel(representatives.size(), [&](size_t r) {
+    const size_t i = representatives[r];
     const sim::Program program =
-        sim::build_flash_paged_attention(machines[point.machine], resolved.config);
+        sim::build_flash_paged_attention(machines[parsed[i].machine], resolved[i].config);
     sim::ReportOptions options;
     options.kernel = kKernelName;
     options.max_critical_path_segments = 0;  // the per-unit totals are enough for a table
+    options.idle_blame = false;              // not among the flat metrics
     return flat_summary(sim::make_report(program, sim::simulate_timing(program), options));
   });
+  SweepOutcomes out{std::vector<Summary>(parsed.size()), std::move(resolve_outcomes.errors)};
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    if (run_of[i] == SIZE_MAX) continue;
+    out.summaries[i] = runs.summaries[run_of[i]];
+    out.errors[i] = runs.errors[run_of[i]];
+  }
+  py::gil_scoped_acquire acquire;
+  return to_python(out);
 }
 
 // Any registered kernel over points of KEY=VALUE parameters, each with a machine index; as
@@ -361,15 +412,19 @@ py::list sweep_kernel(const std::string& kernel_name, const py::list& machine_sp
                   std::to_string(machines.size()) + " machines)");
     parsed.emplace_back(parameters, machine);
   }
-  return summarize_in_parallel(parsed.size(), [&](size_t i) {
+  py::gil_scoped_release release;
+  const SweepOutcomes out = summarize_in_parallel(parsed.size(), [&](size_t i) {
     const sim::KernelParameters parameters = sim::resolve_parameters(kernel, parsed[i].first);
     const sim::Program program = kernel.build(machines[parsed[i].second], parameters);
     sim::ReportOptions options;
     options.kernel = kernel.name;
     options.parameters = parameters;
     options.max_critical_path_segments = 0;
+    options.idle_blame = false;  // not among the flat metrics
     return flat_summary(sim::make_report(program, sim::simulate_timing(program), options));
   });
+  py::gil_scoped_acquire acquire;
+  return to_python(out);
 }
 
 // --- array-based (functional) entry ----------------------------------------------------------

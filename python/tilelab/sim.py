@@ -993,12 +993,19 @@ def _run_points(
     """Runs `points` in chunks through `run_chunk` (a _core sweep) and pairs each result with its
     row of grid values."""
     results: list[Any] = []
-    chunk = max(16, 8 * _core.num_threads())
+    # Each call shares its points out over the threads and runs points that differ only in their
+    # seed once, so calls hold many points; they double while a call takes under a second.
+    chunk = 64 * _core.num_threads()
     meter = _Progress(len(points), progress)
     try:
-        for begin in range(0, len(points), chunk):
+        begin = 0
+        while begin < len(points):
+            started = time.perf_counter()
             results.extend(run_chunk(points[begin : begin + chunk]))
+            begin += chunk
             meter.update(len(results))
+            if time.perf_counter() - started < 1.0:
+                chunk *= 2
     finally:
         meter.close()
     metric_names = next((list(r) for r in results if isinstance(r, dict)), [])

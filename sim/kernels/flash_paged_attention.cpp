@@ -375,17 +375,36 @@ std::vector<uint8_t> reorder_context_mask(const std::vector<uint8_t>& mask, int6
   return out;
 }
 
+namespace {
+FlashPagedAttentionConfig config_of(const schedules::PagedAttentionSchedule& schedule,
+                                    const PagedAttentionBatchShape& batch, int64_t num_heads,
+                                    int64_t num_kv_heads, int64_t head_dim, DType dtype) {
+  FlashPagedAttentionConfig config;
+  config.schedule = schedule;
+  config.shape = {num_heads, num_kv_heads, head_dim, batch.query_len, batch.num_active_blocks};
+  config.num_cache_blocks = batch.num_cache_blocks;
+  config.dtype = dtype;
+  return config;
+}
+}  // namespace
+
+FlashPagedAttentionConfig paged_attention_config(const schedules::PagedAttentionSchedule& schedule,
+                                                 const std::vector<PagedAttentionRequest>& requests,
+                                                 int64_t num_heads, int64_t num_kv_heads,
+                                                 int64_t head_dim, DType dtype) {
+  return config_of(schedule, paged_attention_batch_shape(requests, schedule), num_heads,
+                   num_kv_heads, head_dim, dtype);
+}
+
 PagedAttentionRun paged_attention_run(const schedules::PagedAttentionSchedule& schedule,
                                       const std::vector<PagedAttentionRequest>& requests,
                                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                       DType dtype, uint32_t seed) {
   PagedAttentionRun r;
-  r.config.schedule = schedule;
   r.batch = make_paged_attention_batch(requests, schedule, seed);
-  r.config.shape = {num_heads, num_kv_heads, head_dim, r.batch.query_len,
-                    r.batch.num_active_blocks};
-  r.config.num_cache_blocks = r.batch.num_cache_blocks;
-  r.config.dtype = dtype;
+  r.config =
+      config_of(schedule, {r.batch.query_len, r.batch.num_active_blocks, r.batch.num_cache_blocks},
+                num_heads, num_kv_heads, head_dim, dtype);
   return r;
 }
 

@@ -55,6 +55,12 @@ struct PagedAttentionRun {
   FlashPagedAttentionConfig config;
   PagedAttentionBatch batch;
 };
+// The configuration paged_attention_run gives, without generating the batch's block table and
+// mask: what a timing-only build needs (the program does not depend on the block placement).
+FlashPagedAttentionConfig paged_attention_config(const schedules::PagedAttentionSchedule& schedule,
+                                                 const std::vector<PagedAttentionRequest>& requests,
+                                                 int64_t num_heads, int64_t num_kv_heads,
+                                                 int64_t head_dim, DType dtype);
 PagedAttentionRun paged_attention_run(const schedules::PagedAttentionSchedule& schedule,
                                       const std::vector<PagedAttentionRequest>& requests,
                                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,

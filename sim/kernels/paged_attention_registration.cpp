@@ -47,7 +47,16 @@ std::vector<PagedAttentionRequest> requests_from(const KernelParameters& p) {
   return requests;
 }
 
-PagedAttentionRun resolve_paged(const KernelParameters& p) {
+// The run's schedule, problem and seed, parsed and checked.
+struct PagedParameters {
+  schedules::PagedAttentionSchedule schedule;
+  std::vector<PagedAttentionRequest> requests;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  DType dtype = DType::bf16;
+  uint32_t seed = 0;
+};
+
+PagedParameters parse_paged(const KernelParameters& p) {
   schedules::PagedAttentionSchedule s;
   s.large_tile_size = parameter_int(p, "large_tile_size", 1, 1 << 20);
   s.block_size = parameter_int(p, "block_size", 1, 1 << 20);
@@ -67,8 +76,14 @@ PagedAttentionRun resolve_paged(const KernelParameters& p) {
       factor == "auto" ? 0 : parameter_int(p, "tiling_factor", 1, s.partition_tile);
   s.validate();
   const int64_t seed = parameter_int(p, "seed", 0, UINT32_MAX);
-  return paged_attention_run(s, requests_from(p), num_heads, num_kv_heads, head_dim, dtype,
-                             static_cast<uint32_t>(seed));
+  return {s,     requests_from(p),           num_heads, num_kv_heads, head_dim,
+          dtype, static_cast<uint32_t>(seed)};
+}
+
+PagedAttentionRun resolve_paged(const KernelParameters& p) {
+  const PagedParameters r = parse_paged(p);
+  return paged_attention_run(r.schedule, r.requests, r.num_heads, r.num_kv_heads, r.head_dim,
+                             r.dtype, r.seed);
 }
 
 }  // namespace
@@ -117,8 +132,10 @@ void register_paged_attention(KernelRegistry& registry) {
       {"seed", "1", "block placement in the cache (shuffled)"},
   };
   info.build = [](const Machine& machine, const KernelParameters& p) {
-    const PagedAttentionRun r = resolve_paged(p);
-    return build_flash_paged_attention(machine, r.config);
+    const PagedParameters r = parse_paged(p);
+    return build_flash_paged_attention(
+        machine, paged_attention_config(r.schedule, r.requests, r.num_heads, r.num_kv_heads,
+                                        r.head_dim, r.dtype));
   };
   info.writes_reports_by_default = true;
   // The block-size tiling trick made visible: the same batch with the trick turned off.

@@ -61,9 +61,9 @@ PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionR
   return make_paged_attention_batch(requests, tiling, seed);
 }
 
-PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
-                                               const schedules::PagedAttentionTiling& tiling,
-                                               uint32_t seed) {
+PagedAttentionBatchShape paged_attention_batch_shape(
+    const std::vector<PagedAttentionRequest>& requests,
+    const schedules::PagedAttentionTiling& tiling) {
   TILELAB_REQUIRE(!requests.empty()) << "requests: expected at least one request";
   const int64_t block_size = tiling.block_size, large_tile_size = tiling.large_tile_size;
   TILELAB_REQUIRE(block_size >= 1 && large_tile_size % block_size == 0)
@@ -85,7 +85,7 @@ PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionR
     context_tokens += req.context_len;
     blocks += ceil_div(req.context_len, block_size);
   }
-  PagedAttentionBatch batch;
+  PagedAttentionBatchShape batch;
   const int64_t blocks_per_tile = large_tile_size / block_size;
   batch.query_len = padded_query_rows(tiling, queries);
   batch.num_active_blocks =
@@ -99,6 +99,20 @@ PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionR
       << " bytes) exceeds the limit of " << kMaxBatchMaskBytes << " bytes";
   // Spare cache blocks so that the table is a scattered choice, as in a long-running server.
   batch.num_cache_blocks = batch.num_active_blocks + batch.num_active_blocks / 2 + 1;
+  return batch;
+}
+
+PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
+                                               const schedules::PagedAttentionTiling& tiling,
+                                               uint32_t seed) {
+  const PagedAttentionBatchShape shape = paged_attention_batch_shape(requests, tiling);
+  const int64_t block_size = tiling.block_size;
+  int64_t blocks = 0;
+  for (const PagedAttentionRequest& req : requests) blocks += ceil_div(req.context_len, block_size);
+  PagedAttentionBatch batch;
+  batch.query_len = shape.query_len;
+  batch.num_active_blocks = shape.num_active_blocks;
+  batch.num_cache_blocks = shape.num_cache_blocks;
   std::vector<int32_t> free_blocks(static_cast<size_t>(batch.num_cache_blocks));
   std::iota(free_blocks.begin(), free_blocks.end(), 0);
   std::mt19937 rng(seed);

@@ -16,6 +16,14 @@ struct PagedAttentionRequest {
   int64_t context_len = 0;
 };
 
+// The sizes of a batch: all a timing-only build needs (the kernel's program depends on them, not
+// on which blocks the table names or on the mask).
+struct PagedAttentionBatchShape {
+  int64_t query_len = 0;  // seq_q after padding
+  int64_t num_active_blocks = 0;
+  int64_t num_cache_blocks = 0;
+};
+
 // A batch laid out for the kernel: queries concatenated (padded as padded_query_rows says), each
 // request's context in its own cache blocks (a shuffled, deterministic choice of blocks), the
 // block table padded to whole large tiles, and the natural-order mask (1 = attend; a request's
@@ -42,6 +50,11 @@ inline constexpr int64_t kMaxBatchMaskBytes = int64_t{1} << 31;
 PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
                                                const schedules::PagedAttentionTiling& tiling,
                                                uint32_t seed);
+// The shape make_paged_attention_batch gives the batch, with the same checks and errors, without
+// laying out the block table and the mask (query rows x columns bytes).
+PagedAttentionBatchShape paged_attention_batch_shape(
+    const std::vector<PagedAttentionRequest>& requests,
+    const schedules::PagedAttentionTiling& tiling);
 // The same with the default tiling's other fields.
 PagedAttentionBatch make_paged_attention_batch(const std::vector<PagedAttentionRequest>& requests,
                                                int64_t block_size, int64_t large_tile_size,
