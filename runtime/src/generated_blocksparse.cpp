@@ -176,6 +176,25 @@ void scatter_rows(const BlockSparseProblem& p, const TaskBatch& batch, const Var
   }
 }
 
+// A copy of `kv` [total_k, Hkv, D] with each kv head's tokens contiguous ([Hkv, total_k, D] in
+// memory, viewed with the original dims): the kernel reads a key tile as consecutive rows, which
+// the packed layout spreads Hkv·D elements apart. One pass over K or V; worth it when queries
+// reuse each key (prefill), not for decode-only batches.
+TensorView head_major_copy(const TensorView& kv, std::vector<std::byte>& storage) {
+  const std::int64_t tokens = kv.dim(0), heads = kv.dim(1), dims = kv.dim(2);
+  const auto element = static_cast<std::int64_t>(dtype_size(kv.dtype()));
+  storage.resize(static_cast<std::size_t>(tokens * heads * dims * element));
+  const auto* source = static_cast<const std::byte*>(kv.data());
+  for (std::int64_t h = 0; h < heads; ++h) {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      std::memcpy(storage.data() + ((h * tokens + t) * dims) * element,
+                  source + (t * kv.stride(0) + h * kv.stride(1)) * element,
+                  static_cast<std::size_t>(dims * element));
+    }
+  }
+  return TensorView(storage.data(), kv.dtype(), {tokens, heads, dims}, {dims, tokens * dims, 1});
+}
+
 }  // namespace
 
 bool generated_blocksparse_attention(const BlockSparseProblem& p) {
@@ -205,6 +224,17 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
   TensorView columns(empty ? no_columns.data() : const_cast<std::int32_t*>(layout.col().data()),
                      DType::i32, {layout.n_heads(), empty ? 1 : layout.nnz_max()});
 
+  // Prefill reuses every key for many query rows: read K and V from head-major copies.
+  std::vector<std::byte> k_storage, v_storage;
+  TensorView k_view = p.k, v_view = p.v;
+  auto tokens_contiguous = [&](const TensorView& kv) {
+    return p.kv_heads == 1 || kv.stride(0) == p.head_dim;
+  };
+  if (p.max_q_len > kDecodeMaxRows) {
+    if (!tokens_contiguous(p.k)) k_view = head_major_copy(p.k, k_storage);
+    if (!tokens_contiguous(p.v)) v_view = head_major_copy(p.v, v_storage);
+  }
+
   for (const TaskBatch& batch : build_task_batches(p, prefill, decode)) {
     const VariantPlan& plan = batch.decode ? decode : prefill;
     const std::int64_t tile_rows = plan.tiling.query_tile;
@@ -213,7 +243,7 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
     TensorView tasks(const_cast<std::int32_t*>(batch.tasks.data()), DType::i32,
                      {batch.size(), kBlockSparseTaskFields});
     TensorView task_out_view(task_out.data(), p.dtype, {batch.size(), tile_rows, p.head_dim});
-    HalideView q(p.q), k(p.k), v(p.v), tasks_h(tasks), row_offsets_h(row_offsets),
+    HalideView q(p.q), k(k_view), v(v_view), tasks_h(tasks), row_offsets_h(row_offsets),
         columns_h(columns), out(task_out_view);
     halide_error_message_of_thread().clear();
     const int status = pick_kernel(p.dtype, batch.decode)(
