@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <tilelab/error.hpp>
 
-#include "json_input.hpp"
+#include "common/json_input.hpp"
 #include "machine_presets.hpp"
 
 namespace tilelab::sim {

@@ -21,10 +21,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/json_input.hpp"
 #include "schedules/paged/schedule.hpp"
 #include "sim/analysis.hpp"
 #include "sim/functional.hpp"
-#include "sim/json_input.hpp"
 #include "sim/kernel_request.hpp"
 #include "sim/kernels/flash_paged_attention.hpp"
 #include "sim/kernels/registry.hpp"
@@ -101,23 +101,10 @@ struct ResolvedPoint {
   sim::KernelParameters parameters;
 };
 
-// Schedule JSON from Python (PagedAttentionSchedule.from_json takes user text): nesting and
-// duplicate keys are checked by the simulator's bounded parser first, and the schema version
-// must be the integer itself (the schedule reads it as an int, so 1.9 would pass as 1).
-PagedAttentionSchedule parse_schedule(const std::string& text) {
-  const nlohmann::json json = sim::parse_user_json(text, "paged attention schedule");
-  if (json.is_object() && json.contains("schema_version")) {
-    TILELAB_REQUIRE(json["schema_version"].is_number_integer())
-        << "schema_version: expected " << PagedAttentionSchedule::kSchemaVersion << ", got "
-        << sim::json_excerpt(json["schema_version"]);
-  }
-  return PagedAttentionSchedule::from_json(text);
-}
-
 // Schedule JSON is parsed (and validated) here: a bad knob is an Error naming the field.
 ResolvedPoint resolve_point(const PagedPoint& point) {
   ResolvedPoint r;
-  r.config.schedule = parse_schedule(point.schedule_json);
+  r.config.schedule = PagedAttentionSchedule::from_json(point.schedule_json);
   const PagedAttentionSchedule& s = r.config.schedule;
   TILELAB_REQUIRE(!point.requests.empty()) << "prefill, decode: no requests given";
   TILELAB_REQUIRE(point.seed >= 0 && point.seed <= UINT32_MAX)
@@ -206,7 +193,7 @@ nlohmann::json from_python(const std::string& name, const py::handle& value) {
   const auto text = py::module_::import("json")
                         .attr("dumps")(value, py::arg("allow_nan") = false)
                         .cast<std::string>();
-  return sim::parse_user_json(text, name);
+  return parse_user_json(text, name);
 }
 
 // --- points ----------------------------------------------------------------------------------
@@ -468,7 +455,7 @@ py::tuple simulate_arrays(const std::string& machine_source,
   TILELAB_REQUIRE(query && key && value && kv_cache && block_tables && mask)
       << "query, key, value, kv_cache, block_tables, mask: expected numeric arrays";
   sim::FlashPagedAttentionConfig config;
-  config.schedule = parse_schedule(schedule_json);
+  config.schedule = PagedAttentionSchedule::from_json(schedule_json);
   require_shape(query, "query", {1, -1, -1, -1}, "(1, n_heads, d, seq_q)");
   const py::ssize_t n_heads = query.shape(1), d = query.shape(2), seq_q = query.shape(3);
   require_shape(key, "key", {1, -1, d, seq_q}, "(1, n_kv_heads, d, seq_q)");
@@ -702,7 +689,8 @@ void register_sim_bindings(py::module_& core) {
       .def_readonly("description", &sim::Machine::description)
       .def_readonly("source_of_key", &sim::Machine::source_of_key);
   core.def(
-      "sim_schedule", [](const std::string& json) { return parse_schedule(json).to_json(); },
+      "sim_schedule",
+      [](const std::string& json) { return PagedAttentionSchedule::from_json(json).to_json(); },
       py::arg("json"),
       "Parses and validates a PagedAttentionSchedule JSON; returns the normalized JSON with its "
       "derived values.");

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
 #include <variant>
 
+#include "common/json_input.hpp"
 #include "tilelab/error.hpp"
 
 namespace tilelab::schedules {
@@ -201,20 +203,24 @@ std::string PagedAttentionSchedule::to_json() const {
 }
 
 PagedAttentionSchedule PagedAttentionSchedule::from_json(const std::string& text) {
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& error) {
-    throw Error(std::string("paged attention schedule: invalid JSON: ") + error.what());
-  }
-  TILELAB_REQUIRE(json.is_object())
-      << "paged attention schedule: expected a JSON object, got " << json.type_name();
-  TILELAB_REQUIRE(json.value("schema", std::string()) == kSchema)
-      << "schema: expected \"" << kSchema << "\", got "
-      << json.value("schema", nlohmann::json()).dump();
-  TILELAB_REQUIRE(json.value("schema_version", 0) == kSchemaVersion)
-      << "schema_version: expected " << kSchemaVersion << ", got "
-      << json.value("schema_version", nlohmann::json()).dump();
+  // The bounded parser: malformed JSON, deep nesting, duplicate keys and numbers beyond the
+  // double range are Errors here, so every value below has a bounded excerpt.
+  const nlohmann::json json = parse_user_json(text, "paged attention schedule");
+  TILELAB_REQUIRE(json.is_object()) << "paged attention schedule: expected a JSON object, got "
+                                    << json.type_name() << " " << json_excerpt(json);
+  const auto given = [&](const char* key) {
+    return json.contains(key) ? json_excerpt(json[key]) : std::string("nothing");
+  };
+  TILELAB_REQUIRE(json.contains("schema") && json["schema"].is_string() &&
+                  json["schema"].get<std::string>() == kSchema)
+      << "schema: expected \"" << kSchema << "\", got " << given("schema");
+  // The integer itself: 1.0 or 1.9 is not version 1.
+  TILELAB_REQUIRE(json.contains("schema_version") && json["schema_version"].is_number_integer() &&
+                  json["schema_version"].get<std::int64_t>() == kSchemaVersion)
+      << "schema_version: expected " << kSchemaVersion << ", got " << given("schema_version");
+  // Written by to_json() and ignored on read, but still the object to_json() writes.
+  TILELAB_REQUIRE(!json.contains("derived") || json["derived"].is_object())
+      << "derived: expected an object (derived values, ignored on read), got " << given("derived");
 
   const auto& fields = paged_attention_schedule_fields();
   PagedAttentionSchedule schedule;
@@ -225,28 +231,32 @@ PagedAttentionSchedule PagedAttentionSchedule::from_json(const std::string& text
     if (field == fields.end()) {
       std::string known;
       for (const auto& f : fields) known += std::string(known.empty() ? "" : ", ") + f.name;
-      throw Error("paged attention schedule: unknown key \"" + key + "\" (known: " + known + ")");
+      throw Error("paged attention schedule: unknown key " + json_excerpt(nlohmann::json(key)) +
+                  " (known: " + known + ")");
     }
     std::visit(
         [&](auto member) {
           using Value = std::remove_reference_t<decltype(schedule.*member)>;
           if constexpr (std::is_same_v<Value, TransposeMethod>) {
-            const std::string method = value.is_string() ? value.get<std::string>() : value.dump();
-            TILELAB_REQUIRE(method == "pe" || method == "dma")
-                << key << ": expected \"pe\" or \"dma\", got " << value.dump();
-            schedule.*member = method == "dma" ? TransposeMethod::dma : TransposeMethod::pe;
+            TILELAB_REQUIRE(value == "pe" || value == "dma")
+                << key << ": expected \"pe\" or \"dma\", got " << json_excerpt(value);
+            schedule.*member = value == "dma" ? TransposeMethod::dma : TransposeMethod::pe;
           } else if constexpr (std::is_same_v<Value, bool>) {
             TILELAB_REQUIRE(value.is_boolean())
-                << key << ": expected true or false, got " << value.dump();
+                << key << ": expected true or false, got " << json_excerpt(value);
             schedule.*member = value.get<bool>();
           } else {
-            TILELAB_REQUIRE(value.is_number_integer())
-                << key << ": expected an integer, got " << value.dump();
-            const std::int64_t number = value.get<std::int64_t>();
-            TILELAB_REQUIRE(number >= field->min_value && number <= field->max_value)
+            // nlohmann reads non-negative integers as unsigned: beyond INT64_MAX they are out of
+            // range, not wrapped to negative numbers.
+            const bool integer = value.is_number_integer() &&
+                                 (!value.is_number_unsigned() ||
+                                  value.get<std::uint64_t>() <= std::uint64_t{INT64_MAX});
+            const bool in_range = integer && value.get<std::int64_t>() >= field->min_value &&
+                                  value.get<std::int64_t>() <= field->max_value;
+            TILELAB_REQUIRE(in_range)
                 << key << ": expected an integer in [" << field->min_value << ", "
-                << field->max_value << "], got " << number;
-            schedule.*member = static_cast<Value>(number);
+                << field->max_value << "], got " << json_excerpt(value);
+            schedule.*member = static_cast<Value>(value.get<std::int64_t>());
           }
         },
         field->member);

@@ -106,8 +106,10 @@ struct PagedAttentionSchedule : PagedAttentionTiling, PagedAttentionTileKnobs {
   // JSON object {"schema": "tilelab.paged_attention_schedule", "schema_version": 1, fields...};
   // derived values are written too (under "derived", ignored on read).
   std::string to_json() const;
-  // Parses and validates; unknown keys, a wrong schema or version, and wrong value types are
-  // Errors naming the key. Missing keys keep their defaults.
+  // Parses (with the bounded parser of common/json_input.hpp) and validates. Every bad input is a
+  // tilelab::Error: malformed JSON, nesting deeper than kMaxJsonDepth, a key given twice, a
+  // number beyond the double range; an unknown key, a wrong schema or version, and a value of the
+  // wrong type or out of range name the key. Missing keys keep their defaults.
   static PagedAttentionSchedule from_json(const std::string& text);
 
   bool operator==(const PagedAttentionSchedule&) const = default;

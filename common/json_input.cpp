@@ -1,12 +1,12 @@
 // Bounded parsing of user JSON.
-#include "json_input.hpp"
+#include "common/json_input.hpp"
 
 #include <set>
 #include <vector>
 
 #include <tilelab/error.hpp>
 
-namespace tilelab::sim {
+namespace tilelab {
 namespace {
 
 // nlohmann's message without its "[json.exception.parse_error.101] " prefix.
@@ -62,4 +62,4 @@ std::string json_excerpt(const nlohmann::json& value, size_t max_chars) {
   return text;
 }
 
-}  // namespace tilelab::sim
+}  // namespace tilelab
