@@ -151,22 +151,8 @@ void run_reference(const BlockSparseProblem& problem) {
             // be NaN.
             if (chunk_max == kNegativeInfinity) continue;
 
-            const float new_max = nan_propagating_max(row_max[r], chunk_max);
-            const float correction = Sleef_expf_u10(row_max[r] - new_max);  // 0 on the first
-            for (std::int64_t j = 0; j < visible; ++j) s[j] -= new_max;
-            exp_in_place(s, visible);
-            float chunk_sum = 0.0f;
-            for (std::int64_t j = 0; j < visible; ++j) chunk_sum += s[j];
-            row_sum[r] = row_sum[r] * correction + chunk_sum;
-            row_max[r] = new_max;
-
-            float* const acc_row = &acc[r * head_dim];
-            for (std::int64_t d = 0; d < head_dim; ++d) acc_row[d] *= correction;
-            for (std::int64_t j = 0; j < visible; ++j) {
-              const float p = s[j];
-              const float* v_row = &values[j * head_dim];
-              for (std::int64_t d = 0; d < head_dim; ++d) acc_row[d] += p * v_row[d];
-            }
+            merge_block_into_row(s, visible, chunk_max, values.data(), head_dim, row_max[r],
+                                 row_sum[r], &acc[r * head_dim]);
           }
         }
       }

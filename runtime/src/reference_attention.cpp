@@ -132,24 +132,8 @@ void run_reference(const AttentionProblem& problem) {
           // exp(-inf - -inf) would be NaN.
           if (block_max == kNegativeInfinity) continue;
 
-          // NaN or +inf among the scores: s - new_max is NaN for that key, and so are the row's
-          // sum and output.
-          const float new_max = nan_propagating_max(row_max[r], block_max);
-          const float correction = Sleef_expf_u10(row_max[r] - new_max);  // 0 on the first block
-          for (std::int64_t j = 0; j < visible; ++j) s[j] -= new_max;
-          exp_in_place(s, visible);
-          float block_sum = 0.0f;
-          for (std::int64_t j = 0; j < visible; ++j) block_sum += s[j];
-          row_sum[r] = row_sum[r] * correction + block_sum;
-          row_max[r] = new_max;
-
-          float* const acc_row = &acc[r * head_dim];
-          for (std::int64_t d = 0; d < head_dim; ++d) acc_row[d] *= correction;
-          for (std::int64_t j = 0; j < visible; ++j) {
-            const float p = s[j];
-            const float* v_row = &values[j * head_dim];
-            for (std::int64_t d = 0; d < head_dim; ++d) acc_row[d] += p * v_row[d];
-          }
+          merge_block_into_row(s, visible, block_max, values.data(), head_dim, row_max[r],
+                               row_sum[r], &acc[r * head_dim]);
         }
       }
 

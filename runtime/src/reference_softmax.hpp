@@ -1,5 +1,6 @@
 // Online-softmax pieces shared by the reference implementations (dense and block-sparse): a
-// NaN-propagating max and an in-place vector exp (SLEEF).
+// NaN-propagating max, an in-place vector exp (SLEEF) and the merge of one block of a row's scores
+// into the row's running state.
 #pragma once
 
 #include <immintrin.h>
@@ -21,6 +22,30 @@ inline void exp_in_place(float* x, std::int64_t count) {
   std::int64_t j = 0;
   for (; j + 4 <= count; j += 4) _mm_storeu_ps(x + j, Sleef_expf4_u10(_mm_loadu_ps(x + j)));
   for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j]);
+}
+
+// Merges one block of a row's scores s[0, visible) into the row's running (max, sum, acc[0,
+// head_dim)): block_max is their nan_propagating_max and not -inf (a block whose scores are all
+// -inf contributes nothing: skip it, exp(-inf - -inf) would be NaN); `values` holds the block's V
+// rows, head_dim apart. NaN or +inf among the scores makes s - new_max NaN for that key, and so the
+// row's sum and output. Overwrites s with the unnormalized probabilities.
+inline void merge_block_into_row(float* s, std::int64_t visible, float block_max,
+                                 const float* values, std::int64_t head_dim, float& row_max,
+                                 float& row_sum, float* acc_row) {
+  const float new_max = nan_propagating_max(row_max, block_max);
+  const float correction = Sleef_expf_u10(row_max - new_max);  // 0 on the first block
+  for (std::int64_t j = 0; j < visible; ++j) s[j] -= new_max;
+  exp_in_place(s, visible);
+  float block_sum = 0.0f;
+  for (std::int64_t j = 0; j < visible; ++j) block_sum += s[j];
+  row_sum = row_sum * correction + block_sum;
+  row_max = new_max;
+  for (std::int64_t d = 0; d < head_dim; ++d) acc_row[d] *= correction;
+  for (std::int64_t j = 0; j < visible; ++j) {
+    const float p = s[j];
+    const float* v_row = &values[j * head_dim];
+    for (std::int64_t d = 0; d < head_dim; ++d) acc_row[d] += p * v_row[d];
+  }
 }
 
 }  // namespace tilelab::detail
