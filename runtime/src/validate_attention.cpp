@@ -21,20 +21,7 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
   require_rank(v, "v", 4, "[B, Hkv, N, D]");
   require_rank(out, "out", 4, "[B, Hq, M, D]");
 
-  TILELAB_REQUIRE_TYPE(is_attention_dtype(q.dtype()))
-      << "q: expected dtype float32, float16 or bfloat16, got " << dtype_name(q.dtype());
-  const std::pair<const TensorView*, const char*> same_dtype[] = {
-      {&k, "k"}, {&v, "v"}, {&out, "out"}};
-  for (const auto& [view, name] : same_dtype) {
-    TILELAB_REQUIRE_TYPE(view->dtype() == q.dtype())
-        << name << ": expected dtype " << dtype_name(q.dtype()) << " (the dtype of q), got "
-        << dtype_name(view->dtype());
-  }
-
-  require_addressable(q, "q");
-  require_addressable(k, "k");
-  require_addressable(v, "v");
-  require_addressable(out, "out");
+  require_attention_operands(q, k, v, out);
 
   AttentionProblem problem;
   problem.q = q;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tilelab/error.hpp"
@@ -43,6 +44,25 @@ inline void require_addressable(const TensorView& view, const char* name) {
   for (int i = 0; i < view.rank(); ++i) {
     TILELAB_REQUIRE(view.stride(i) >= 0)
         << name << ": expected non-negative strides, got " << view.describe();
+  }
+}
+
+// q, k, v and out of an attention call: q's dtype is one attention takes (float32, float16,
+// bfloat16), k, v and out share it, and all four are addressable.
+inline void require_attention_operands(const TensorView& q, const TensorView& k,
+                                       const TensorView& v, const TensorView& out) {
+  TILELAB_REQUIRE_TYPE(is_attention_dtype(q.dtype()))
+      << "q: expected dtype float32, float16 or bfloat16, got " << dtype_name(q.dtype());
+  const std::pair<const TensorView*, const char*> same_dtype[] = {
+      {&k, "k"}, {&v, "v"}, {&out, "out"}};
+  for (const auto& [view, name] : same_dtype) {
+    TILELAB_REQUIRE_TYPE(view->dtype() == q.dtype())
+        << name << ": expected dtype " << dtype_name(q.dtype()) << " (the dtype of q), got "
+        << dtype_name(view->dtype());
+  }
+  for (const auto& [view, name] :
+       {std::pair<const TensorView*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}) {
+    require_addressable(*view, name);
   }
 }
 
