@@ -6,10 +6,11 @@ strided blocks), with the layout's density, all measured in one run.
     python bench/attention/bench_blocksparse.py [--build-dir build] [--threads 2] [--quick]
         [--filter S8192] [--no-torch]
 
-Each workload is one sequence of S tokens (prefill: every query of the sequence). The target is
-time(block-sparse) <= 1.25 x density x time(dense causal): the kernel's time follows the layout's
-density. SDPA runs head by head with that head's [S, S] boolean mask (a [Hq, S, S] mask does not
-fit in memory at 16 k tokens), and its time is the sum over heads.
+Each prefill workload is one sequence of S tokens (every query of the sequence); each decode
+workload is a batch of sequences with one new query each, against our dense decode over all keys.
+The target is time(block-sparse) <= 1.25 x density x time(dense): the kernel's time follows the
+layout's density. For prefill, SDPA runs head by head with that head's [S, S] boolean mask (a
+[Hq, S, S] mask does not fit in memory at 16 k tokens), and its time is the sum over heads.
 """
 
 from __future__ import annotations
@@ -72,6 +73,102 @@ WORKLOADS = [
 ]
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeWorkload:
+    """One new query per sequence against kv_len cached keys: its last row of the layout."""
+
+    batch: int = 8
+    kv_len: int = 4096
+    q_heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 64
+    local_blocks: int = 16
+    vert_stride: int = 8
+    homo_head: bool = False
+    dtype: str = "bfloat16"
+
+    @property
+    def name(self) -> str:
+        homo = " homo" if self.homo_head else ""
+        return (
+            f"decode B{self.batch} N{self.kv_len} Hq{self.q_heads} Hkv{self.kv_heads} "
+            f"D{self.head_dim} block{self.block_size} local{self.local_blocks} "
+            f"vert{self.vert_stride}{homo}"
+        )
+
+
+DECODE_WORKLOADS = [
+    DecodeWorkload(),
+    DecodeWorkload(homo_head=True),
+    DecodeWorkload(dtype="float32"),
+]
+
+
+def run_decode_workload(w: DecodeWorkload, tilelab, torch, peak, args, rng) -> dict:
+    import ml_dtypes
+
+    dtype = np.float32 if w.dtype == "float32" else ml_dtypes.bfloat16
+    layout = tilelab.BlockSparseLayout.local_strided(
+        w.q_heads, w.kv_len, w.block_size, w.local_blocks, w.vert_stride, homo_head=w.homo_head
+    )
+    # The fraction of the last query's keys the layout keeps, over heads: the decode "density".
+    last_row = layout.token_mask(w.kv_len)[:, -1, :]
+    kept = float(last_row.mean())
+    total_k = w.batch * w.kv_len
+    q = rng.standard_normal((w.batch, w.q_heads, w.head_dim), dtype=np.float32).astype(dtype)
+    k = rng.standard_normal((total_k, w.kv_heads, w.head_dim), dtype=np.float32).astype(dtype)
+    v = rng.standard_normal((total_k, w.kv_heads, w.head_dim), dtype=np.float32).astype(dtype)
+    cu_q = np.arange(w.batch + 1, dtype=np.int32)
+    cu_k = (np.arange(w.batch + 1) * w.kv_len).astype(np.int32)
+
+    def dense_view(a):
+        return np.ascontiguousarray(
+            a.reshape(w.batch, w.kv_len, w.kv_heads, w.head_dim).transpose(0, 2, 1, 3)
+        )
+
+    q_dense, k_dense, v_dense = np.ascontiguousarray(q[:, :, None, :]), dense_view(k), dense_view(v)
+
+    def sparse_call():
+        return tilelab.blocksparse_attention(q, k, v, layout, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
+    def dense_call():
+        return tilelab.flash_attention(q_dense, k_dense, v_dense, causal=False)
+
+    calls = [sparse_call, dense_call]
+    if torch is not None:
+        tq, tk, tv = (to_torch(torch, a) for a in (q_dense, k_dense, v_dense))
+        mask = torch.from_numpy(np.ascontiguousarray(last_row[None, :, None, :]))
+
+        def torch_call():
+            return torch.nn.functional.scaled_dot_product_attention(
+                tq, tk, tv, attn_mask=mask, enable_gqa=True
+            )
+
+        calls.append(torch_call)
+    medians = alternating_medians(calls, args.warmup, args.repeats * 10)
+    sparse_s, dense_s = medians[0], medians[1]
+    kv_bytes = 2.0 * total_k * w.kv_heads * w.head_dim * np.dtype(dtype).itemsize
+    result = {
+        "workload": w.name,
+        "dtype": w.dtype,
+        "density": kept,
+        "blocksparse_median_s": sparse_s,
+        "dense_median_s": dense_s,
+        "sparse_over_density_dense": sparse_s / (kept * dense_s),
+        "sparse_fraction_of_triad": kept
+        * kv_bytes
+        / sparse_s
+        * 1e-9
+        / peak["triad_bandwidth_gb_per_s"],
+        "dense_fraction_of_triad": kv_bytes / dense_s * 1e-9 / peak["triad_bandwidth_gb_per_s"],
+    }
+    if torch is not None:
+        result["torch_masked_median_s"] = medians[2]
+        result["torch_over_blocksparse"] = medians[2] / sparse_s
+    return result
+
+
 def run_workload(w: Workload, tilelab, torch, peak, args, rng) -> dict:
     import ml_dtypes
 
@@ -122,7 +219,7 @@ def run_workload(w: Workload, tilelab, torch, peak, args, rng) -> dict:
         "dtype": w.dtype,
         "density": density,
         "blocksparse_median_s": sparse_s,
-        "dense_causal_median_s": dense_s,
+        "dense_median_s": dense_s,
         "sparse_over_density_dense": sparse_s / (density * dense_s),
         "dense_fraction_of_fma_peak": w.dense_causal_flops
         / dense_s
@@ -141,19 +238,31 @@ def run_workload(w: Workload, tilelab, torch, peak, args, rng) -> dict:
 
 
 def format_row(r: dict) -> list[str]:
-    torch_ms = f"{1e3 * r['torch_masked_median_s']:.0f}" if "torch_masked_median_s" in r else "-"
+    def ms(seconds: float) -> str:
+        return f"{1e3 * seconds:.2f}" if seconds < 0.1 else f"{1e3 * seconds:.0f}"
+
+    torch_ms = ms(r["torch_masked_median_s"]) if "torch_masked_median_s" in r else "-"
     torch_ratio = f"{r['torch_over_blocksparse']:.2f}x" if "torch_over_blocksparse" in r else "-"
+    if "sparse_fraction_of_fma_peak" in r:
+        of_peak = [
+            f"{100 * r['sparse_fraction_of_fma_peak']:.1f}% FMA",
+            f"{100 * r['dense_fraction_of_fma_peak']:.1f}% FMA",
+        ]
+    else:
+        of_peak = [
+            f"{100 * r['sparse_fraction_of_triad']:.1f}% triad",
+            f"{100 * r['dense_fraction_of_triad']:.1f}% triad",
+        ]
     return [
         r["workload"],
         r["dtype"],
         f"{r['density']:.3f}",
-        f"{1e3 * r['blocksparse_median_s']:.0f}",
-        f"{1e3 * r['dense_causal_median_s']:.0f}",
+        ms(r["blocksparse_median_s"]),
+        ms(r["dense_median_s"]),
         f"{r['sparse_over_density_dense']:.2f}",
         torch_ms,
         torch_ratio,
-        f"{100 * r['sparse_fraction_of_fma_peak']:.1f}%",
-        f"{100 * r['dense_fraction_of_fma_peak']:.1f}%",
+        *of_peak,
     ]
 
 
@@ -165,18 +274,21 @@ def main() -> None:
     torch = None if args.no_torch else import_torch(args.threads)
     print_run_header(tilelab, torch, peak, args)
     print(
-        "density: kept blocks / causal blocks (layout.density); sparse/(density*dense) is the "
-        "target ratio (<= 1.25); of peak: useful FLOPs (density x 4·H·S²·D/2) / time against "
-        "the fp32 FMA peak\n"
+        "prefill rows: density = kept blocks / causal blocks (layout.density), dense = our dense "
+        "causal flash attention, of peak = useful FLOPs (density x 4·H·S²·D/2) / time against the "
+        "fp32 FMA peak; decode rows: density = kept fraction of the last row's keys, dense = our "
+        "dense decode over all keys, of peak = kept K/V bytes / time against the triad. "
+        "sparse/(density*dense) is the target ratio (<= 1.25)\n"
     )
     rng = np.random.default_rng(0)
     results, rows = [], []
-    for workload in WORKLOADS:
+    for workload in WORKLOADS + DECODE_WORKLOADS:
         if args.filter not in workload.name + " " + workload.dtype:
             continue
-        if args.quick and workload.seqlen > 2048:
+        if args.quick and isinstance(workload, Workload) and workload.seqlen > 2048:
             continue
-        result = run_workload(workload, tilelab, torch, peak, args, rng)
+        run = run_workload if isinstance(workload, Workload) else run_decode_workload
+        result = run(workload, tilelab, torch, peak, args, rng)
         results.append(result)
         rows.append(format_row(result))
     header = [
@@ -184,7 +296,7 @@ def main() -> None:
         "dtype",
         "density",
         "sparse ms",
-        "dense causal ms",
+        "dense ms",
         "sparse/(density*dense)",
         "torch masked ms",
         "torch/sparse",
