@@ -12,8 +12,9 @@
 //
 // The stages' dimensions are the dense forward's with b = task; io and hk have extent 1. A task's
 // rows (ii) are (head of the group, query) pairs: the runtime folds a GQA group of F = Hq / Hkv
-// query heads into a task when they share one layout head's blocks, so one pass over a K/V tile
-// serves the group (decode: a tile of F rows); otherwise F = 1.
+// query heads into a task, so one pass over a K/V tile serves the group (decode: a tile of F
+// rows), when its heads share their blocks or, for decode, over the union of their blocks with a
+// per-head mask; otherwise F = 1.
 #include <string>
 
 #include "Halide.h"
@@ -33,12 +34,15 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
   // "prefill" or "decode": the tiling of schedules/flash/tiling.hpp the runtime picks by.
   GeneratorParam<std::string> variant{"variant", "prefill"};
 
-  Input<Buffer<void, 3>> q{"q"};                         // (d, h, token): [total_q, Hq, D]
-  Input<Buffer<void, 3>> k{"k"};                         // (d, hk, token): [total_k, Hkv, D]
-  Input<Buffer<void, 3>> v{"v"};                         //
-  Input<Buffer<int32_t, 2>> tasks{"tasks"};              // (field, task)
-  Input<Buffer<int32_t, 2>> row_offsets{"row_offsets"};  // (row block, layout head): CSR crow
-  Input<Buffer<int32_t, 2>> columns{"columns"};          // (index, layout head): CSR col
+  Input<Buffer<void, 3>> q{"q"};             // (d, h, token): [total_q, Hq, D]
+  Input<Buffer<void, 3>> k{"k"};             // (d, hk, token): [total_k, Hkv, D]
+  Input<Buffer<void, 3>> v{"v"};             //
+  Input<Buffer<int32_t, 2>> tasks{"tasks"};  // (field, task)
+  // The key blocks each task visits, sorted: task t's start at its column_begin field.
+  Input<Buffer<int32_t, 1>> columns{"columns"};
+  // (head of the group, column entry): whether that query head's layout keeps the block; all 1
+  // when the group's heads share their blocks.
+  Input<Buffer<int32_t, 2>> column_keeps{"column_keeps"};
   Input<int> block_size{"block_size"};
   Input<int> live_tiles{"live_tiles"};      // key tiles every task of this call visits
   Input<int> folded_heads{"folded_heads"};  // F: query heads per task (1 or Hq / Hkv)
@@ -71,7 +75,6 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     Expr head_dim = q.dim(0).extent();
     Expr q_heads = q.dim(1).extent();
     Expr group = q_heads / k.dim(1).extent();
-    Expr layout_heads = row_offsets.dim(1).extent();
     // A layout block spans `tiles_per_block` key tiles of KT keys; the last may be partial.
     Expr tiles_per_block = (block_size + KT - 1) / KT;
 
@@ -89,12 +92,16 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     row_key_limit(ii, b) =
         select(causal, min(field(Field::query_position) + row, k_len - 1), k_len - 1);
 
-    // Key tile jb of the task: tile jb % tiles_per_block of layout block columns(jb /
-    // tiles_per_block) of the task's row; masked past the block's end and the row's last key.
-    Expr layout_head = clamp(field(Field::layout_head), 0, layout_heads - 1);
-    Expr row_block = clamp(field(Field::row_block), 0, row_offsets.dim(0).extent() - 2);
-    Expr column_index = row_offsets(row_block, layout_head) + jb / tiles_per_block;
-    Expr column = columns(clamp(column_index, 0, columns.dim(0).extent() - 1), layout_head);
+    // Key tile jb of the task: tile jb % tiles_per_block of block columns(column_begin + jb /
+    // tiles_per_block); masked past the block's end, past the row's last key, and where the row's
+    // head does not keep the block.
+    Expr column_entry =
+        clamp(field(Field::column_begin) + jb / tiles_per_block, 0, columns.dim(0).extent() - 1);
+    Expr column = columns(column_entry);
+    Func row_keeps("row_keeps");
+    row_keeps(ii, jb, b) =
+        column_keeps(clamp(row_in_task / rows, 0, column_keeps.dim(0).extent() - 1),
+                     column_entry) != 0;
     tile_first_key(jb, b) = column * block_size + (jb % tiles_per_block) * KT;
     Expr key_in_block = (jb % tiles_per_block) * KT + jj;
     Expr key = tile_first_key(jb, b) + jj;
@@ -112,7 +119,7 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     s.value_f32(d, jj, jb, hk, b) =
         select(is_key, cast<float>(v(min(d, head_dim - 1), kv_head, key_token)), 0.0f);
     tilelab::generators::define_scores(s, head_dim);
-    Expr visible = is_key && key <= row_key_limit(ii, b);
+    Expr visible = is_key && key <= row_key_limit(ii, b) && row_keeps(ii, jb, b);
     s.masked(ii, jj, jb, io, hk, b) =
         tilelab::generators::classify_score(s.score(ii, jj, jb, io, hk, b), visible);
     tilelab::generators::define_online_softmax(s, live_tiles, {});
@@ -132,6 +139,7 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     row_head.compute_at(s.state, tile);
     row_key_limit.compute_at(s.state, tile);
     tile_first_key.compute_at(s.state, s.rk);
+    row_keeps.compute_at(s.state, s.rk);
     out_f.parallel(b).vectorize(d, VL, TailStrategy::GuardWithIf);
   }
 };

@@ -1,8 +1,8 @@
 // The generated block-sparse attention kernels behind detail::generated_blocksparse_attention.
 // Here the runtime splits the query rows into tasks (schedules/flash/blocksparse_tasks.hpp: rows of
-// one sequence inside one layout row block, for one group of folded query heads), batches them by
-// variant (decode: few rows; prefill) and by live key tiles, runs each batch as one kernel call,
-// and scatters each task's rows to out. The layout's CSR arrays are passed as they are.
+// one sequence inside one layout row block, for one group of folded query heads, with the task's
+// key blocks), batches them by variant (decode: few rows; prefill) and by live key tiles, runs
+// each batch as one kernel call, and scatters each task's rows to out.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -75,9 +75,17 @@ struct VariantPlan {
   std::int64_t rows_per_task() const { return tiling.query_tile / folded_heads; }
 };
 
-VariantPlan plan_variant(const FlashAttentionTiling& tiling, std::int64_t group, bool shared) {
-  VariantPlan plan{tiling, 1};
-  if (shared && group <= tiling.query_tile) plan.folded_heads = group;
+// Prefill folds a GQA group when its heads share their blocks (a union would compute blocks some
+// rows do not need); decode, bound by reading K and V, folds it whenever the group fits the tile,
+// over the union of the heads' blocks, so each K/V tile is read once per group.
+VariantPlan plan_prefill(std::int64_t group, bool shared) {
+  VariantPlan plan{kBlockSparsePrefillTiling, 1};
+  if (shared && group <= plan.tiling.query_tile) plan.folded_heads = group;
+  return plan;
+}
+VariantPlan plan_decode(std::int64_t group) {
+  VariantPlan plan{kBlockSparseDecodeTiling, 1};
+  if (group <= plan.tiling.query_tile) plan.folded_heads = group;
   return plan;
 }
 
@@ -102,11 +110,32 @@ using Task = std::array<std::int32_t, kBlockSparseTaskFields>;
 struct TaskBatch {
   bool decode = false;
   std::int32_t live_tiles = 0;
-  std::vector<std::int32_t> tasks;  // [num_tasks, kBlockSparseTaskFields]
+  std::vector<std::int32_t> tasks;    // [num_tasks, kBlockSparseTaskFields]
+  std::vector<std::int32_t> columns;  // the tasks' key blocks, each task's run sorted
+  std::vector<std::int32_t> keeps;    // [columns, folded heads]: 1 where the head keeps the block
   std::int64_t size() const {
     return static_cast<std::int64_t>(tasks.size()) / kBlockSparseTaskFields;
   }
 };
+
+// Appends a task's key blocks to `batch`: the union of its heads' layout rows, each block marked
+// with the heads that keep it.
+void append_task_columns(const std::vector<std::span<const std::int32_t>>& head_columns,
+                         TaskBatch& batch) {
+  std::vector<std::int32_t> blocks(head_columns.front().begin(), head_columns.front().end());
+  for (std::size_t m = 1; m < head_columns.size(); ++m) {
+    std::vector<std::int32_t> merged;
+    std::set_union(blocks.begin(), blocks.end(), head_columns[m].begin(), head_columns[m].end(),
+                   std::back_inserter(merged));
+    blocks = std::move(merged);
+  }
+  for (const std::int32_t block : blocks) {
+    batch.columns.push_back(block);
+    for (const std::span<const std::int32_t> columns : head_columns) {
+      batch.keeps.push_back(std::binary_search(columns.begin(), columns.end(), block) ? 1 : 0);
+    }
+  }
+}
 
 // Splits each sequence's query rows at layout row-block boundaries and into tasks of
 // rows_per_task() rows of the sequence's variant, for each group of folded query heads; batches
@@ -135,16 +164,23 @@ std::vector<TaskBatch> build_task_batches(const BlockSparseProblem& p, const Var
         set(BlockSparseTaskField::query_position, position);
         set(BlockSparseTaskField::key_token, p.k_starts[seq]);
         set(BlockSparseTaskField::key_count, k_len);
-        set(BlockSparseTaskField::row_block, row_block);
         set(BlockSparseTaskField::head_group, group);
-        const std::int64_t layout_head = p.layout_head(group * plan.folded_heads);
-        set(BlockSparseTaskField::layout_head, layout_head);
-        const std::int32_t live = live_key_tiles(layout.columns(layout_head, row_block), block_size,
-                                                 plan.tiling.key_block, key_limit);
+        std::vector<std::span<const std::int32_t>> head_columns;
+        for (std::int64_t m = 0; m < plan.folded_heads; ++m) {
+          head_columns.push_back(
+              layout.columns(p.layout_head(group * plan.folded_heads + m), row_block));
+        }
+        TaskBatch scratch;
+        append_task_columns(head_columns, scratch);
+        const std::int32_t live =
+            live_key_tiles(scratch.columns, block_size, plan.tiling.key_block, key_limit);
         TaskBatch& batch = batches[{is_decode, live}];
         batch.decode = is_decode;
         batch.live_tiles = live;
+        set(BlockSparseTaskField::column_begin, static_cast<std::int64_t>(batch.columns.size()));
         batch.tasks.insert(batch.tasks.end(), task.begin(), task.end());
+        batch.columns.insert(batch.columns.end(), scratch.columns.begin(), scratch.columns.end());
+        batch.keeps.insert(batch.keeps.end(), scratch.keeps.begin(), scratch.keeps.end());
       }
       position = end;
     }
@@ -212,17 +248,8 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
   install_halide_hooks();
 
   const std::int64_t group = p.q_heads / p.kv_heads;
-  const bool shared = groups_share_blocks(p);
-  const VariantPlan prefill = plan_variant(kBlockSparsePrefillTiling, group, shared);
-  const VariantPlan decode = plan_variant(kBlockSparseDecodeTiling, group, shared);
-
-  // A layout that keeps no block has an empty col: the kernel still needs one (unread) column.
-  std::vector<std::int32_t> no_columns(static_cast<std::size_t>(layout.n_heads()), 0);
-  const bool empty = layout.nnz_max() == 0;
-  TensorView row_offsets(const_cast<std::int32_t*>(layout.crow().data()), DType::i32,
-                         {layout.n_heads(), layout.num_row_blocks() + 1});
-  TensorView columns(empty ? no_columns.data() : const_cast<std::int32_t*>(layout.col().data()),
-                     DType::i32, {layout.n_heads(), empty ? 1 : layout.nnz_max()});
+  const VariantPlan prefill = plan_prefill(group, groups_share_blocks(p));
+  const VariantPlan decode = plan_decode(group);
 
   // Prefill reuses every key for many query rows: read K and V from head-major copies.
   std::vector<std::byte> k_storage, v_storage;
@@ -243,11 +270,21 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
     TensorView tasks(const_cast<std::int32_t*>(batch.tasks.data()), DType::i32,
                      {batch.size(), kBlockSparseTaskFields});
     TensorView task_out_view(task_out.data(), p.dtype, {batch.size(), tile_rows, p.head_dim});
-    HalideView q(p.q), k(k_view), v(v_view), tasks_h(tasks), row_offsets_h(row_offsets),
-        columns_h(columns), out(task_out_view);
+    // Tasks that keep no block leave the lists empty: the kernel still needs one (unread) entry.
+    std::vector<std::int32_t> columns = batch.columns, keeps = batch.keeps;
+    if (columns.empty()) {
+      columns.assign(1, 0);
+      keeps.assign(static_cast<std::size_t>(plan.folded_heads), 0);
+    }
+    TensorView columns_view(columns.data(), DType::i32,
+                            {static_cast<std::int64_t>(columns.size())});
+    TensorView keeps_view(keeps.data(), DType::i32,
+                          {static_cast<std::int64_t>(columns.size()), plan.folded_heads});
+    HalideView q(p.q), k(k_view), v(v_view), tasks_h(tasks), columns_h(columns_view),
+        keeps_h(keeps_view), out(task_out_view);
     halide_error_message_of_thread().clear();
     const int status = pick_kernel(p.dtype, batch.decode)(
-        q.get(), k.get(), v.get(), tasks_h.get(), row_offsets_h.get(), columns_h.get(),
+        q.get(), k.get(), v.get(), tasks_h.get(), columns_h.get(), keeps_h.get(),
         static_cast<int32_t>(layout.block_size()), batch.live_tiles,
         static_cast<int32_t>(plan.folded_heads), layout.causal(), p.scale, out.get());
     TILELAB_CHECK(status == 0) << "generated block-sparse attention kernel failed (status "

@@ -19,18 +19,18 @@ inline constexpr FlashAttentionTiling kBlockSparseDecodeTiling{64, 4, true};
 
 // The fields of one block-sparse task (up to a block-sparse tiling's query_tile rows: query rows of
 // one sequence inside one layout row block, times the query heads folded into the task), in the
-// order the kernel reads them from its task list.
+// order the kernel reads them from its task list. The task's key blocks (its layout row, or the
+// union of its heads' rows) are a sorted run of the kernel's column list.
 enum class BlockSparseTaskField : int {
   query_token,     // packed index of the task's first query row
   rows,            // query rows (per head) in the task, 1 .. query_tile / folded heads
   query_position,  // the first row's position in its sequence (keys: positions 0 .. key_count-1)
   key_token,       // packed index of the sequence's first key
   key_count,       // the sequence's keys
-  row_block,       // the layout row block (position / block_size) of every row of the task
   head_group,      // the task's query heads: head_group · F .. head_group · F + F - 1
-  layout_head,     // the layout head whose blocks the task's query heads use
+  column_begin,    // where the task's key blocks start in the kernel's column list
 };
-inline constexpr int kBlockSparseTaskFields = 8;
+inline constexpr int kBlockSparseTaskFields = 7;
 
 // The block-sparse tiling of a generated variant: "prefill" or "decode".
 inline FlashAttentionTiling blocksparse_tiling_of_variant(std::string_view variant) {

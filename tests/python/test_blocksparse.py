@@ -244,6 +244,14 @@ CASES = {
         8, 1, 64, dict(n_heads=1, max_seqlen=160, block_size=32, local_blocks=2, vert_stride=2),
         [3, 1, 90, 8], [150, 70, 130, 9],
     ),
+    # Per-query-head layouts in GQA groups of 4: decode folds each group over the union of its
+    # heads' blocks, masking each head's own; prefill runs one head per task.
+    "gqa_4_per_head_layouts_decode": (
+        8, 2, 64,
+        dict(n_heads=8, max_seqlen=256, block_size=16, local_blocks=2, vert_stride=4,
+             head_sliding_step=1),
+        [1, 1, 2, 100], [256, 130, 200, 100],
+    ),
     # Blocks longer than the reference's 64-row and 64-key chunks.
     "block_80": (
         2, 1, 48, dict(n_heads=2, max_seqlen=400, block_size=80, local_blocks=2, vert_stride=2),
