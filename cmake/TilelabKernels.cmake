@@ -9,6 +9,9 @@ set(TILELAB_HALIDE_TARGETS
     x86-64-linux
     CACHE STRING "Halide targets of the AOT kernels, best first")
 
+# The listings cost one more generator run per kernel; the wheel (pyproject.toml) leaves them out.
+option(TILELAB_KERNEL_LISTINGS "Write each kernel's lowered statement and assembly listings" ON)
+
 add_halide_runtime(tilelab_halide_runtime TARGETS x86-64-linux)
 add_library(tilelab_kernels INTERFACE)
 target_link_libraries(tilelab_kernels INTERFACE tilelab_halide_runtime)
@@ -16,7 +19,8 @@ target_include_directories(tilelab_kernels INTERFACE "${PROJECT_BINARY_DIR}/kern
 
 # tilelab_add_kernel(<name> GENERATOR <generator> FROM <generator target> [PARAMS k=v ...])
 # adds the kernel <name> (function of the same name, header <name>.h) to tilelab_kernels, and its
-# lowered statement and assembly for the first (best) target as listings/<name>.{stmt,s}.
+# lowered statement and assembly for the first (best) target as listings/<name>.{stmt,s}
+# (TILELAB_KERNEL_LISTINGS).
 function(tilelab_add_kernel name)
   cmake_parse_arguments(ARG "" "GENERATOR;FROM" "PARAMS" ${ARGN})
   add_halide_library(${name} FROM ${ARG_FROM}
@@ -27,6 +31,9 @@ function(tilelab_add_kernel name)
                      USE_RUNTIME tilelab_halide_runtime)
   target_link_libraries(tilelab_kernels INTERFACE ${name})
 
+  if (NOT TILELAB_KERNEL_LISTINGS)
+    return()
+  endif ()
   # For a multitarget library Halide writes one STMT/ASSEMBLY file per target but declares a
   # single one, which would re-run the generator on every build; the listings get their own rule.
   list(GET TILELAB_HALIDE_TARGETS 0 best_target)
