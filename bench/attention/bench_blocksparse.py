@@ -16,7 +16,6 @@ layout's density. For prefill, SDPA runs head by head with that head's [S, S] bo
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import sys
@@ -29,14 +28,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from bench_flash import (  # noqa: E402
-    cpu_model,
-    import_tilelab,
-    import_torch,
-    measure_machine_peak,
-    parse_benchmark_args,
-    print_run_header,
     print_table,
+    start_benchmark,
     to_torch,
+    write_json_report,
 )
 from timing import alternating_medians  # noqa: E402
 
@@ -267,12 +262,9 @@ def format_row(r: dict) -> list[str]:
 
 
 def main() -> None:
-    args = parse_benchmark_args(__doc__.split("\n\n")[0], repeats=3, warmup=1, quick_repeats=1)
-    tilelab = import_tilelab(args.build_dir)
-    tilelab.set_num_threads(args.threads)
-    peak = measure_machine_peak(args.build_dir, args.threads)
-    torch = None if args.no_torch else import_torch(args.threads)
-    print_run_header(tilelab, torch, peak, args)
+    args, tilelab, torch, peak = start_benchmark(
+        __doc__.split("\n\n")[0], repeats=3, warmup=1, quick_repeats=1
+    )
     print(
         "prefill rows: density = kept blocks / causal blocks (layout.density), dense = our dense "
         "causal flash attention, of peak = useful FLOPs (density x 4·H·S²·D/2) / time against the "
@@ -304,21 +296,7 @@ def main() -> None:
         "dense of peak",
     ]
     print_table(header, rows, left_aligned=2)
-    if args.json:
-        report = {
-            "schema": "tilelab.bench_blocksparse",
-            "schema_version": 1,
-            "tilelab_version": tilelab.__version__,
-            "torch_version": torch.__version__ if torch is not None else None,
-            "cpu": cpu_model(),
-            "threads": args.threads,
-            "repeats": args.repeats,
-            "statistic": "median",
-            "machine_peak": peak,
-            "results": results,
-        }
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    write_json_report(args, "tilelab.bench_blocksparse", tilelab, torch, peak, results)
 
 
 if __name__ == "__main__":

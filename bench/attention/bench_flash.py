@@ -265,14 +265,44 @@ def print_run_header(tilelab, torch, peak: dict, args: argparse.Namespace) -> No
           f"{args.warmup} warmup; torch/ours > 1 means tilelab is faster")
 
 
-def main() -> None:
-    args = parse_benchmark_args(__doc__.split("\n\n")[0], repeats=10, warmup=2, quick_repeats=3)
+def start_benchmark(description: str, *, repeats: int, warmup: int, quick_repeats: int):
+    """Parses the options, imports tilelab (on --threads threads) and torch (unless --no-torch),
+    measures the machine's peaks and prints the run header: (args, tilelab, torch, peak)."""
+    args = parse_benchmark_args(description, repeats=repeats, warmup=warmup,
+                                quick_repeats=quick_repeats)
     tilelab = import_tilelab(args.build_dir)
     tilelab.set_num_threads(args.threads)
     peak = measure_machine_peak(args.build_dir, args.threads)
     torch = None if args.no_torch else import_torch(args.threads)
-
     print_run_header(tilelab, torch, peak, args)
+    return args, tilelab, torch, peak
+
+
+def write_json_report(args: argparse.Namespace, schema: str, tilelab, torch, peak: dict,
+                      results: list[dict]) -> None:
+    """The run's results with its machine, peaks and versions, to --json when given."""
+    if not args.json:
+        return
+    report = {
+        "schema": schema,
+        "schema_version": 1,
+        "tilelab_version": tilelab.__version__,
+        "torch_version": torch.__version__ if torch is not None else None,
+        "cpu": cpu_model(),
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "statistic": "median",
+        "machine_peak": peak,
+        "results": results,
+    }
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.json}")
+
+
+def main() -> None:
+    args, tilelab, torch, peak = start_benchmark(
+        __doc__.split("\n\n")[0], repeats=10, warmup=2, quick_repeats=3)
     print("rates: GFLOP/s = 4·B·Hq·M·N·D (half for square causal) / time, against the fp32 FMA "
           "peak; decode: GB/s of K and V read, against the triad\n")
 
@@ -288,22 +318,7 @@ def main() -> None:
               "torch/ours", "ours rate", "of peak", "torch rate"]
     print_table(header, rows, left_aligned=4)
 
-    if args.json:
-        report = {
-            "schema": "tilelab.bench_flash",
-            "schema_version": 1,
-            "tilelab_version": tilelab.__version__,
-            "torch_version": torch.__version__ if torch is not None else None,
-            "cpu": cpu_model(),
-            "threads": args.threads,
-            "repeats": args.repeats,
-            "warmup": args.warmup,
-            "statistic": "median",
-            "machine_peak": peak,
-            "results": results,
-        }
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    write_json_report(args, "tilelab.bench_flash", tilelab, torch, peak, results)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ of the FlashAttention-2 backward, whatever an implementation recomputes.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import sys
@@ -28,15 +27,11 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from bench_flash import (  # noqa: E402
     Workload,
-    cpu_model,
-    import_tilelab,
-    import_torch,
     make_inputs,
-    measure_machine_peak,
-    parse_benchmark_args,
-    print_run_header,
     print_table,
+    start_benchmark,
     to_torch,
+    write_json_report,
 )
 from timing import alternating_medians  # noqa: E402
 
@@ -118,12 +113,9 @@ def format_row(result: dict) -> list[str]:
 
 
 def main() -> None:
-    args = parse_benchmark_args(__doc__.split("\n\n")[0], repeats=5, warmup=1, quick_repeats=2)
-    tilelab = import_tilelab(args.build_dir)
-    tilelab.set_num_threads(args.threads)
-    peak = measure_machine_peak(args.build_dir, args.threads)
-    torch = None if args.no_torch else import_torch(args.threads)
-    print_run_header(tilelab, torch, peak, args)
+    args, tilelab, torch, peak = start_benchmark(
+        __doc__.split("\n\n")[0], repeats=5, warmup=1, quick_repeats=2
+    )
     print("backward GFLOP/s = 2.5 x 4·B·Hq·M·N·D (half for square causal) / time\n")
 
     rng = np.random.default_rng(0)
@@ -137,17 +129,7 @@ def main() -> None:
     header = ["workload", "dtype", "mask", "ours ms", "torch ms", "torch/ours", "ours rate",
               "of peak", "torch rate", "max |ours - torch|"]
     print_table(header, rows, left_aligned=3)
-    if args.json:
-        args.json.write_text(json.dumps({
-            "schema": "tilelab.bench_flash_backward",
-            "schema_version": 1,
-            "cpu": cpu_model(),
-            "threads": args.threads,
-            "torch_version": torch.__version__ if torch is not None else None,
-            "machine_peak": peak,
-            "results": results,
-        }, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    write_json_report(args, "tilelab.bench_flash_backward", tilelab, torch, peak, results)
 
 
 if __name__ == "__main__":
