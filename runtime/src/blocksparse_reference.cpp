@@ -160,9 +160,7 @@ void run_reference(const BlockSparseProblem& problem) {
       for (std::int64_t r = 0; r < rows; ++r) {
         // As the dense reference: no visible key gives 0; visible keys whose scores are all -inf
         // give NaN (0 / 0); a NaN sum gives NaN.
-        const float inverse_sum = !row_sees_a_key[r]   ? 0.0f
-                                  : row_sum[r] == 0.0f ? std::numeric_limits<float>::quiet_NaN()
-                                                       : 1.0f / row_sum[r];
+        const float inverse_sum = inverse_row_sum(row_sees_a_key[r], row_sum[r]);
         Storage* dst = out.row(q_token0 + task.row_begin + r, task.head);
         const float* acc_row = &acc[r * head_dim];
         for (std::int64_t d = 0; d < head_dim; ++d) {

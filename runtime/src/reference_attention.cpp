@@ -144,9 +144,7 @@ void run_reference(const AttentionProblem& problem) {
         // whose unmasked scores are all -inf: NaN, the softmax of only -inf. A NaN sum (NaN or
         // +inf among the scores) gives NaN out and lse.
         const bool fully_masked = row_sum[r] == 0.0f && !row_unmasked[r];
-        const float inverse_sum = fully_masked         ? 0.0f
-                                  : row_sum[r] == 0.0f ? std::numeric_limits<float>::quiet_NaN()
-                                                       : 1.0f / row_sum[r];
+        const float inverse_sum = inverse_row_sum(!fully_masked, row_sum[r]);
         Storage* dst = out_data + out_view.row_offset(b, h, i);
         const float* acc_row = &acc[r * head_dim];
         for (std::int64_t d = 0; d < head_dim; ++d) {

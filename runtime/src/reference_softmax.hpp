@@ -1,6 +1,6 @@
 // Online-softmax pieces shared by the reference implementations (dense and block-sparse): a
-// NaN-propagating max, an in-place vector exp (SLEEF) and the merge of one block of a row's scores
-// into the row's running state.
+// NaN-propagating max, an in-place vector exp (SLEEF), the merge of one block of a row's scores
+// into the row's running state, and the normalization of a finished row.
 #pragma once
 
 #include <immintrin.h>
@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace tilelab::detail {
 
@@ -46,6 +47,14 @@ inline void merge_block_into_row(float* s, std::int64_t visible, float block_max
     const float* v_row = &values[j * head_dim];
     for (std::int64_t d = 0; d < head_dim; ++d) acc_row[d] += p * v_row[d];
   }
+}
+
+// What a finished row's accumulator is multiplied by: 1 / row_sum, or 0 for a row no key
+// contributed to (fully masked: out 0), or NaN for a row whose contributing scores were all -inf
+// (row_sum 0: the softmax of only -inf). A NaN row_sum stays NaN.
+inline float inverse_row_sum(bool any_key_counted, float row_sum) {
+  if (!any_key_counted) return 0.0f;
+  return row_sum == 0.0f ? std::numeric_limits<float>::quiet_NaN() : 1.0f / row_sum;
 }
 
 }  // namespace tilelab::detail
