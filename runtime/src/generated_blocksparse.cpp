@@ -240,16 +240,21 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
   }
   const BlockSparseLayout& layout = *p.layout;
   if (p.head_dim > 256 || !pick_kernel(p.dtype, false) ||
-      !fits_int32(layout.num_row_blocks() * layout.block_size()) ||
-      !fits_int32(static_cast<std::int64_t>(layout.col().size()))) {
+      !fits_int32(layout.num_row_blocks() * layout.block_size())) {
     return false;
   }
   if (p.total_q == 0) return true;
-  install_halide_hooks();
 
   const std::int64_t group = p.q_heads / p.kv_heads;
   const VariantPlan prefill = plan_prefill(group, groups_share_blocks(p));
   const VariantPlan decode = plan_decode(group);
+  // The kernels index each batch's column list with int32, so every list must fit before the
+  // first call writes anything.
+  const std::vector<TaskBatch> batches = build_task_batches(p, prefill, decode);
+  for (const TaskBatch& batch : batches) {
+    if (!fits_int32(static_cast<std::int64_t>(batch.keeps.size()))) return false;
+  }
+  install_halide_hooks();
 
   // Prefill reuses every key for many query rows: read K and V from head-major copies.
   std::vector<std::byte> k_storage, v_storage;
@@ -262,7 +267,7 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
     if (!tokens_contiguous(p.v)) v_view = head_major_copy(p.v, v_storage);
   }
 
-  for (const TaskBatch& batch : build_task_batches(p, prefill, decode)) {
+  for (const TaskBatch& batch : batches) {
     const VariantPlan& plan = batch.decode ? decode : prefill;
     const std::int64_t tile_rows = plan.tiling.query_tile;
     std::vector<std::byte> task_out(
