@@ -26,6 +26,16 @@ std::optional<DType> attention_dtype(const py::dtype& dtype) {
   return std::nullopt;
 }
 
+std::optional<DType> element_dtype(const py::dtype& dtype) {
+  if (const std::optional<DType> attention = attention_dtype(dtype)) return attention;
+  if (dtype.itemsize() == 1) {
+    const std::string name = py::str(dtype.attr("name")).cast<std::string>();
+    if (name == "float8_e4m3fn") return DType::f8e4m3fn;
+    if (name == "float8_e5m2") return DType::f8e5m2;
+  }
+  return std::nullopt;
+}
+
 namespace {
 
 std::string python_type_name(const py::handle& object) {
@@ -278,6 +288,66 @@ py::array require_attention_array(const py::handle& object, const char* name) {
   return array;
 }
 
+py::array require_cache_array(const py::handle& object, const char* name) {
+  const std::optional<py::array> converted = as_numpy_array(object, name);
+  if (!converted) {
+    throw Error(std::string(name) + ": expected " + kArrayKinds + " of " + kCacheDtypes + ", got " +
+                    python_type_name(object),
+                ErrorKind::invalid_type);
+  }
+  const py::array& array = *converted;
+  if (!element_dtype(array.dtype())) {
+    throw Error(std::string(name) + ": expected dtype " + kCacheDtypes + ", got " +
+                    py::str(array.dtype()).cast<std::string>(),
+                ErrorKind::invalid_type);
+  }
+  return array;
+}
+
+py::array_t<std::int32_t> require_int32_array(const py::handle& object, const char* name, int rank,
+                                              const char* layout) {
+  reject_masked_array(object, name);
+  if (!py::isinstance<py::array>(object)) {
+    throw Error(
+        std::string(name) + ": expected a numpy.ndarray of int32, got " + python_type_name(object),
+        ErrorKind::invalid_type);
+  }
+  const py::array array = py::reinterpret_borrow<py::array>(object);
+  const char kind = array.dtype().kind();
+  if (kind != 'i' && kind != 'u') {
+    throw Error(std::string(name) + ": expected an integer dtype (int32), got " +
+                    py::str(array.dtype()).cast<std::string>(),
+                ErrorKind::invalid_type);
+  }
+  if (array.ndim() != rank) {
+    throw Error(std::string(name) + ": expected rank " + std::to_string(rank) + " " + layout +
+                ", got shape " + shape_string(array));
+  }
+  if (array.size() > 0) {
+    const py::object low = array.attr("min")(), high = array.attr("max")();
+    // Compared as Python ints: uint64 values beyond int64 included.
+    if (py::int_(low) < py::int_(INT32_MIN) || py::int_(high) > py::int_(INT32_MAX)) {
+      throw Error(std::string(name) + ": expected values in the int32 range, got values in [" +
+                  py::str(low).cast<std::string>() + ", " + py::str(high).cast<std::string>() +
+                  "]");
+    }
+  }
+  return py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(array);
+}
+
+TensorView view_int32(const py::array_t<std::int32_t>& array) {
+  std::array<std::int64_t, TensorView::kMaxRank> shape{};
+  for (py::ssize_t i = 0; i < array.ndim(); ++i) shape[i] = array.shape(i);
+  std::array<std::int64_t, TensorView::kMaxRank> strides{};
+  std::int64_t stride = 1;
+  for (py::ssize_t i = array.ndim() - 1; i >= 0; --i) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  return TensorView(const_cast<std::int32_t*>(array.data()), DType::i32,
+                    static_cast<int>(array.ndim()), shape.data(), strides.data());
+}
+
 ArrayView view_array(const py::array& array, const char* name) {
   const py::ssize_t rank = array.ndim();
   if (rank < 1 || rank > TensorView::kMaxRank) {
@@ -285,7 +355,7 @@ ArrayView view_array(const py::array& array, const char* name) {
                 " dimensions, got rank " + std::to_string(rank) + " with shape " +
                 shape_string(array));
   }
-  const std::optional<DType> dtype = attention_dtype(array.dtype());
+  const std::optional<DType> dtype = element_dtype(array.dtype());
   TILELAB_CHECK(dtype.has_value()) << name << " reached view_array with an unchecked dtype";
 
   ArrayView result{array, {}, false};
@@ -311,12 +381,26 @@ ArrayView view_array(const py::array& array, const char* name) {
   return result;
 }
 
+TensorView view_written_array(const py::array& array, const char* name) {
+  if (!array.writeable()) {
+    throw Error(std::string(name) + ": expected a writeable array, got a read-only one");
+  }
+  const ArrayView viewed = view_array(array, name);
+  if (viewed.copied) {
+    throw Error(std::string(name) +
+                ": expected an array written in place (native byte order, aligned, non-negative "
+                "strides in whole elements), got one with strides " +
+                py::str(array.attr("strides")).cast<std::string>());
+  }
+  return viewed.view;
+}
+
 py::array new_array(const py::dtype& like, const std::vector<py::ssize_t>& shape) {
   return py::array(like, shape);
 }
 
 TensorView view_output(py::array& array) {
-  const std::optional<DType> dtype = attention_dtype(array.dtype());
+  const std::optional<DType> dtype = element_dtype(array.dtype());
   TILELAB_CHECK(dtype.has_value()) << "outputs are created with an attention dtype";
   std::array<std::int64_t, TensorView::kMaxRank> shape{};
   std::array<std::int64_t, TensorView::kMaxRank> strides{};
@@ -380,14 +464,19 @@ Implementation parse_implementation(const py::handle& value) {
   return name == "generated" ? Implementation::generated : Implementation::reference;
 }
 
-std::optional<float> parse_optional_scale(const py::handle& value, const char* name) {
-  if (value.is_none()) return std::nullopt;
+namespace {
+
+// A real number (Python or numpy int or float, not bool or complex) as float; None gives nullopt
+// when `none_allowed`. Finiteness is left to the C++ validation.
+std::optional<float> parse_real_number(const py::handle& value, const char* name,
+                                       bool none_allowed) {
+  if (none_allowed && value.is_none()) return std::nullopt;
   static const py::handle real = py::object(py::module_::import("numbers").attr("Real")).release();
   const bool is_bool = PyBool_Check(value.ptr()) ||
                        py::isinstance(value, py::module_::import("numpy").attr("bool_"));
   if (is_bool || !py::isinstance(value, real)) {
-    throw Error(std::string(name) + ": expected a real number (int or float) or None, got " +
-                    describe_value(value),
+    throw Error(std::string(name) + ": expected a real number (int or float)" +
+                    (none_allowed ? " or None" : "") + ", got " + describe_value(value),
                 ErrorKind::invalid_type);
   }
   const double result = PyFloat_AsDouble(value.ptr());
@@ -396,6 +485,16 @@ std::optional<float> parse_optional_scale(const py::handle& value, const char* n
     throw Error(std::string(name) + ": expected a finite value, got " + describe_value(value));
   }
   return static_cast<float>(result);
+}
+
+}  // namespace
+
+std::optional<float> parse_optional_scale(const py::handle& value, const char* name) {
+  return parse_real_number(value, name, true);
+}
+
+float parse_real(const py::handle& value, const char* name) {
+  return *parse_real_number(value, name, false);
 }
 
 }  // namespace tilelab::python

@@ -39,6 +39,27 @@ void reject_masked_array(const py::handle& object, const char* name);
 //   memoryview, keeping its format and shape.
 std::optional<py::array> as_numpy_array(const py::handle& object, const char* name);
 
+// The dtypes a KV cache may have, as error messages spell them.
+inline constexpr const char* kCacheDtypes =
+    "float32, float16, bfloat16, float8_e4m3fn or float8_e5m2 (ml_dtypes)";
+
+// The tilelab dtype of any numpy dtype a tensor argument may have: the attention dtypes and
+// ml_dtypes' float8_e4m3fn and float8_e5m2; nullopt otherwise.
+std::optional<DType> element_dtype(const py::dtype& dtype);
+
+// `object` (any array as_numpy_array takes) as a numpy array of a cache dtype (kCacheDtypes);
+// tilelab::Error(invalid_type) naming `name` otherwise.
+py::array require_cache_array(const py::handle& object, const char* name);
+
+// `object` as a C-contiguous int32 array of rank `rank`: any numpy integer dtype is accepted when
+// every value fits int32. TypeError for a non-array or a non-integer dtype, ValueError for a wrong
+// rank or out-of-range values; each names `name` (`layout` names the dims, e.g. "[num_seqs]").
+py::array_t<std::int32_t> require_int32_array(const py::handle& object, const char* name, int rank,
+                                              const char* layout);
+
+// A TensorView of an array from require_int32_array.
+TensorView view_int32(const py::array_t<std::int32_t>& array);
+
 // `object` (any array as_numpy_array takes) as a numpy array of an attention dtype;
 // tilelab::Error(invalid_type) naming `name` when it is no array or has another dtype.
 py::array require_attention_array(const py::handle& object, const char* name);
@@ -61,6 +82,11 @@ struct ArrayView {
 // tilelab::Error naming `name` when the rank is 0 or exceeds TensorView::kMaxRank.
 ArrayView view_array(const py::array& array, const char* name);
 
+// A TensorView over `array` itself, for an array tilelab writes (an `out` argument, a cache):
+// tilelab::Error naming `name` when it is read-only or cannot be viewed in place (byte order,
+// alignment, strides).
+TensorView view_written_array(const py::array& array, const char* name);
+
 // A C-contiguous array of `shape` with `like`'s dtype (bf16 outputs keep ml_dtypes' dtype object).
 py::array new_array(const py::dtype& like, const std::vector<py::ssize_t>& shape);
 
@@ -82,5 +108,7 @@ Implementation parse_implementation(const py::handle& value);
 // None -> nullopt; a real number (Python or numpy int or float, not bool or complex) -> its value
 // as float. Finiteness is left to the C++ validation (a double beyond float stays infinite).
 std::optional<float> parse_optional_scale(const py::handle& value, const char* name);
+// A real number (as parse_optional_scale, None refused).
+float parse_real(const py::handle& value, const char* name);
 
 }  // namespace tilelab::python

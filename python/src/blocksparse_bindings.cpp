@@ -25,47 +25,8 @@ std::string dtype_string(const py::array& array) {
   return py::str(array.dtype()).cast<std::string>();
 }
 
-// `object` as a C-contiguous int32 array of rank `rank`: any numpy integer dtype is accepted when
-// every value fits int32. TypeError for a non-array or a non-integer dtype, ValueError for a wrong
-// rank or out-of-range values; each names `name`.
-py::array_t<std::int32_t> require_int32_array(const py::handle& object, const char* name, int rank,
-                                              const char* layout) {
-  reject_masked_array(object, name);
-  if (!py::isinstance<py::array>(object)) {
-    throw Error(std::string(name) + ": expected a numpy.ndarray of int32, got " +
-                    py::str(py::type::handle_of(object).attr("__name__")).cast<std::string>(),
-                ErrorKind::invalid_type);
-  }
-  const py::array array = py::reinterpret_borrow<py::array>(object);
-  const char kind = array.dtype().kind();
-  if (kind != 'i' && kind != 'u') {
-    throw Error(
-        std::string(name) + ": expected an integer dtype (int32), got " + dtype_string(array),
-        ErrorKind::invalid_type);
-  }
-  if (array.ndim() != rank) {
-    throw Error(std::string(name) + ": expected rank " + std::to_string(rank) + " " + layout +
-                ", got shape " + shape_string(array));
-  }
-  if (array.size() > 0) {
-    const py::object low = array.attr("min")(), high = array.attr("max")();
-    // Compared as Python ints: uint64 values beyond int64 included.
-    if (py::int_(low) < py::int_(INT32_MIN) || py::int_(high) > py::int_(INT32_MAX)) {
-      throw Error(std::string(name) + ": expected values in the int32 range, got values in [" +
-                  py::str(low).cast<std::string>() + ", " + py::str(high).cast<std::string>() +
-                  "]");
-    }
-  }
-  return py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(array);
-}
-
 std::vector<std::int32_t> to_vector(const py::array_t<std::int32_t>& array) {
   return std::vector<std::int32_t>(array.data(), array.data() + array.size());
-}
-
-TensorView view_int32(const py::array_t<std::int32_t>& array) {
-  const std::int64_t shape = array.shape(0), stride = 1;
-  return TensorView(const_cast<std::int32_t*>(array.data()), DType::i32, 1, &shape, &stride);
 }
 
 // A bool array of `shape` holding `mask` (0/1 bytes).
@@ -165,15 +126,7 @@ py::array blocksparse_attention(const py::handle& q, const py::handle& k, const 
     out_view = view_output(out_array);
   } else {
     out_array = require_attention_array(out, "out");
-    if (!out_array.writeable()) throw Error("out: expected a writeable array, got a read-only one");
-    const ArrayView viewed = view_array(out_array, "out");
-    if (viewed.copied) {
-      throw Error(
-          "out: expected an array written in place (native byte order, aligned, non-negative "
-          "strides in whole elements), got one with strides " +
-          py::str(out_array.attr("strides")).cast<std::string>());
-    }
-    out_view = viewed.view;
+    out_view = view_written_array(out_array, "out");
   }
   {
     py::gil_scoped_release release;

@@ -10,6 +10,7 @@
 
 #include "array_view.hpp"
 #include "blocksparse_bindings.hpp"
+#include "paged_bindings.hpp"
 #include "nki_bindings.hpp"
 #include "sim_bindings.hpp"
 #include "tilelab/tilelab.hpp"
@@ -226,6 +227,7 @@ PYBIND11_MODULE(_core, module) {
       },
       py::arg("kind"), "Testing hook: raises a tilelab::Error of `kind` through the translator.");
   register_blocksparse_bindings(module);
+  register_paged_bindings(module);
   register_nki_bindings(module);
   register_sim_bindings(module);
 }

@@ -26,6 +26,8 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_implementation",
     "num_threads",
+    "paged_attention",
+    "reshape_and_cache_flash",
     "set_num_threads",
 ]
 
@@ -315,6 +317,115 @@ def blocksparse_attention(
         scale=scale,
         out=out,
         implementation=implementation,
+    )
+
+
+def paged_attention(
+    query: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_table: np.ndarray,
+    seq_lens: np.ndarray,
+    query_start_loc: np.ndarray,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    sliding_window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    split_kv: int | Literal["auto"] = "auto",
+    out: np.ndarray | None = None,
+    implementation: Literal["automatic", "reference"] = "automatic",
+) -> np.ndarray:
+    """Attention over a paged KV cache (vLLM's layout): variable-length sequences, prefill and
+    decode mixed in one batch. docs/paged_attention.md has the full contract.
+
+    Shapes and dtypes:
+        query: ``[num_tokens, Hq, D]`` (sequences packed along dim 0), float32, float16 or
+        ``ml_dtypes.bfloat16``; 1 <= D <= 512.
+        key_cache, value_cache: ``[num_blocks, Hkv, block_size, D]``, the query's dtype or
+        ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2`` (both the same); any block_size >= 1; Hq a
+        multiple of Hkv (query head h reads kv head ``h // (Hq // Hkv)``).
+        block_table: integer ``[num_seqs, max_blocks_per_seq]``; seq_lens: ``[num_seqs]`` (context
+        plus new tokens); query_start_loc: ``[num_seqs + 1]`` (0 first, non-decreasing, last
+        num_tokens). Values must fit int32.
+
+    Semantics:
+        Sequence s has query tokens ``query[query_start_loc[s]:query_start_loc[s+1]]`` at its last
+        positions (``q_len <= seq_len``); its key at position j is in cache block
+        ``block_table[s, j // block_size]`` at offset ``j % block_size``; only the first
+        ``ceil(seq_len / block_size)`` entries of a row are read, each in ``[0, num_blocks)``.
+        Scores ``s = scale * q.k`` (k dequantized with k_scale), then softcap, ALiBi, the causal
+        mask and the sliding window, and sinks in the denominator, as documented once in
+        docs/attention_options.md. NaN and inf propagate; a query that sees no key gives 0.
+
+    Args:
+        scale: multiplies ``q @ k^T``; default ``1 / sqrt(D)``; must be finite.
+        causal: query position i sees keys ``j <= i`` (default); False: every key of its sequence.
+        sliding_window: ``(left, right)``: key j visible iff ``i - left <= j <= i + right``; -1
+            is unbounded.
+        softcap: ``s = softcap * tanh(s / softcap)`` when > 0.
+        alibi_slopes, sinks: float32 ``[Hq]`` or None.
+        k_scale, v_scale: dequantization scales of fp8 caches (1.0 for other caches).
+        split_kv: ``"auto"`` or a number of pieces >= 1 each work item's keys are split into
+            (split-KV decoding); results do not depend on the thread count beyond fp32 summation
+            order and are identical run to run.
+        out: a writeable ``[num_tokens, Hq, D]`` array of query's dtype written in place (and
+            returned); default a new array.
+        implementation: ``"automatic"`` (prefill sequences without options run on the generated
+            dense kernel over their gathered K/V) or ``"reference"`` (everything on the paged
+            kernel, which reads the cache in place).
+
+    Raises:
+        TypeError: an argument is not an array or has a wrong dtype or type (named).
+        ValueError: wrong shapes, inconsistent lengths, block-table entries out of range, bad
+            option values (named, with the value given and what is allowed).
+    """
+    return _core.paged_attention(
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        scale=scale,
+        causal=causal,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        split_kv=split_kv,
+        out=out,
+        implementation=implementation,
+    )
+
+
+def reshape_and_cache_flash(
+    key: np.ndarray,
+    value: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    slot_mapping: np.ndarray,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Writes ``key[t]`` and ``value[t]`` (``[num_tokens, Hkv, D]``) into the paged caches
+    ``[num_blocks, Hkv, block_size, D]`` at slot ``slot_mapping[t]`` (block ``slot //
+    block_size``, offset ``slot % block_size``), in place. Negative slots are skipped; others
+    must be ``< num_blocks * block_size``; the later of two tokens naming one slot wins.
+
+    An fp8 cache (``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2``) stores ``key / k_scale``
+    (``value / v_scale``) rounded to nearest even; finite values beyond the format saturate to its
+    largest finite value, NaN stays NaN, inf stays inf in e5m2 and becomes NaN in e4m3fn. Caches
+    of the key's dtype store the values as they are (the scales must be 1.0).
+    """
+    _core.reshape_and_cache_flash(
+        key, value, key_cache, value_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale
     )
 
 

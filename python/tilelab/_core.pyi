@@ -52,6 +52,35 @@ def blocksparse_attention(
     out: np.ndarray | None = None,
     implementation: str = "automatic",
 ) -> np.ndarray: ...
+def paged_attention(
+    query: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_table: np.ndarray,
+    seq_lens: np.ndarray,
+    query_start_loc: np.ndarray,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    sliding_window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    split_kv: int | str = "auto",
+    out: np.ndarray | None = None,
+    implementation: str = "automatic",
+) -> np.ndarray: ...
+def reshape_and_cache_flash(
+    key: np.ndarray,
+    value: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    slot_mapping: np.ndarray,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None: ...
 
 class BlockSparseLayout:
     def __init__(

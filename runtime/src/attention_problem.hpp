@@ -9,6 +9,9 @@
 
 namespace tilelab::detail {
 
+// The largest head dim flash_attention takes (both implementations).
+inline constexpr std::int64_t kMaxFlashHeadDim = 256;
+
 struct AttentionProblem {
   TensorView q, k, v, out;         // [B, Hq, M, D], [B, Hkv, N, D] x2, [B, Hq, M, D]
   std::optional<TensorView> bias;  // fp32, rank 4, broadcast dims have extent 1

@@ -11,38 +11,6 @@
 
 namespace tilelab::detail {
 
-namespace {
-
-// Reads and checks one cu_seqlens array: int32, rank 1, num_seqs + 1 >= 2 entries, 0 first,
-// non-decreasing, `total` last.
-std::vector<std::int32_t> read_cu_seqlens(const TensorView& cu_seqlens, const char* name,
-                                          std::int64_t total, const char* total_name) {
-  TILELAB_REQUIRE_TYPE(cu_seqlens.dtype() == DType::i32)
-      << name << ": expected dtype int32, got " << dtype_name(cu_seqlens.dtype());
-  require_rank(cu_seqlens, name, 1, "[num_seqs + 1]");
-  require_addressable(cu_seqlens, name);
-  const std::int64_t entries = cu_seqlens.dim(0);
-  TILELAB_REQUIRE(entries >= 2) << name
-                                << ": expected num_seqs + 1 >= 2 entries (at least one sequence), "
-                                   "got "
-                                << entries;
-  const auto* data = static_cast<const std::int32_t*>(cu_seqlens.data());
-  std::vector<std::int32_t> values(entries);
-  for (std::int64_t n = 0; n < entries; ++n) values[n] = data[n * cu_seqlens.stride(0)];
-  TILELAB_REQUIRE(values[0] == 0) << name << ": expected 0 at index 0, got " << values[0];
-  for (std::int64_t n = 1; n < entries; ++n) {
-    TILELAB_REQUIRE(values[n] >= values[n - 1])
-        << name << ": expected non-decreasing prefix sums, got " << values[n - 1] << " then "
-        << values[n] << " at index " << n;
-  }
-  TILELAB_REQUIRE(values.back() == total)
-      << name << ": expected the last entry to be " << total_name << " = " << total << ", got "
-      << values.back() << " at index " << entries - 1;
-  return values;
-}
-
-}  // namespace
-
 BlockSparseProblem validate_blocksparse_attention(
     const TensorView& q, const TensorView& k, const TensorView& v, const BlockSparseLayout& layout,
     const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
@@ -91,8 +59,8 @@ BlockSparseProblem validate_blocksparse_attention(
       << "layout: expected 1 head, Hq = " << problem.q_heads << " heads (one per query head) or "
       << "Hkv = " << problem.kv_heads << " heads (one per kv head), got " << layout.n_heads();
 
-  problem.q_starts = read_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", problem.total_q, "total_q");
-  problem.k_starts = read_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", problem.total_k, "total_k");
+  problem.q_starts = read_prefix_sums(cu_seqlens_q, "cu_seqlens_q", problem.total_q, "total_q");
+  problem.k_starts = read_prefix_sums(cu_seqlens_k, "cu_seqlens_k", problem.total_k, "total_k");
   TILELAB_REQUIRE(problem.k_starts.size() == problem.q_starts.size())
       << "cu_seqlens_k: expected " << problem.q_starts.size()
       << " entries (num_seqs + 1, the length of cu_seqlens_q), got " << problem.k_starts.size();
@@ -113,9 +81,7 @@ BlockSparseProblem validate_blocksparse_attention(
     problem.max_k_len = std::max(problem.max_k_len, k_len);
   }
 
-  problem.scale = options.scale.value_or(1.0f / std::sqrt(static_cast<float>(problem.head_dim)));
-  TILELAB_REQUIRE(std::isfinite(problem.scale))
-      << "scale: expected a finite value, got " << problem.scale;
+  problem.scale = resolve_attention_scale(options.scale, problem.head_dim);
 
   // out is written while the inputs are still read, rows concurrently.
   require_no_self_overlap(out, "out");

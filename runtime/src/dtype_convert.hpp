@@ -1,8 +1,11 @@
 // Conversions between fp32 and the 16-bit storage types (bf16, f16), and per-dtype element traits.
 #pragma once
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "tilelab/detail/bf16_rounding.hpp"
 #include "tilelab/tensor.hpp"
@@ -44,6 +47,60 @@ inline std::uint16_t float_to_f16_bits(float value) {
   return std::bit_cast<std::uint16_t>(static_cast<_Float16>(value));
 }
 
+// The OCP 8-bit floats. Widening is exact and branch-free (vectorizes): the magnitude bits, moved
+// to the top of an fp32's exponent field, read as a float 2^(127 - bias) too small, normals and
+// subnormals alike; one multiply by that power of two restores it.
+inline float f8e4m3fn_bits_to_float(std::uint8_t bits) {
+  const std::uint32_t magnitude = bits & 0x7fu;
+  const float value = std::bit_cast<float>(magnitude << 20) * 0x1p120f;  // bias 7
+  const float nan = std::bit_cast<float>(0x7fc00000u);
+  const float unsigned_value = magnitude == 0x7fu ? nan : value;  // S.1111.111 is NaN, no inf
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(unsigned_value) |
+                              (static_cast<std::uint32_t>(bits & 0x80u) << 24));
+}
+
+inline float f8e5m2_bits_to_float(std::uint8_t bits) {
+  // f8e5m2 is the upper byte of an f16: inf and NaN have the exponent field all ones.
+  return f16_bits_to_float(static_cast<std::uint16_t>(bits << 8));
+}
+
+// fp32 to an 8-bit float with `mantissa_bits` and exponent `bias`, rounded to nearest even. Finite
+// values beyond `largest` saturate to ±largest (vLLM's SATFINITE cache writes); NaN gives
+// `nan_bits`, ±inf gives `inf_bits` (with the sign) or, for a format without inf, `nan_bits`.
+inline std::uint8_t float_to_f8_bits(float value, int mantissa_bits, int bias, float largest,
+                                     std::uint8_t largest_bits, std::uint8_t nan_bits,
+                                     std::optional<std::uint8_t> inf_bits) {
+  const std::uint8_t sign = std::signbit(value) ? 0x80u : 0x00u;
+  if (std::isnan(value)) return nan_bits;
+  const float magnitude = std::fabs(value);
+  if (std::isinf(magnitude))
+    return inf_bits ? static_cast<std::uint8_t>(sign | *inf_bits) : nan_bits;
+  const int min_exponent = 1 - bias;
+  const int exponent =
+      magnitude == 0.0f ? min_exponent : std::max(std::ilogb(magnitude), min_exponent);
+  const float quantum = std::ldexp(1.0f, exponent - mantissa_bits);
+  const float rounded = std::nearbyint(magnitude / quantum) * quantum;  // ties to even
+  if (rounded > largest) return static_cast<std::uint8_t>(sign | largest_bits);
+  if (rounded < std::ldexp(1.0f, min_exponent)) {  // subnormal or zero
+    return static_cast<std::uint8_t>(
+        sign |
+        static_cast<std::uint32_t>(rounded / std::ldexp(1.0f, min_exponent - mantissa_bits)));
+  }
+  const int rounded_exponent = std::ilogb(rounded);
+  const auto fraction = static_cast<std::uint32_t>((std::ldexp(rounded, -rounded_exponent) - 1.0f) *
+                                                   static_cast<float>(1 << mantissa_bits));
+  return static_cast<std::uint8_t>(
+      sign | (static_cast<std::uint32_t>(rounded_exponent + bias) << mantissa_bits) | fraction);
+}
+
+inline std::uint8_t float_to_f8e4m3fn_bits(float value) {
+  return float_to_f8_bits(value, 3, 7, 448.0f, 0x7e, 0x7f, std::nullopt);
+}
+
+inline std::uint8_t float_to_f8e5m2_bits(float value) {
+  return float_to_f8_bits(value, 2, 15, 57344.0f, 0x7b, 0x7e, std::uint8_t{0x7c});
+}
+
 // Storage type and fp32 conversions for one element dtype, so kernels can be written once as a
 // template over the dtype.
 template <DType dtype>
@@ -61,6 +118,20 @@ struct ElementTraits<DType::bf16> {
   using Storage = std::uint16_t;
   static float to_float(Storage bits) { return bf16_bits_to_float(bits); }
   static Storage from_float(float value) { return float_to_bf16_bits(value); }
+};
+
+template <>
+struct ElementTraits<DType::f8e4m3fn> {
+  using Storage = std::uint8_t;
+  static float to_float(Storage bits) { return f8e4m3fn_bits_to_float(bits); }
+  static Storage from_float(float value) { return float_to_f8e4m3fn_bits(value); }
+};
+
+template <>
+struct ElementTraits<DType::f8e5m2> {
+  using Storage = std::uint8_t;
+  static float to_float(Storage bits) { return f8e5m2_bits_to_float(bits); }
+  static Storage from_float(float value) { return float_to_f8e5m2_bits(value); }
 };
 
 template <>

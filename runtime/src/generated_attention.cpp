@@ -36,6 +36,8 @@ KernelFn pick_kernel(const AttentionProblem& p) {
     case DType::bf16:
       return has_bias ? flash_fwd_bf16_bias : decode ? flash_fwd_bf16_decode : flash_fwd_bf16;
     case DType::i32:
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
       break;
   }
   return nullptr;
@@ -49,7 +51,7 @@ bool generated_flash_attention_covers(const AttentionProblem& p) {
     if (view->stride(3) != 1 || !offsets_fit_int32(*view)) return false;
   }
   if (p.bias && (p.bias->stride(3) != 1 || !offsets_fit_int32(*p.bias))) return false;
-  return p.head_dim <= 256 && fits_int32(p.causal_offset) && pick_kernel(p);
+  return p.head_dim <= kMaxFlashHeadDim && fits_int32(p.causal_offset) && pick_kernel(p);
 }
 
 bool generated_flash_attention(const AttentionProblem& p) {

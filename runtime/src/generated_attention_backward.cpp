@@ -25,6 +25,8 @@ KernelFn pick_kernel(DType dtype) {
     case DType::bf16:
       return flash_bwd_bf16;
     case DType::i32:
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
       break;
   }
   return nullptr;

@@ -47,6 +47,8 @@ KernelFn pick_kernel(DType dtype, bool decode) {
     case DType::bf16:
       return decode ? blocksparse_bf16_decode : blocksparse_bf16_prefill;
     case DType::i32:
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
       break;
   }
   return nullptr;

@@ -142,6 +142,9 @@ halide_type_t halide_type_of(DType dtype) {
       return halide_type_t(halide_type_bfloat, 16);
     case DType::i32:
       return halide_type_t(halide_type_int, 32);
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
+      return halide_type_t(halide_type_uint, 8);  // raw bits
   }
   return halide_type_t();
 }

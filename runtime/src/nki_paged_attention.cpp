@@ -36,6 +36,8 @@ float load(const TensorView& view, std::int64_t offset) {
     case DType::f16:
       return detail::f16_bits_to_float(static_cast<const std::uint16_t*>(view.data())[offset]);
     case DType::i32:
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
       break;
   }
   return 0.0f;
@@ -53,6 +55,8 @@ void store(const TensorView& view, std::int64_t offset, float value) {
       static_cast<std::uint16_t*>(view.data())[offset] = detail::float_to_f16_bits(value);
       return;
     case DType::i32:
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
       return;
   }
 }

@@ -114,6 +114,8 @@ void reference_flash_attention_backward(const AttentionBackwardProblem& problem,
     case DType::bf16:
       return run_reference_backward<DType::bf16>(problem, ds);
     case DType::i32:
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
       break;
   }
   TILELAB_CHECK(false) << "reference_flash_attention_backward: unsupported dtype "

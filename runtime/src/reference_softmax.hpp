@@ -1,6 +1,7 @@
-// Online-softmax pieces shared by the reference implementations (dense and block-sparse): a
-// NaN-propagating max, an in-place vector exp (SLEEF), the merge of one block of a row's scores
-// into the row's running state, and the normalization of a finished row.
+// Online-softmax pieces shared by the CPU implementations (dense and block-sparse references, the
+// paged kernel): a NaN-propagating max, in-place vector exp and soft-capping (SLEEF), the merge of
+// one block of a row's scores (or of a partial state) into the row's running state, and the
+// normalization of a finished row.
 #pragma once
 
 #include <immintrin.h>
@@ -46,6 +47,36 @@ inline void merge_block_into_row(float* s, std::int64_t visible, float block_max
     const float p = s[j];
     const float* v_row = &values[j * head_dim];
     for (std::int64_t d = 0; d < head_dim; ++d) acc_row[d] += p * v_row[d];
+  }
+}
+
+// x[j] = cap · tanh(x[j] / cap) for j < count: logit soft-capping (SLEEF, 4 lanes as exp_in_place).
+inline void softcap_in_place(float* x, std::int64_t count, float cap) {
+  const float inverse_cap = 1.0f / cap;
+  std::int64_t j = 0;
+  const __m128 cap4 = _mm_set1_ps(cap), inverse4 = _mm_set1_ps(inverse_cap);
+  for (; j + 4 <= count; j += 4) {
+    const __m128 t = Sleef_tanhf4_u10(_mm_mul_ps(_mm_loadu_ps(x + j), inverse4));
+    _mm_storeu_ps(x + j, _mm_mul_ps(t, cap4));
+  }
+  for (; j < count; ++j) x[j] = cap * Sleef_tanhf_u10(x[j] * inverse_cap);
+}
+
+// Folds a partial softmax state (max, sum, acc[0, head_dim)) of some of a row's keys into the
+// row's running state, as merge_block_into_row folds raw scores: the part with the smaller max is
+// rescaled. A part whose max is -inf holds no contribution (its sum and acc are 0) and is skipped,
+// since exp(-inf - -inf) would be NaN; NaN maxima propagate.
+inline void merge_partial_into_row(float part_max, float part_sum, const float* part_acc,
+                                   std::int64_t head_dim, float& row_max, float& row_sum,
+                                   float* acc_row) {
+  if (part_max == -std::numeric_limits<float>::infinity()) return;
+  const float new_max = nan_propagating_max(row_max, part_max);
+  const float row_correction = Sleef_expf_u10(row_max - new_max);  // 0 when the row was empty
+  const float part_correction = Sleef_expf_u10(part_max - new_max);
+  row_sum = row_sum * row_correction + part_sum * part_correction;
+  row_max = new_max;
+  for (std::int64_t d = 0; d < head_dim; ++d) {
+    acc_row[d] = acc_row[d] * row_correction + part_acc[d] * part_correction;
   }
 }
 

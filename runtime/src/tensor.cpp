@@ -16,6 +16,9 @@ std::size_t dtype_size(DType dtype) {
     case DType::f16:
     case DType::bf16:
       return 2;
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
+      return 1;
   }
   TILELAB_CHECK(false) << "unknown dtype " << static_cast<int>(dtype);
 }
@@ -30,6 +33,10 @@ const char* dtype_name(DType dtype) {
       return "bfloat16";
     case DType::i32:
       return "int32";
+    case DType::f8e4m3fn:
+      return "float8_e4m3fn";
+    case DType::f8e5m2:
+      return "float8_e5m2";
   }
   TILELAB_CHECK(false) << "unknown dtype " << static_cast<int>(dtype);
 }

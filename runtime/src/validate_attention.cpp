@@ -39,8 +39,8 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
   TILELAB_REQUIRE(problem.batch >= 1) << "q: expected batch B >= 1, got " << shape_of(q);
   TILELAB_REQUIRE(problem.q_heads >= 1) << "q: expected Hq >= 1 heads, got " << shape_of(q);
   TILELAB_REQUIRE(problem.q_len >= 1) << "q: expected M >= 1 query rows, got " << shape_of(q);
-  TILELAB_REQUIRE(problem.head_dim >= 1 && problem.head_dim <= 256)
-      << "q: expected head dim D in [1, 256], got " << shape_of(q);
+  TILELAB_REQUIRE(problem.head_dim >= 1 && problem.head_dim <= kMaxFlashHeadDim)
+      << "q: expected head dim D in [1, " << kMaxFlashHeadDim << "], got " << shape_of(q);
   TILELAB_REQUIRE(k.dim(0) == problem.batch)
       << "k: expected batch " << problem.batch << " (from q), got " << shape_of(k);
   TILELAB_REQUIRE(k.dim(3) == problem.head_dim)
@@ -89,9 +89,7 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
     problem.lse = lse;
   }
 
-  problem.scale = options.scale.value_or(1.0f / std::sqrt(static_cast<float>(problem.head_dim)));
-  TILELAB_REQUIRE(std::isfinite(problem.scale))
-      << "scale: expected a finite value, got " << problem.scale;
+  problem.scale = resolve_attention_scale(options.scale, problem.head_dim);
 
   // Outputs are written while inputs are still being read, and rows are written concurrently: any
   // aliasing would make the result depend on the schedule.

@@ -25,6 +25,8 @@ def test_all_lists_the_public_api():
         "flash_attention_backward",
         "flash_attention_implementation",
         "num_threads",
+        "paged_attention",
+        "reshape_and_cache_flash",
         "set_num_threads",
         "__version__",
     }

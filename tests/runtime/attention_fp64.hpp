@@ -45,6 +45,12 @@ inline double element_fp64(const tilelab::TensorView& view, const std::int64_t (
           static_cast<const std::uint16_t*>(view.data())[offset]);
     case tilelab::DType::i32:
       return static_cast<const std::int32_t*>(view.data())[offset];
+    case tilelab::DType::f8e4m3fn:
+      return tilelab::detail::f8e4m3fn_bits_to_float(
+          static_cast<const std::uint8_t*>(view.data())[offset]);
+    case tilelab::DType::f8e5m2:
+      return tilelab::detail::f8e5m2_bits_to_float(
+          static_cast<const std::uint8_t*>(view.data())[offset]);
   }
   return std::numeric_limits<double>::quiet_NaN();
 }

@@ -116,6 +116,12 @@ class HostTensor {
         return tilelab::detail::bf16_bits_to_float(static_cast<const std::uint16_t*>(base)[offset]);
       case tilelab::DType::i32:
         return static_cast<float>(static_cast<const std::int32_t*>(base)[offset]);
+      case tilelab::DType::f8e4m3fn:
+        return tilelab::detail::f8e4m3fn_bits_to_float(
+            static_cast<const std::uint8_t*>(base)[offset]);
+      case tilelab::DType::f8e5m2:
+        return tilelab::detail::f8e5m2_bits_to_float(
+            static_cast<const std::uint8_t*>(base)[offset]);
     }
     return NAN;
   }
@@ -133,6 +139,12 @@ class HostTensor {
         return;
       case tilelab::DType::i32:
         static_cast<std::int32_t*>(base)[offset] = static_cast<std::int32_t>(value);
+        return;
+      case tilelab::DType::f8e4m3fn:
+        static_cast<std::uint8_t*>(base)[offset] = tilelab::detail::float_to_f8e4m3fn_bits(value);
+        return;
+      case tilelab::DType::f8e5m2:
+        static_cast<std::uint8_t*>(base)[offset] = tilelab::detail::float_to_f8e5m2_bits(value);
         return;
     }
   }

@@ -2,6 +2,7 @@
 // reference implementation they are tested against.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "tilelab/tensor.hpp"
@@ -18,6 +19,29 @@ enum class CausalAlignment { top_left, bottom_right };
 //   generated: the generated kernel; Error when the call is outside what it covers.
 //   reference: the reference implementation (OpenMP + SLEEF, fp32 accumulation).
 enum class Implementation { automatic, generated, reference };
+
+// Which keys a query sees around its own position: key j is visible to query position i iff
+// i - left <= j <= i + right; -1 means unbounded on that side. Applied on top of causality.
+struct SlidingWindow {
+  std::int64_t left = -1;
+  std::int64_t right = -1;
+};
+
+// Score options, one semantics for every attention entry point that takes them
+// (docs/attention_options.md). With i the query's absolute position and j the key's, the score
+// is s = scale · q·k, then in this order:
+//   softcap > 0:  s = softcap · tanh(s / softcap)         (0 turns it off; must be finite, >= 0)
+//   alibi_slopes: s += slope[h] · (j - i)                 (fp32 [Hq], h the query head)
+//   sliding_window: keys outside the window are masked (never loaded or computed)
+//   sinks:        a per-head logit (fp32 [Hq]) that joins the softmax denominator only:
+//                 out = Σ_j e^(s_j - m) v_j / (e^(sink - m) + Σ_j e^(s_j - m)).
+// The slopes and sinks are data: NaN or inf in them propagate like NaN or inf in q.
+struct ScoreOptions {
+  float softcap = 0.0f;
+  std::optional<TensorView> alibi_slopes;
+  SlidingWindow sliding_window;
+  std::optional<TensorView> sinks;
+};
 
 struct FlashAttentionOptions {
   bool causal = false;

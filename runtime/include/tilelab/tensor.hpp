@@ -9,11 +9,15 @@
 
 namespace tilelab {
 
-enum class DType { f32, f16, bf16, i32 };
+// f8e4m3fn and f8e5m2 are the OCP 8-bit floats (ml_dtypes.float8_e4m3fn: no inf, NaN at
+// S.1111.111, largest 448; ml_dtypes.float8_e5m2: IEEE-like with inf, largest 57344), accepted
+// as K/V cache storage.
+enum class DType { f32, f16, bf16, i32, f8e4m3fn, f8e5m2 };
 
 // Bytes per element of `dtype`.
 std::size_t dtype_size(DType dtype);
-// "float32", "float16", "bfloat16", "int32" (numpy names).
+// "float32", "float16", "bfloat16", "int32", "float8_e4m3fn", "float8_e5m2" (numpy/ml_dtypes
+// names).
 const char* dtype_name(DType dtype);
 
 // A view of memory the caller owns; tilelab never frees or keeps it past the call that receives it.

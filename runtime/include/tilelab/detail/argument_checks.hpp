@@ -117,6 +117,42 @@ inline void require_shape(const TensorView& view, const char* name, const char* 
   }
 }
 
+// Reads and checks a prefix-sum array (cu_seqlens, query_start_loc): int32, rank 1,
+// num_seqs + 1 >= 2 entries, 0 first, non-decreasing, `total` last.
+inline std::vector<std::int32_t> read_prefix_sums(const TensorView& prefix_sums, const char* name,
+                                                  std::int64_t total, const char* total_name) {
+  TILELAB_REQUIRE_TYPE(prefix_sums.dtype() == DType::i32)
+      << name << ": expected dtype int32, got " << dtype_name(prefix_sums.dtype());
+  require_rank(prefix_sums, name, 1, "[num_seqs + 1]");
+  require_addressable(prefix_sums, name);
+  const std::int64_t entries = prefix_sums.dim(0);
+  TILELAB_REQUIRE(entries >= 2) << name
+                                << ": expected num_seqs + 1 >= 2 entries (at least one sequence), "
+                                   "got "
+                                << entries;
+  const auto* data = static_cast<const std::int32_t*>(prefix_sums.data());
+  std::vector<std::int32_t> values(entries);
+  for (std::int64_t n = 0; n < entries; ++n) values[n] = data[n * prefix_sums.stride(0)];
+  TILELAB_REQUIRE(values[0] == 0) << name << ": expected 0 at index 0, got " << values[0];
+  for (std::int64_t n = 1; n < entries; ++n) {
+    TILELAB_REQUIRE(values[n] >= values[n - 1])
+        << name << ": expected non-decreasing prefix sums, got " << values[n - 1] << " then "
+        << values[n] << " at index " << n;
+  }
+  TILELAB_REQUIRE(values.back() == total)
+      << name << ": expected the last entry to be " << total_name << " = " << total << ", got "
+      << values.back() << " at index " << entries - 1;
+  return values;
+}
+
+// The scale of flash_attention, blocksparse_attention and paged_attention: the given one or
+// 1/sqrt(head_dim) computed in fp32; finite either way.
+inline float resolve_attention_scale(const std::optional<float>& given, std::int64_t head_dim) {
+  const float scale = given.value_or(1.0f / std::sqrt(static_cast<float>(head_dim)));
+  TILELAB_REQUIRE(std::isfinite(scale)) << "scale: expected a finite value, got " << scale;
+  return scale;
+}
+
 // The softmax scale an attention kernel applies: the given one or, when none is given,
 // 1/sqrt(head_dim); either must be finite as a float (zero and negative scales are honoured).
 inline float resolve_softmax_scale(const std::optional<float>& given, std::int64_t head_dim) {

@@ -1,0 +1,263 @@
+// paged_attention: validate, then run prefill sequences on the generated dense flash kernel over
+// their gathered K/V where it covers the call, and everything else on the paged kernel; and
+// reshape_and_cache_flash, the cache writer.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "attention_problem.hpp"
+#include "dtype_convert.hpp"
+#include "paged_problem.hpp"
+#include "tilelab/detail/argument_checks.hpp"
+#include "tilelab/error.hpp"
+#include "tilelab/threading.hpp"
+
+namespace tilelab {
+
+namespace detail {
+namespace {
+
+// Query tokens from which a sequence is worth gathering for the dense kernel: its K/V gather costs
+// one pass over the sequence's cache, which the dense kernel's compute (q_len rows per key) hides
+// once there are a few dozen rows; below, the paged kernel reads the cache in place.
+constexpr std::int64_t kDenseRouteMinTokens = 32;
+
+bool dense_route_allowed(const PagedProblem& problem) {
+  return problem.implementation == Implementation::automatic && !problem.has_score_options() &&
+         problem.cache_dtype == problem.dtype && problem.head_dim <= kMaxFlashHeadDim;
+}
+
+// One sequence's queries and outputs as [1, Hq, q_len, D] views of the packed tensors.
+TensorView sequence_view(const TensorView& packed, std::int64_t first_token, std::int64_t tokens) {
+  const std::int64_t shape[4] = {1, packed.dim(1), tokens, packed.dim(2)};
+  const std::int64_t strides[4] = {0, packed.stride(1), packed.stride(0), packed.stride(2)};
+  auto* data =
+      static_cast<char*>(packed.data()) +
+      first_token * packed.stride(0) * static_cast<std::int64_t>(dtype_size(packed.dtype()));
+  return TensorView(data, packed.dtype(), 4, shape, strides);
+}
+
+// Keys (or values) [0, seq_len) of every kv head of sequence `seq`, copied from the cache into
+// `gathered` as [Hkv, seq_len, D] in the cache's dtype.
+void gather_sequence(const PagedProblem& problem, const TensorView& cache, std::int64_t seq,
+                     std::vector<std::uint8_t>& gathered) {
+  const std::int64_t seq_len = problem.seq_lens[seq], head_dim = problem.head_dim;
+  const auto element = static_cast<std::int64_t>(dtype_size(cache.dtype()));
+  gathered.resize(problem.kv_heads * seq_len * head_dim * element);
+  const std::int64_t blocks = (seq_len + problem.block_size - 1) / problem.block_size;
+  const auto* base = static_cast<const std::uint8_t*>(cache.data());
+#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads())
+  for (std::int64_t h = 0; h < problem.kv_heads; ++h) {
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t physical = problem.physical_block(seq, b);
+      const std::int64_t first = b * problem.block_size;
+      const std::int64_t last = std::min(first + problem.block_size, seq_len);
+      for (std::int64_t key = first; key < last; ++key) {
+        const std::uint8_t* src = base + (physical * cache.stride(0) + h * cache.stride(1) +
+                                          (key - first) * cache.stride(2)) *
+                                             element;
+        std::uint8_t* dst = &gathered[((h * seq_len + key) * head_dim) * element];
+        if (cache.stride(3) == 1) {
+          std::memcpy(dst, src, head_dim * element);
+        } else {
+          for (std::int64_t d = 0; d < head_dim; ++d) {
+            std::memcpy(dst + d * element, src + d * cache.stride(3) * element, element);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Runs the prefill sequences the generated dense kernel covers; returns which sequences are left
+// for the paged kernel.
+std::vector<bool> run_dense_route(const PagedProblem& problem) {
+  std::vector<bool> left(problem.num_seqs, true);
+  if (!dense_route_allowed(problem)) return left;
+  std::vector<std::uint8_t> keys, values;
+  for (std::int64_t s = 0; s < problem.num_seqs; ++s) {
+    const std::int64_t q_len = problem.q_len(s), seq_len = problem.seq_lens[s];
+    if (q_len < kDenseRouteMinTokens) continue;
+    const TensorView q = sequence_view(problem.query, problem.query_starts[s], q_len);
+    const TensorView out = sequence_view(problem.out, problem.query_starts[s], q_len);
+    FlashAttentionOptions options;
+    options.causal = problem.causal;
+    options.causal_alignment = CausalAlignment::bottom_right;
+    options.scale = problem.scale;
+    // Coverage depends on shapes and strides only: ask before gathering.
+    const std::int64_t elements = problem.kv_heads * seq_len * problem.head_dim;
+    keys.resize(elements * dtype_size(problem.dtype));
+    values.resize(elements * dtype_size(problem.dtype));
+    const TensorView k_view(keys.data(), problem.dtype,
+                            {1, problem.kv_heads, seq_len, problem.head_dim});
+    const TensorView v_view(values.data(), problem.dtype,
+                            {1, problem.kv_heads, seq_len, problem.head_dim});
+    const AttentionProblem dense = validate_flash_attention(q, k_view, v_view, out, options);
+    if (!generated_flash_attention_covers(dense)) continue;
+    gather_sequence(problem, problem.key_cache, s, keys);
+    gather_sequence(problem, problem.value_cache, s, values);
+    const bool ran = generated_flash_attention(dense);
+    TILELAB_CHECK(ran) << "paged_attention: the generated dense kernel refused sequence " << s
+                       << " after covering it";
+    left[s] = false;
+  }
+  return left;
+}
+
+}  // namespace
+}  // namespace detail
+
+void paged_attention(const TensorView& query, const TensorView& key_cache,
+                     const TensorView& value_cache, const TensorView& block_table,
+                     const TensorView& seq_lens, const TensorView& query_start_loc,
+                     const TensorView& out, const PagedAttentionOptions& options) {
+  const detail::PagedProblem problem = detail::validate_paged_attention(
+      query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, options);
+  const std::vector<bool> left = detail::run_dense_route(problem);
+  if (std::find(left.begin(), left.end(), true) != left.end()) {
+    detail::paged_kernel_attention(problem, left);
+  }
+}
+
+namespace {
+
+// Writes each token's [Hkv, D] rows of `source` into `cache` at its slot; a cache of another
+// dtype than the source's (fp8) stores value / scale.
+template <DType source_dtype, DType cache_dtype>
+void write_slots(const TensorView& source, const TensorView& cache,
+                 const std::vector<std::int32_t>& slots, std::int64_t block_size, float scale) {
+  using SourceTraits = detail::ElementTraits<source_dtype>;
+  using CacheTraits = detail::ElementTraits<cache_dtype>;
+  const auto* src = static_cast<const typename SourceTraits::Storage*>(source.data());
+  auto* dst = static_cast<typename CacheTraits::Storage*>(cache.data());
+  const std::int64_t tokens = source.dim(0), heads = source.dim(1), head_dim = source.dim(2);
+  // Heads in parallel, tokens in order within a head: when two tokens name one slot the later
+  // one wins.
+#pragma omp parallel for schedule(static) num_threads(num_threads())
+  for (std::int64_t h = 0; h < heads; ++h) {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int64_t slot = slots[t];
+      if (slot < 0) continue;
+      const auto* from = src + t * source.stride(0) + h * source.stride(1);
+      auto* to = dst + (slot / block_size) * cache.stride(0) + h * cache.stride(1) +
+                 (slot % block_size) * cache.stride(2);
+      for (std::int64_t d = 0; d < head_dim; ++d) {
+        const float value = SourceTraits::to_float(from[d * source.stride(2)]);
+        to[d * cache.stride(3)] =
+            CacheTraits::from_float(source_dtype == cache_dtype ? value : value / scale);
+      }
+    }
+  }
+}
+
+template <DType source_dtype>
+void write_slots_to(const TensorView& source, const TensorView& cache,
+                    const std::vector<std::int32_t>& slots, std::int64_t block_size, float scale) {
+  switch (cache.dtype()) {
+    case DType::f8e4m3fn:
+      return write_slots<source_dtype, DType::f8e4m3fn>(source, cache, slots, block_size, scale);
+    case DType::f8e5m2:
+      return write_slots<source_dtype, DType::f8e5m2>(source, cache, slots, block_size, scale);
+    default:
+      return write_slots<source_dtype, source_dtype>(source, cache, slots, block_size, scale);
+  }
+}
+
+void write_slots_any(const TensorView& source, const TensorView& cache,
+                     const std::vector<std::int32_t>& slots, std::int64_t block_size, float scale) {
+  switch (source.dtype()) {
+    case DType::f32:
+      return write_slots_to<DType::f32>(source, cache, slots, block_size, scale);
+    case DType::f16:
+      return write_slots_to<DType::f16>(source, cache, slots, block_size, scale);
+    case DType::bf16:
+      return write_slots_to<DType::bf16>(source, cache, slots, block_size, scale);
+    case DType::i32:
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
+      break;
+  }
+  TILELAB_CHECK(false) << "reshape_and_cache_flash: dtype " << dtype_name(source.dtype())
+                       << " passed validation";
+}
+
+}  // namespace
+
+void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
+                             const TensorView& key_cache, const TensorView& value_cache,
+                             const TensorView& slot_mapping, float k_scale, float v_scale) {
+  using namespace detail;
+  require_rank(key, "key", 3, "[num_tokens, Hkv, D]");
+  require_rank(key_cache, "key_cache", 4, "[num_blocks, Hkv, block_size, D]");
+  TILELAB_REQUIRE_TYPE(is_attention_dtype(key.dtype()))
+      << "key: expected dtype float32, float16 or bfloat16, got " << dtype_name(key.dtype());
+  TILELAB_REQUIRE_TYPE(value.dtype() == key.dtype())
+      << "value: expected dtype " << dtype_name(key.dtype()) << " (the dtype of key), got "
+      << dtype_name(value.dtype());
+  const bool fp8_cache = key_cache.dtype() == DType::f8e4m3fn || key_cache.dtype() == DType::f8e5m2;
+  TILELAB_REQUIRE_TYPE(key_cache.dtype() == key.dtype() || fp8_cache)
+      << "key_cache: expected dtype " << dtype_name(key.dtype())
+      << " (the dtype of key), float8_e4m3fn or float8_e5m2, got " << dtype_name(key_cache.dtype());
+  TILELAB_REQUIRE_TYPE(value_cache.dtype() == key_cache.dtype())
+      << "value_cache: expected dtype " << dtype_name(key_cache.dtype())
+      << " (the dtype of key_cache), got " << dtype_name(value_cache.dtype());
+  const std::int64_t tokens = key.dim(0), heads = key.dim(1), head_dim = key.dim(2);
+  require_shape(value, "value", "[num_tokens, Hkv, D] (the shape of key)",
+                {tokens, heads, head_dim});
+  require_shape(key_cache, "key_cache", "[num_blocks, Hkv, block_size, D] (Hkv and D of key)",
+                {-1, heads, -1, head_dim});
+  require_shape(value_cache, "value_cache", "[num_blocks, Hkv, block_size, D] (that of key_cache)",
+                {key_cache.dim(0), heads, key_cache.dim(2), head_dim});
+  TILELAB_REQUIRE(key_cache.dim(2) >= 1)
+      << "key_cache: expected block_size >= 1, got " << shape_of(key_cache);
+  TILELAB_REQUIRE_TYPE(slot_mapping.dtype() == DType::i32)
+      << "slot_mapping: expected dtype int32, got " << dtype_name(slot_mapping.dtype());
+  require_shape(slot_mapping, "slot_mapping", "[num_tokens]", {tokens});
+  for (const auto& [view, name] : {std::pair<const TensorView*, const char*>{&key, "key"},
+                                   {&value, "value"},
+                                   {&key_cache, "key_cache"},
+                                   {&value_cache, "value_cache"},
+                                   {&slot_mapping, "slot_mapping"}}) {
+    require_addressable(*view, name);
+  }
+  for (const auto& [scale, name] :
+       {std::pair<float, const char*>{k_scale, "k_scale"}, {v_scale, "v_scale"}}) {
+    TILELAB_REQUIRE(std::isfinite(scale) && scale != 0.0f)
+        << name << ": expected a finite, nonzero value, got " << scale;
+  }
+  if (!fp8_cache) {
+    for (const auto& [scale, name] :
+         {std::pair<float, const char*>{k_scale, "k_scale"}, {v_scale, "v_scale"}}) {
+      TILELAB_REQUIRE(scale == 1.0f)
+          << name << ": expected 1.0 with a " << dtype_name(key_cache.dtype())
+          << " cache (the scales quantize into fp8 caches only), got " << scale;
+    }
+  }
+  require_no_self_overlap(key_cache, "key_cache");
+  require_no_self_overlap(value_cache, "value_cache");
+  require_disjoint(key_cache, "key_cache", value_cache, "value_cache");
+  for (const auto& [cache, cache_name] :
+       {std::pair<const TensorView*, const char*>{&key_cache, "key_cache"},
+        {&value_cache, "value_cache"}}) {
+    require_disjoint(*cache, cache_name, key, "key");
+    require_disjoint(*cache, cache_name, value, "value");
+    require_disjoint(*cache, cache_name, slot_mapping, "slot_mapping");
+  }
+
+  const std::int64_t block_size = key_cache.dim(2);
+  const std::int64_t slot_count = key_cache.dim(0) * block_size;
+  const auto* mapping = static_cast<const std::int32_t*>(slot_mapping.data());
+  std::vector<std::int32_t> slots(tokens);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    slots[t] = mapping[t * slot_mapping.stride(0)];
+    TILELAB_REQUIRE(slots[t] < slot_count)
+        << "slot_mapping: expected slots < num_blocks x block_size = " << key_cache.dim(0) << " x "
+        << block_size << " = " << slot_count << " (negative: skipped), got " << slots[t]
+        << " at index " << t;
+  }
+  write_slots_any(key, key_cache, slots, block_size, k_scale);
+  write_slots_any(value, value_cache, slots, block_size, v_scale);
+}
+
+}  // namespace tilelab

@@ -1,0 +1,68 @@
+// The validated, normalized form of one paged_attention call, shared by the dispatcher, the
+// dense-kernel route and the paged kernel.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "tilelab/paged.hpp"
+
+namespace tilelab::detail {
+
+struct PagedProblem {
+  TensorView query, key_cache, value_cache, out;  // [T, Hq, D], [NB, Hkv, bs, D] x2, [T, Hq, D]
+  DType dtype = DType::f32;                       // query and out
+  DType cache_dtype = DType::f32;                 // key_cache and value_cache
+  std::int64_t num_tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  std::int64_t num_blocks = 0, block_size = 0, num_seqs = 0;
+  // Copies of the int32 inputs, checked: seq_lens[s] >= q_len(s), and the block table's used
+  // entries (the first ceil(seq_len / block_size) of each row) are in [0, num_blocks).
+  std::vector<std::int64_t> seq_lens, query_starts;  // [num_seqs], [num_seqs + 1]
+  std::vector<std::int32_t> block_table;             // [num_seqs][max_blocks_per_seq], dense
+  std::int64_t max_blocks_per_seq = 0;
+  float scale = 1.0f;  // the softmax scale, before k_scale
+  bool causal = true;
+  float softcap = 0.0f;
+  std::vector<float> alibi_slopes, sinks;  // [Hq] each, or empty
+  SlidingWindow window;
+  float k_scale = 1.0f, v_scale = 1.0f;
+  std::int64_t split_kv = 0;
+  Implementation implementation = Implementation::automatic;
+
+  std::int64_t q_len(std::int64_t seq) const { return query_starts[seq + 1] - query_starts[seq]; }
+  // The absolute position of the sequence's first query token.
+  std::int64_t first_query_position(std::int64_t seq) const { return seq_lens[seq] - q_len(seq); }
+  std::int32_t physical_block(std::int64_t seq, std::int64_t logical_block) const {
+    return block_table[seq * max_blocks_per_seq + logical_block];
+  }
+  bool has_score_options() const {
+    return softcap != 0.0f || !alibi_slopes.empty() || !sinks.empty() || window.left >= 0 ||
+           window.right >= 0;
+  }
+  // Keys [begin, end) that query position i sees (end <= begin when none).
+  std::int64_t first_visible_key(std::int64_t position) const {
+    return window.left >= 0 ? std::max<std::int64_t>(0, position - window.left) : 0;
+  }
+  std::int64_t visible_key_end(std::int64_t seq, std::int64_t position) const {
+    std::int64_t end = seq_lens[seq];
+    if (causal) end = std::min(end, position + 1);
+    if (window.right >= 0) end = std::min(end, position + window.right + 1);
+    return end;
+  }
+};
+
+// Checks every argument of paged_attention (ranks, shapes, dtypes, strides, the int32 arrays'
+// contents, options, aliasing of out) and returns the normalized problem. Throws tilelab::Error
+// naming the argument.
+PagedProblem validate_paged_attention(const TensorView& query, const TensorView& key_cache,
+                                      const TensorView& value_cache, const TensorView& block_table,
+                                      const TensorView& seq_lens, const TensorView& query_start_loc,
+                                      const TensorView& out, const PagedAttentionOptions& options);
+
+// The paged kernel: reads K/V in place through the block table; OpenMP over (sequence, kv head,
+// query rows, key piece) work items, the GQA group's query heads folded so each K/V element is read
+// once per item. Computes the sequences whose entry of `sequences` is true.
+void paged_kernel_attention(const PagedProblem& problem, const std::vector<bool>& sequences);
+
+}  // namespace tilelab::detail

@@ -1,0 +1,643 @@
+"""tilelab.paged_attention and tilelab.reshape_and_cache_flash against an fp64 numpy reference
+computed per sequence from K/V gathered through the block table: head layouts, head sizes, block
+sizes, decode / prefill / mixed batches with ragged lengths, every score option alone and
+together, fp8 caches, split-KV, both implementations, non-finite data, and every documented
+error."""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+from attention_reference import DTYPES, UNIT_ROUNDOFF
+
+import tilelab
+
+FP8 = {"float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+       "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2)}
+IMPLEMENTATIONS = ["automatic", "reference"]
+
+# ---------------------------------------------------------------------------------------------
+# The fp64 reference and batch builders
+
+
+def reference_paged(query, key_cache, value_cache, block_table, seq_lens, query_start_loc, *,
+                    scale=None, causal=True, sliding_window=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, sinks=None, k_scale=1.0, v_scale=1.0):
+    """out in float64, per sequence and query head, by the documented formulas: s = scale q.k,
+    softcap, ALiBi, the causal and window masks, sinks in the denominator; 0 for a query that
+    sees no key."""
+    q = np.asarray(query, dtype=np.float64)
+    kc = np.asarray(key_cache, dtype=np.float64) * k_scale
+    vc = np.asarray(value_cache, dtype=np.float64) * v_scale
+    _, q_heads, head_dim = q.shape
+    kv_heads, block_size = kc.shape[1], kc.shape[2]
+    group = q_heads // kv_heads
+    scale = float(np.float32(1) / np.sqrt(np.float32(head_dim))) if scale is None else scale
+    left, right = sliding_window
+    out = np.zeros_like(q)
+    for s in range(len(seq_lens)):
+        q0, q1, seq_len = int(query_start_loc[s]), int(query_start_loc[s + 1]), int(seq_lens[s])
+        if q1 == q0:
+            continue
+        positions = np.arange(seq_len)
+        blocks = np.asarray(block_table)[s, positions // block_size]
+        keys = kc[blocks, :, positions % block_size, :]  # [seq_len, Hkv, D]
+        values = vc[blocks, :, positions % block_size, :]
+        i = seq_len - (q1 - q0) + np.arange(q1 - q0)
+        j = np.arange(seq_len)
+        visible = np.ones((q1 - q0, seq_len), dtype=bool)
+        if causal:
+            visible &= j[None, :] <= i[:, None]
+        if left >= 0:
+            visible &= j[None, :] >= i[:, None] - left
+        if right >= 0:
+            visible &= j[None, :] <= i[:, None] + right
+        for h in range(q_heads):
+            scores = scale * (q[q0:q1, h] @ keys[:, h // group].T)
+            if softcap > 0:
+                scores = softcap * np.tanh(scores / softcap)
+            if alibi_slopes is not None:
+                scores = scores + float(alibi_slopes[h]) * (j[None, :] - i[:, None])
+            scores = np.where(visible, scores, -np.inf)
+            row_max = scores.max(axis=1, initial=-np.inf)
+            sink = None if sinks is None else float(sinks[h])
+            if sink is not None:
+                row_max = np.maximum(row_max, sink)
+            empty = np.isneginf(row_max)
+            safe_max = np.where(empty, 0.0, row_max)[:, None]
+            weights = np.where(visible, np.exp(scores - safe_max), 0.0)
+            denominator = weights.sum(axis=1)
+            if sink is not None:
+                denominator = denominator + np.exp(sink - safe_max[:, 0])
+            result = (weights @ values[:, h // group]) / np.where(empty, 1.0, denominator)[:, None]
+            out[q0:q1, h] = np.where(empty[:, None], 0.0, result)
+    return out
+
+
+def make_batch(rng, requests, *, q_heads, kv_heads, head_dim, block_size, dtype="float32",
+               spare_blocks=3, shuffle=True):
+    """A paged batch: requests are (q_len, seq_len) pairs; blocks are handed out in a shuffled
+    order from a cache with spare blocks (filled with a huge value nothing may read), and each
+    block table row is padded with -1 past the blocks its sequence uses."""
+    dtype = DTYPES[dtype]
+    blocks_per_seq = [-(-seq_len // block_size) for _, seq_len in requests]
+    num_blocks = sum(blocks_per_seq) + spare_blocks
+    order = rng.permutation(num_blocks) if shuffle else np.arange(num_blocks)
+    max_blocks = max(max(blocks_per_seq), 1)
+    block_table = np.full((len(requests), max_blocks), -1, dtype=np.int32)
+    used = 0
+    for s, count in enumerate(blocks_per_seq):
+        block_table[s, :count] = order[used:used + count]
+        used += count
+    shape = (num_blocks, kv_heads, block_size, head_dim)
+    key_cache = rng.standard_normal(shape, dtype=np.float32)
+    value_cache = rng.standard_normal(shape, dtype=np.float32)
+    # The dtype's largest value: q.k with it overflows to inf, which a read would show.
+    largest = float(ml_dtypes.finfo(dtype).max)
+    for spare in order[used:]:
+        key_cache[spare] = largest
+        value_cache[spare] = largest
+    num_tokens = sum(q_len for q_len, _ in requests)
+    query = rng.standard_normal((num_tokens, q_heads, head_dim), dtype=np.float32)
+    seq_lens = np.array([seq_len for _, seq_len in requests], dtype=np.int32)
+    query_start_loc = np.concatenate([[0], np.cumsum([q for q, _ in requests])]).astype(np.int32)
+    return dict(query=query.astype(dtype), key_cache=key_cache.astype(dtype),
+                value_cache=value_cache.astype(dtype), block_table=block_table,
+                seq_lens=seq_lens, query_start_loc=query_start_loc)
+
+
+def tolerance(dtype_name, batch, v_scale=1.0):
+    """Absolute tolerance on out: the output's rounding (and P rounded to the input dtype by the
+    generated dense kernel), plus fp32 accumulation over the longest sequence."""
+    magnitude = float(np.max(np.abs(np.asarray(batch["value_cache"], dtype=np.float64)
+                                    * v_scale), initial=1.0))
+    longest = int(np.max(batch["seq_lens"], initial=1))
+    accumulation = 16 * UNIT_ROUNDOFF["float32"] * np.sqrt(longest)
+    return magnitude * (2 * UNIT_ROUNDOFF[dtype_name] + accumulation)
+
+
+def arguments(batch):
+    return (batch["query"], batch["key_cache"], batch["value_cache"], batch["block_table"],
+            batch["seq_lens"], batch["query_start_loc"])
+
+
+def check(batch, dtype_name="float32", **options):
+    reference_options = {k: v for k, v in options.items() if k != "split_kv"}
+    reference = reference_paged(*arguments(batch), **reference_options)
+    atol = tolerance(dtype_name, batch, options.get("v_scale", 1.0))
+    for implementation in IMPLEMENTATIONS:
+        out = tilelab.paged_attention(*arguments(batch), implementation=implementation, **options)
+        assert out.dtype == batch["query"].dtype and out.shape == batch["query"].shape
+        out64 = np.asarray(out, dtype=np.float64)
+        assert np.all(np.isfinite(out64)), f"{implementation}: out has NaN or inf"
+        error = np.max(np.abs(out64 - reference), initial=0.0)
+        assert error <= atol, f"{implementation}: max |out - reference| = {error:.3g} > {atol:.3g}"
+
+
+DECODE = [(1, 1), (1, 37), (1, 300), (1, 129)]
+PREFILL = [(5, 5), (70, 70), (33, 33)]
+MIXED = [(40, 300), (1, 1), (1, 517), (64, 64), (3, 90), (1, 200)]
+BATCHES = {"decode": DECODE, "prefill": PREFILL, "mixed": MIXED}
+
+# ---------------------------------------------------------------------------------------------
+# Shapes: heads, head sizes, block sizes and batch kinds
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (9, 3)], ids=lambda h: f"Hq{h[0]}-Hkv{h[1]}")
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256, 512])
+def test_shapes(heads, head_dim):
+    """Every (heads, head size) pair with each block size and each batch kind, cycled so that
+    every block size meets every batch kind across the grid."""
+    rng = np.random.default_rng(head_dim * 10 + heads[0])
+    index = [64, 80, 96, 128, 256, 512].index(head_dim) + 6 * [(4, 4), (8, 2), (9, 3)].index(heads)
+    block_size = [1, 16, 48, 128][index % 4]
+    kind = list(BATCHES)[index % 3]
+    batch = make_batch(rng, BATCHES[kind], q_heads=heads[0], kv_heads=heads[1],
+                       head_dim=head_dim, block_size=block_size)
+    check(batch)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 48, 128])
+@pytest.mark.parametrize("kind", list(BATCHES))
+def test_block_sizes_and_batch_kinds(block_size, kind):
+    rng = np.random.default_rng(block_size)
+    batch = make_batch(rng, BATCHES[kind], q_heads=8, kv_heads=2, head_dim=64,
+                       block_size=block_size)
+    check(batch)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_dtypes(dtype):
+    rng = np.random.default_rng(3)
+    batch = make_batch(rng, MIXED, q_heads=8, kv_heads=2, head_dim=128, block_size=16,
+                       dtype=dtype)
+    check(batch, dtype)
+
+
+def test_long_sequences():
+    """A prefill whose query is its whole 8 k sequence, a 1-token context decode next to an 8 k
+    decode, and a prefill with a long context."""
+    rng = np.random.default_rng(8)
+    requests = [(1, 2), (300, 8192), (1, 8000), (8192 // 4, 8192 // 4)]
+    batch = make_batch(rng, requests, q_heads=4, kv_heads=2, head_dim=64, block_size=32,
+                       dtype="bfloat16")
+    check(batch, "bfloat16")
+
+
+def test_sequence_without_queries():
+    """A sequence with no new token (q_len 0) is skipped; the others are unaffected."""
+    rng = np.random.default_rng(4)
+    batch = make_batch(rng, [(3, 40), (0, 50), (1, 9)], q_heads=4, kv_heads=2, head_dim=32,
+                       block_size=16)
+    check(batch)
+
+
+def test_non_contiguous_views_and_out():
+    """Strided query and cache views are read in place; out= is written in place and returned."""
+    rng = np.random.default_rng(5)
+    batch = make_batch(rng, MIXED, q_heads=4, kv_heads=2, head_dim=64, block_size=16)
+    reference = reference_paged(*arguments(batch))
+    wide_query = np.zeros((batch["query"].shape[0], 4, 128), np.float32)
+    wide_query[:, :, ::2] = batch["query"]
+    key_cache = np.asfortranarray(batch["key_cache"])
+    out = np.full((batch["query"].shape[0], 4, 64), np.nan, np.float32)
+    result = tilelab.paged_attention(wide_query[:, :, ::2], key_cache, batch["value_cache"],
+                                     batch["block_table"], batch["seq_lens"],
+                                     batch["query_start_loc"], out=out)
+    assert result is out
+    np.testing.assert_allclose(out, reference, atol=tolerance("float32", batch))
+
+
+# ---------------------------------------------------------------------------------------------
+# Score options, alone and together
+
+
+def option_values(q_heads, rng):
+    return {
+        "softcap": dict(softcap=2.5),
+        "alibi": dict(alibi_slopes=(2.0 ** -np.arange(1, q_heads + 1)).astype(np.float32)),
+        "window_left": dict(sliding_window=(37, -1)),
+        "window_left_0": dict(sliding_window=(0, -1)),
+        "sinks": dict(sinks=rng.standard_normal(q_heads).astype(np.float32) * 2),
+        "scale": dict(scale=0.3),
+    }
+
+
+OPTION_NAMES = ["softcap", "alibi", "window_left", "window_left_0", "sinks", "scale"]
+
+
+@pytest.mark.parametrize("option", OPTION_NAMES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_each_option(option, dtype):
+    rng = np.random.default_rng(11)
+    batch = make_batch(rng, MIXED, q_heads=8, kv_heads=2, head_dim=64, block_size=16,
+                       dtype=dtype)
+    check(batch, dtype, **option_values(8, rng)[option])
+
+
+COMBINATIONS = [*itertools.combinations(OPTION_NAMES[:5], 2), tuple(OPTION_NAMES)]
+
+
+@pytest.mark.parametrize("combination", COMBINATIONS, ids=lambda c: "+".join(c))
+def test_option_combinations(combination):
+    rng = np.random.default_rng(12)
+    batch = make_batch(rng, MIXED, q_heads=9, kv_heads=3, head_dim=80, block_size=48)
+    values = option_values(9, rng)
+    options = {}
+    for name in combination:
+        if name == "window_left_0" and "window_left" in combination:
+            continue
+        options.update(values[name])
+    check(batch, **options)
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (-1, 5), (10, 10), (0, 0), (3, 40)])
+def test_non_causal_windows(window):
+    """causal=False: the window alone decides, to the right of the query too."""
+    rng = np.random.default_rng(13)
+    batch = make_batch(rng, MIXED, q_heads=4, kv_heads=4, head_dim=64, block_size=16)
+    check(batch, causal=False, sliding_window=window)
+
+
+def test_non_causal_without_window():
+    rng = np.random.default_rng(14)
+    batch = make_batch(rng, PREFILL + DECODE, q_heads=8, kv_heads=2, head_dim=64, block_size=16)
+    check(batch, causal=False)
+
+
+def test_sinks_extremes():
+    """A sink of -inf adds nothing; a huge sink takes nearly all the weight (out near 0)."""
+    rng = np.random.default_rng(15)
+    batch = make_batch(rng, MIXED, q_heads=4, kv_heads=2, head_dim=32, block_size=16)
+    plain = tilelab.paged_attention(*arguments(batch), implementation="reference")
+    none = tilelab.paged_attention(*arguments(batch), sinks=np.full(4, -np.inf, np.float32))
+    np.testing.assert_array_equal(none, plain)
+    heavy = tilelab.paged_attention(*arguments(batch), sinks=np.full(4, 80.0, np.float32))
+    assert np.max(np.abs(heavy)) < 1e-20
+
+
+def test_window_skips_blocks_outside():
+    """Keys outside the window are never read: NaN there does not reach the output."""
+    rng = np.random.default_rng(16)
+    batch = make_batch(rng, [(1, 400), (4, 300)], q_heads=4, kv_heads=2, head_dim=32,
+                       block_size=16)
+    expected = reference_paged(*arguments(batch), sliding_window=(20, -1))
+    atol = tolerance("float32", batch)
+    for s, seq_len in enumerate(batch["seq_lens"]):
+        first_visible = seq_len - 4 - 20 if s else seq_len - 1 - 20
+        for position in range(0, first_visible - 1):
+            block = batch["block_table"][s, position // 16]
+            batch["key_cache"][block, :, position % 16] = np.nan
+            batch["value_cache"][block, :, position % 16] = np.nan
+    for implementation in IMPLEMENTATIONS:
+        out = tilelab.paged_attention(*arguments(batch), sliding_window=(20, -1),
+                                      implementation=implementation)
+        np.testing.assert_allclose(out, expected, atol=atol)
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8 caches
+
+
+# Per-format tolerance against the unquantized result, a sanity bound (the exact check is against
+# the dequantized cache): each stored element carries a relative error up to half an ulp of its
+# significand (e4m3: 2^-4, e5m2: 2^-3), which moves scores of D = 64 products by a few percent and
+# the softmax weights with them. Measured on test_fp8_cache's batch: max |error| 0.15 (e4m3) and
+# 0.30 (e5m2) for outputs of magnitude up to ~1.5; the bounds leave 1.6x margin.
+FP8_TOLERANCE = {"float8_e4m3fn": 0.25, "float8_e5m2": 0.5}
+
+
+def quantized_copy(batch, fp8_name, k_scale, v_scale):
+    """The batch with fp8 caches written by reshape_and_cache_flash (every slot of the cache)."""
+    num_blocks, kv_heads, block_size, head_dim = batch["key_cache"].shape
+    key_cache = np.zeros(batch["key_cache"].shape, FP8[fp8_name])
+    value_cache = np.zeros(batch["value_cache"].shape, FP8[fp8_name])
+    tokens = batch["key_cache"].transpose(0, 2, 1, 3).reshape(-1, kv_heads, head_dim)
+    values = batch["value_cache"].transpose(0, 2, 1, 3).reshape(-1, kv_heads, head_dim)
+    slots = np.arange(num_blocks * block_size, dtype=np.int32)
+    tilelab.reshape_and_cache_flash(tokens, values, key_cache, value_cache, slots,
+                                    k_scale=k_scale, v_scale=v_scale)
+    return dict(batch, key_cache=key_cache, value_cache=value_cache)
+
+
+@pytest.mark.parametrize("fp8_name", list(FP8))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fp8_cache(fp8_name, dtype):
+    rng = np.random.default_rng(21)
+    batch = make_batch(rng, MIXED, q_heads=8, kv_heads=2, head_dim=64, block_size=16,
+                       dtype=dtype, spare_blocks=0)
+    k_scale, v_scale = 0.05, 0.02
+    fp8 = quantized_copy(batch, fp8_name, k_scale, v_scale)
+    # Exact against the dequantized cache...
+    check(fp8, dtype, k_scale=k_scale, v_scale=v_scale)
+    # ...and close to the unquantized result, within the format's tolerance.
+    unquantized = reference_paged(*arguments(batch))
+    out = tilelab.paged_attention(*arguments(fp8), k_scale=k_scale, v_scale=v_scale)
+    error = np.max(np.abs(np.asarray(out, np.float64) - unquantized))
+    assert error <= FP8_TOLERANCE[fp8_name], f"{fp8_name}: {error:.3g}"
+
+
+@pytest.mark.parametrize("fp8_name", list(FP8))
+def test_fp8_cache_with_options_and_split(fp8_name):
+    rng = np.random.default_rng(22)
+    batch = make_batch(rng, [*DECODE, (7, 700)], q_heads=8, kv_heads=2, head_dim=96,
+                       block_size=48, spare_blocks=0)
+    fp8 = quantized_copy(batch, fp8_name, 0.1, 0.1)
+    check(fp8, k_scale=0.1, v_scale=0.1, softcap=3.0, sliding_window=(200, -1), split_kv=3,
+          sinks=np.ones(8, np.float32))
+
+
+@pytest.mark.parametrize("fp8_name", list(FP8))
+def test_reshape_and_cache_flash_quantizes_like_ml_dtypes(fp8_name):
+    """Round to nearest even as ml_dtypes does for values in range; saturation beyond it; NaN
+    stays NaN; inf is inf in e5m2 and NaN in e4m3fn."""
+    fp8 = FP8[fp8_name]
+    largest = float(ml_dtypes.finfo(fp8).max)
+    rng = np.random.default_rng(23)
+    in_range = rng.standard_normal(4096).astype(np.float32) * rng.choice([1e-3, 1, 30], 4096)
+    in_range = np.clip(in_range, -largest, largest).astype(np.float32)
+    specials = np.array([0.0, -0.0, largest * 1.5, -largest * 4, 1e30, np.nan, np.inf, -np.inf,
+                         float(ml_dtypes.finfo(fp8).smallest_subnormal) / 3], np.float32)
+    values = np.concatenate([in_range, specials]).reshape(-1, 1, 1)
+    key_cache = np.zeros((values.shape[0], 1, 1, 1), fp8)
+    value_cache = np.zeros_like(key_cache)
+    slots = np.arange(values.shape[0], dtype=np.int32)
+    tilelab.reshape_and_cache_flash(values, values, key_cache, value_cache, slots)
+    stored = key_cache.reshape(-1).astype(np.float32)
+    n = in_range.size
+    np.testing.assert_array_equal(stored[:n], in_range.astype(fp8).astype(np.float32))
+    assert stored[n] == 0 and not np.signbit(stored[n])
+    assert stored[n + 1] == 0 and np.signbit(stored[n + 1])
+    assert stored[n + 2] == largest and stored[n + 3] == -largest and stored[n + 4] == largest
+    assert np.isnan(stored[n + 5])
+    if fp8_name == "float8_e5m2":
+        assert stored[n + 6] == np.inf and stored[n + 7] == -np.inf
+    else:
+        assert np.isnan(stored[n + 6]) and np.isnan(stored[n + 7])
+    assert stored[n + 8] == 0
+    np.testing.assert_array_equal(value_cache.view(np.uint8), key_cache.view(np.uint8))
+
+
+def test_reshape_and_cache_flash_slots():
+    """Slots land at (slot // block_size, slot % block_size); negative slots are skipped; the
+    later of two tokens naming one slot wins; the scale divides before quantizing."""
+    rng = np.random.default_rng(24)
+    key = rng.standard_normal((5, 2, 8)).astype(np.float32)
+    value = rng.standard_normal((5, 2, 8)).astype(np.float32)
+    key_cache = np.full((3, 2, 4, 8), 7.0, np.float32)
+    value_cache = np.full((3, 2, 4, 8), 7.0, np.float32)
+    slots = np.array([5, -1, 11, 0, 5], np.int32)
+    tilelab.reshape_and_cache_flash(key, value, key_cache, value_cache, slots)
+    np.testing.assert_array_equal(key_cache[1, :, 1], key[4])
+    np.testing.assert_array_equal(value_cache[2, :, 3], value[2])
+    np.testing.assert_array_equal(key_cache[0, :, 0], key[3])
+    untouched = np.ones((3, 4), bool)
+    untouched[1, 1] = untouched[2, 3] = untouched[0, 0] = False
+    assert np.all(key_cache.transpose(0, 2, 1, 3)[untouched] == 7.0)
+
+    fp8_cache = np.zeros((3, 2, 4, 8), ml_dtypes.float8_e4m3fn)
+    fp8_values = np.zeros_like(fp8_cache)
+    tilelab.reshape_and_cache_flash(key, value, fp8_cache, fp8_values, slots, k_scale=0.5,
+                                    v_scale=4.0)
+    np.testing.assert_array_equal(fp8_cache[1, :, 1].astype(np.float32),
+                                  (key[4] / 0.5).astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+    np.testing.assert_array_equal(fp8_values[2, :, 3].astype(np.float32),
+                                  (value[2] / 4.0).astype(ml_dtypes.float8_e4m3fn)
+                                  .astype(np.float32))
+
+
+def test_reshape_and_cache_flash_then_attention():
+    """A decode step as a server runs it: write the new token's K/V, then attend."""
+    rng = np.random.default_rng(25)
+    batch = make_batch(rng, [(1, 50), (1, 17)], q_heads=4, kv_heads=2, head_dim=32, block_size=16)
+    new_key = rng.standard_normal((2, 2, 32)).astype(np.float32)
+    new_value = rng.standard_normal((2, 2, 32)).astype(np.float32)
+    last = batch["seq_lens"] - 1
+    slots = (batch["block_table"][[0, 1], last // 16] * 16 + last % 16).astype(np.int32)
+    tilelab.reshape_and_cache_flash(new_key, new_value, batch["key_cache"], batch["value_cache"],
+                                    slots)
+    check(batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Split-KV
+
+
+@pytest.mark.parametrize("split_kv", [2, 3, 7, 1000])
+def test_split_kv_matches_unsplit(split_kv):
+    rng = np.random.default_rng(31)
+    batch = make_batch(rng, [(1, 5000), (2, 3000), (1, 10)], q_heads=8, kv_heads=2,
+                       head_dim=128, block_size=16)
+    unsplit = tilelab.paged_attention(*arguments(batch), split_kv=1, implementation="reference")
+    split = tilelab.paged_attention(*arguments(batch), split_kv=split_kv,
+                                    implementation="reference")
+    np.testing.assert_allclose(split, unsplit, atol=1e-6, rtol=0)
+    check(batch, split_kv=split_kv)
+
+
+def test_split_kv_is_deterministic_and_thread_independent():
+    """A forced split gives bit-identical results run to run and for 1 or 2 threads; the
+    automatic choice differs from the unsplit result by fp32 summation order only."""
+    rng = np.random.default_rng(32)
+    batch = make_batch(rng, [(1, 32768 // 4)], q_heads=8, kv_heads=2, head_dim=128,
+                       block_size=16, dtype="bfloat16")
+    previous = tilelab.num_threads()
+    try:
+        tilelab.set_num_threads(1)
+        one = tilelab.paged_attention(*arguments(batch), split_kv=4)
+        tilelab.set_num_threads(2)
+        two = tilelab.paged_attention(*arguments(batch), split_kv=4)
+        again = tilelab.paged_attention(*arguments(batch), split_kv=4)
+        automatic = tilelab.paged_attention(*arguments(batch))
+        automatic_again = tilelab.paged_attention(*arguments(batch))
+    finally:
+        tilelab.set_num_threads(previous)
+    np.testing.assert_array_equal(one.view(np.uint16), two.view(np.uint16))
+    np.testing.assert_array_equal(two.view(np.uint16), again.view(np.uint16))
+    np.testing.assert_array_equal(automatic.view(np.uint16), automatic_again.view(np.uint16))
+    check(batch, "bfloat16", split_kv="auto")
+
+
+# ---------------------------------------------------------------------------------------------
+# Non-finite data
+
+
+def test_nan_in_a_visible_key_makes_its_rows_nan():
+    rng = np.random.default_rng(41)
+    batch = make_batch(rng, [(2, 40), (1, 30)], q_heads=4, kv_heads=2, head_dim=16, block_size=8)
+    block = batch["block_table"][0, 1]
+    batch["key_cache"][block, 1, 2, 0] = np.nan  # sequence 0, position 10, kv head 1
+    for implementation in IMPLEMENTATIONS:
+        out = tilelab.paged_attention(*arguments(batch), implementation=implementation)
+        assert np.all(np.isnan(out[0:2, 2:4])), implementation
+        assert np.all(np.isfinite(out[0:2, 0:2])) and np.all(np.isfinite(out[2])), implementation
+
+
+def test_inf_in_value_and_query():
+    rng = np.random.default_rng(42)
+    batch = make_batch(rng, [(1, 20), (1, 20)], q_heads=2, kv_heads=1, head_dim=8, block_size=4)
+    batch["value_cache"][batch["block_table"][1, 0], 0, 0, 3] = np.inf
+    batch["query"][0, 1, 0] = np.inf
+    out = tilelab.paged_attention(*arguments(batch))
+    assert np.all(np.isnan(out[0, 1]))  # q·k = ±inf for every key: inf - inf
+    assert np.isinf(out[1, 0, 3]) or np.isnan(out[1, 0, 3])
+    assert np.all(np.isfinite(out[0, 0]))
+
+
+def test_unreferenced_blocks_are_never_read():
+    """make_batch fills spare blocks with the dtype's largest value (scores would overflow to
+    inf): results stay
+    finite and match the reference."""
+    rng = np.random.default_rng(43)
+    batch = make_batch(rng, MIXED, q_heads=4, kv_heads=2, head_dim=64, block_size=16,
+                       spare_blocks=10)
+    check(batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: every argument, a clear error naming it, nothing written
+
+
+def good_batch():
+    rng = np.random.default_rng(51)
+    return make_batch(rng, [(3, 20), (1, 9)], q_heads=4, kv_heads=2, head_dim=16, block_size=8,
+                      spare_blocks=0)
+
+
+def call_with(batch, **changes):
+    args = dict(zip(["query", "key_cache", "value_cache", "block_table", "seq_lens",
+                     "query_start_loc"], arguments(batch), strict=True))
+    options = {k: v for k, v in changes.items() if k not in args}
+    args.update({k: v for k, v in changes.items() if k in args})
+    return tilelab.paged_attention(*args.values(), **options)
+
+
+BAD_VALUES = [
+    ("query", lambda b: b["query"][:, :, :8], ValueError, "key_cache: expected head dim 8"),
+    ("query", lambda b: b["query"][0], ValueError, "query: expected rank 3"),
+    ("query", lambda b: b["query"].astype(np.float64), TypeError, "query: expected dtype"),
+    ("query", lambda b: np.zeros((4, 4, 513), np.float32), ValueError, "D in [1, 512]"),
+    ("query", lambda b: b["query"][:, :3], ValueError, "Hkv that divides"),
+    ("key_cache", lambda b: b["key_cache"].astype(np.float16), TypeError,
+     "key_cache: expected dtype"),
+    ("key_cache", lambda b: b["key_cache"][:, :, :, :8], ValueError,
+     "key_cache: expected head dim"),
+    ("key_cache", lambda b: "cache", TypeError, "key_cache: expected"),
+    ("value_cache", lambda b: b["value_cache"][:2], ValueError, "value_cache: expected shape"),
+    ("value_cache", lambda b: b["value_cache"].astype(ml_dtypes.float8_e4m3fn), TypeError,
+     "value_cache: expected dtype float32 (the dtype of key_cache)"),
+    ("block_table", lambda b: np.where(b["block_table"] >= 0, b["block_table"] + 100, -1)
+     .astype(np.int32), ValueError, "block_table: expected entries in [0, "),
+    ("block_table", lambda b: np.full_like(b["block_table"], -1), ValueError,
+     "block_table: expected entries in [0, "),
+    ("block_table", lambda b: b["block_table"][:, :1], ValueError, "at most max_blocks_per_seq"),
+    ("block_table", lambda b: b["block_table"][:1], ValueError, "block_table: expected shape"),
+    ("block_table", lambda b: b["block_table"].astype(np.float32), TypeError, "block_table"),
+    ("block_table", lambda b: b["block_table"].astype(np.int64) + 2**40, ValueError,
+     "int32 range"),
+    ("seq_lens", lambda b: np.array([2, 9], np.int32), ValueError, "seq_lens[0] = 2 < 3"),
+    ("seq_lens", lambda b: np.array([20], np.int32), ValueError, "seq_lens: expected 2 entries"),
+    ("seq_lens", lambda b: np.array([20, -1], np.int32), ValueError, "seq_lens[1] = -1 < 1"),
+    ("query_start_loc", lambda b: np.array([0, 3, 5], np.int32), ValueError, "num_tokens = 4"),
+    ("query_start_loc", lambda b: np.array([1, 3, 4], np.int32), ValueError, "0 at index 0"),
+    ("query_start_loc", lambda b: np.array([0, 3, 2, 4], np.int32), ValueError, "non-decreasing"),
+    ("query_start_loc", lambda b: np.array([0], np.int32), ValueError, "at least one sequence"),
+    ("scale", lambda b: float("inf"), ValueError, "scale: expected a finite value"),
+    ("scale", lambda b: "0.1", TypeError, "scale: expected a real number"),
+    ("causal", lambda b: 1, TypeError, "causal: expected a bool"),
+    ("sliding_window", lambda b: (-2, 0), ValueError, "sliding_window: expected (left, right)"),
+    ("sliding_window", lambda b: 5, TypeError, "sliding_window: expected a pair"),
+    ("sliding_window", lambda b: (1.5, 2), TypeError, "sliding_window: expected a pair"),
+    ("softcap", lambda b: -1.0, ValueError, "softcap: expected a finite value >= 0"),
+    ("softcap", lambda b: float("nan"), ValueError, "softcap: expected a finite value >= 0"),
+    ("softcap", lambda b: None, TypeError, "softcap: expected a real number"),
+    ("alibi_slopes", lambda b: np.ones(3, np.float32), ValueError,
+     "alibi_slopes: expected shape [Hq]"),
+    ("alibi_slopes", lambda b: np.ones(4, np.float64), TypeError,
+     "alibi_slopes: expected dtype float32"),
+    ("sinks", lambda b: np.ones((4, 1), np.float32), ValueError, "sinks: expected shape [Hq]"),
+    ("k_scale", lambda b: 2.0, ValueError, "k_scale: expected 1.0 with a float32 cache"),
+    ("v_scale", lambda b: float("inf"), ValueError, "v_scale: expected a finite value"),
+    ("split_kv", lambda b: 0, ValueError, "split_kv: expected 'auto' or a number of pieces >= 1"),
+    ("split_kv", lambda b: "many", ValueError, "split_kv: expected 'auto'"),
+    ("split_kv", lambda b: 2.0, TypeError, "split_kv: expected 'auto'"),
+    ("implementation", lambda b: "generated", ValueError,
+     "implementation: expected 'automatic' or 'reference'"),
+    ("out", lambda b: np.zeros((4, 4, 16), np.float16), TypeError, "out: expected dtype float32"),
+    ("out", lambda b: np.zeros((4, 4, 8), np.float32), ValueError, "out: expected shape"),
+    ("out", lambda b: b["query"], ValueError, "out: expected memory disjoint from query"),
+]
+
+
+@pytest.mark.parametrize("name,make,error,message", BAD_VALUES,
+                         ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_VALUES)])
+def test_bad_input(name, make, error, message):
+    batch = good_batch()
+    before = {k: np.copy(v) for k, v in batch.items()}
+    out = np.full(batch["query"].shape, 5.0, np.float32)
+    changes = {name: make(batch)}
+    if name != "out":
+        changes["out"] = out
+    with pytest.raises(error, match=None) as raised:
+        call_with(batch, **changes)
+    assert message in str(raised.value), str(raised.value)
+    assert np.all(out == 5.0), "nothing is written on error"
+    for key, value in batch.items():
+        np.testing.assert_array_equal(value, before[key])
+
+
+def test_read_only_out_and_cache():
+    batch = good_batch()
+    out = np.zeros(batch["query"].shape, np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out: expected a writeable array"):
+        call_with(batch, out=out)
+    cache = np.zeros((3, 2, 8, 16), np.float32)
+    cache.flags.writeable = False
+    with pytest.raises(ValueError, match="key_cache: expected a writeable array"):
+        tilelab.reshape_and_cache_flash(np.zeros((1, 2, 16), np.float32),
+                                        np.zeros((1, 2, 16), np.float32), cache,
+                                        np.zeros((3, 2, 8, 16), np.float32),
+                                        np.zeros(1, np.int32))
+
+
+CACHE_BAD_VALUES = [
+    ("slot_mapping", lambda: np.array([0, 48], np.int32), ValueError,
+     "slot_mapping: expected slots < num_blocks x block_size = 6 x 8 = 48"),
+    ("slot_mapping", lambda: np.array([0], np.int32), ValueError, "slot_mapping: expected shape"),
+    ("slot_mapping", lambda: np.array([0.0, 1.0]), TypeError, "slot_mapping"),
+    ("key_cache", lambda: np.zeros((6, 2, 8, 8), np.float32), ValueError,
+     "key_cache: expected shape [num_blocks, Hkv, block_size, D] (Hkv and D of key)"),
+    ("value", lambda: np.zeros((2, 2, 16), np.float16), TypeError, "value: expected dtype float32"),
+    ("key_cache", lambda: np.zeros((6, 2, 8, 16), np.float16), TypeError,
+     "key_cache: expected dtype float32"),
+    ("value_cache", lambda: np.zeros((6, 2, 4, 16), np.float32), ValueError,
+     "value_cache: expected shape"),
+    ("k_scale", lambda: 2.0, ValueError, "k_scale: expected 1.0 with a float32 cache"),
+]
+
+
+@pytest.mark.parametrize("name,make,error,message", CACHE_BAD_VALUES,
+                         ids=[f"{b[0]}-{i}" for i, b in enumerate(CACHE_BAD_VALUES)])
+def test_reshape_and_cache_flash_bad_input(name, make, error, message):
+    args = dict(key=np.ones((2, 2, 16), np.float32), value=np.ones((2, 2, 16), np.float32),
+                key_cache=np.zeros((6, 2, 8, 16), np.float32),
+                value_cache=np.zeros((6, 2, 8, 16), np.float32),
+                slot_mapping=np.array([0, 1], np.int32))
+    args[name] = make()
+    caches = (args["key_cache"], args["value_cache"])
+    with pytest.raises(error) as raised:
+        tilelab.reshape_and_cache_flash(**args)
+    assert message in str(raised.value), str(raised.value)
+    assert all(np.all(np.asarray(c, np.float32) == 0) for c in caches), "nothing written"
+
+
+def test_reshape_and_cache_flash_zero_fp8_scale():
+    cache = np.zeros((2, 1, 4, 8), ml_dtypes.float8_e5m2)
+    with pytest.raises(ValueError, match="v_scale: expected a finite, nonzero value, got 0"):
+        tilelab.reshape_and_cache_flash(np.ones((1, 1, 8), np.float32),
+                                        np.ones((1, 1, 8), np.float32), cache, np.zeros_like(cache),
+                                        np.zeros(1, np.int32), v_scale=0.0)
