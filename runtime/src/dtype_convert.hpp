@@ -60,8 +60,13 @@ inline float f8e4m3fn_bits_to_float(std::uint8_t bits) {
 }
 
 inline float f8e5m2_bits_to_float(std::uint8_t bits) {
-  // f8e5m2 is the upper byte of an f16: inf and NaN have the exponent field all ones.
-  return f16_bits_to_float(static_cast<std::uint16_t>(bits << 8));
+  const std::uint32_t magnitude = bits & 0x7fu;
+  const float value = std::bit_cast<float>(magnitude << 21) * 0x1p112f;  // bias 15
+  // Exponent field all ones: inf (mantissa 0) or NaN, kept as such.
+  const float special = std::bit_cast<float>(0x7f800000u | ((magnitude & 0x3u) << 21));
+  const float unsigned_value = magnitude >= 0x7cu ? special : value;
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(unsigned_value) |
+                              (static_cast<std::uint32_t>(bits & 0x80u) << 24));
 }
 
 // fp32 to an 8-bit float with `mantissa_bits` and exponent `bias`, rounded to nearest even. Finite

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -34,6 +35,146 @@ constexpr std::int64_t kMinAutoPieceKeys = 512;
 constexpr std::int64_t kItemsPerThread = 4;
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+
+// fp32 rows in the kernel's scratch are padded to a multiple of kLanes with zeros, so the
+// micro-kernels below run whole vectors.
+constexpr std::int64_t kLanes = 8;
+std::int64_t padded_dim(std::int64_t head_dim) {
+  return (head_dim + kLanes - 1) / kLanes * kLanes;
+}
+
+// The two products of attention, on fp32 scratch, compiled for AVX2 + FMA and for the x86-64
+// baseline (the loader picks one by the CPU); GCC vector types keep the accumulators in registers.
+using Float8 = float __attribute__((vector_size(32)));
+
+// The helpers are always inlined into the micro-kernels: no Float8 crosses a call, so the ABI note
+// GCC gives for 32-byte vectors in the baseline clones does not apply.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+[[gnu::always_inline]] inline Float8 load8(const float* p) {
+  Float8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline void store8(float* p, Float8 v) {
+  std::memcpy(p, &v, sizeof v);
+}
+[[gnu::always_inline]] inline float sum8(Float8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// scores[r * score_stride + j] = q[r] · k[j] for r < rows, j < count (rows `dim` floats apart).
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void dot_rows_with_keys(
+    const float* q, std::int64_t rows, const float* k, std::int64_t count, std::int64_t dim,
+    float* scores, std::int64_t score_stride) {
+  std::int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {  // one load of each key vector serves four rows
+    const float* q0 = q + r * dim;
+    for (std::int64_t j = 0; j < count; ++j) {
+      const float* key = k + j * dim;
+      Float8 a0{}, a1{}, a2{}, a3{};
+      for (std::int64_t d = 0; d < dim; d += kLanes) {
+        const Float8 kv = load8(key + d);
+        a0 += load8(q0 + d) * kv;
+        a1 += load8(q0 + dim + d) * kv;
+        a2 += load8(q0 + 2 * dim + d) * kv;
+        a3 += load8(q0 + 3 * dim + d) * kv;
+      }
+      scores[r * score_stride + j] = sum8(a0);
+      scores[(r + 1) * score_stride + j] = sum8(a1);
+      scores[(r + 2) * score_stride + j] = sum8(a2);
+      scores[(r + 3) * score_stride + j] = sum8(a3);
+    }
+  }
+  for (; r < rows; ++r) {
+    for (std::int64_t j = 0; j < count; ++j) {
+      Float8 a{};
+      for (std::int64_t d = 0; d < dim; d += kLanes)
+        a += load8(q + r * dim + d) * load8(k + j * dim + d);
+      scores[r * score_stride + j] = sum8(a);
+    }
+  }
+}
+
+// acc[r] = acc[r] · correction[r] + Σ_j p[r * p_stride + j] · v[j] for r < rows, j < count.
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void accumulate_values(
+    const float* p, std::int64_t p_stride, std::int64_t rows, const float* v, std::int64_t count,
+    std::int64_t dim, const float* correction, float* acc) {
+  std::int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float* p0 = p + r * p_stride;
+    for (std::int64_t d = 0; d < dim; d += kLanes) {  // four rows' accumulators stay in registers
+      float* out = acc + r * dim + d;
+      Float8 a0 = load8(out) * correction[r];
+      Float8 a1 = load8(out + dim) * correction[r + 1];
+      Float8 a2 = load8(out + 2 * dim) * correction[r + 2];
+      Float8 a3 = load8(out + 3 * dim) * correction[r + 3];
+      for (std::int64_t j = 0; j < count; ++j) {
+        const Float8 vv = load8(v + j * dim + d);
+        a0 += p0[j] * vv;
+        a1 += p0[p_stride + j] * vv;
+        a2 += p0[2 * p_stride + j] * vv;
+        a3 += p0[3 * p_stride + j] * vv;
+      }
+      store8(out, a0);
+      store8(out + dim, a1);
+      store8(out + 2 * dim, a2);
+      store8(out + 3 * dim, a3);
+    }
+  }
+  for (; r < rows; ++r) {
+    for (std::int64_t d = 0; d < dim; d += kLanes) {
+      float* out = acc + r * dim + d;
+      Float8 a = load8(out) * correction[r];
+      for (std::int64_t j = 0; j < count; ++j) a += p[r * p_stride + j] * load8(v + j * dim + d);
+      store8(out, a);
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
+// Widening of contiguous cache rows to fp32, vectorized in both clones (bit operations only).
+template <DType dtype>
+void widen_elements(const typename ElementTraits<dtype>::Storage* src, std::int64_t count,
+                    float* dst) {
+  for (std::int64_t d = 0; d < count; ++d) dst[d] = ElementTraits<dtype>::to_float(src[d]);
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void widen_bf16(
+    const std::uint16_t* src, std::int64_t count, float* dst) {
+  widen_elements<DType::bf16>(src, count, dst);
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void widen_f16(const std::uint16_t* src,
+                                                                           std::int64_t count,
+                                                                           float* dst) {
+  widen_elements<DType::f16>(src, count, dst);
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void widen_f8e4m3fn(
+    const std::uint8_t* src, std::int64_t count, float* dst) {
+  widen_elements<DType::f8e4m3fn>(src, count, dst);
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void widen_f8e5m2(
+    const std::uint8_t* src, std::int64_t count, float* dst) {
+  widen_elements<DType::f8e5m2>(src, count, dst);
+}
+
+template <DType dtype>
+void widen_contiguous(const typename ElementTraits<dtype>::Storage* src, std::int64_t count,
+                      float* dst) {
+  if constexpr (dtype == DType::f32) {
+    std::memcpy(dst, src, count * sizeof(float));
+  } else if constexpr (dtype == DType::bf16) {
+    widen_bf16(src, count, dst);
+  } else if constexpr (dtype == DType::f16) {
+    widen_f16(src, count, dst);
+  } else if constexpr (dtype == DType::f8e4m3fn) {
+    widen_f8e4m3fn(src, count, dst);
+  } else {
+    static_assert(dtype == DType::f8e5m2);
+    widen_f8e5m2(src, count, dst);
+  }
+}
 
 struct WorkItem {
   std::int64_t seq, kv_head;
@@ -115,12 +256,12 @@ struct TokenRows {
 
 // The running online-softmax state of an item's rows, or a piece's partial state.
 struct RowStates {
-  std::int64_t rows = 0, head_dim = 0;
-  std::vector<float> max, sum, acc;  // acc [rows][head_dim]
+  std::int64_t rows = 0, row_floats = 0;
+  std::vector<float> max, sum, acc;  // acc [rows][row_floats] (the padded head dim)
   std::vector<char> saw_key;         // a visible key reached the row (even if its score is -inf)
 
   RowStates(std::int64_t rows_capacity, std::int64_t dim)
-      : head_dim(dim),
+      : row_floats(dim),
         max(rows_capacity),
         sum(rows_capacity),
         acc(rows_capacity * dim),
@@ -129,7 +270,7 @@ struct RowStates {
     rows = row_count;
     std::fill_n(max.begin(), rows, kNegativeInfinity);
     std::fill_n(sum.begin(), rows, 0.0f);
-    std::fill_n(acc.begin(), rows * head_dim, 0.0f);
+    std::fill_n(acc.begin(), rows * row_floats, 0.0f);
     std::fill_n(saw_key.begin(), rows, 0);
   }
 };
@@ -149,31 +290,34 @@ class PagedKernel {
         score_scale_(problem.scale * problem.k_scale),
         query_(problem.query),
         out_(problem.out),
-        q_rows_(folded_rows * problem.head_dim),
-        keys_(kKeyChunk * problem.head_dim),
-        values_(kKeyChunk * problem.head_dim),
-        scores_(kKeyChunk),
-        state_(folded_rows, problem.head_dim),
-        merged_(folded_rows, problem.head_dim) {}
+        dim_(padded_dim(problem.head_dim)),
+        row_bytes_(problem.key_cache.stride(3) == 1
+                       ? problem.head_dim * static_cast<std::int64_t>(sizeof(CacheStorage))
+                       : 0),
+        q_rows_(folded_rows * dim_, 0.0f),
+        keys_(kKeyChunk * dim_, 0.0f),
+        values_(kKeyChunk * dim_, 0.0f),
+        scores_(problem.q_heads / problem.kv_heads * kKeyChunk),
+        corrections_(problem.q_heads / problem.kv_heads),
+        state_(folded_rows, dim_),
+        merged_(folded_rows, dim_) {}
 
-  // Computes piece `piece` of `item` into state().
+  // Computes piece `piece` of `item` into state(). The rows of one query token (its group's
+  // heads) see the same keys, so they are scored and accumulated together.
   void run_piece(const WorkItem& item, std::int64_t piece) {
-    const std::int64_t rows = item.tokens * group_;
     load_queries(item);
-    state_.reset(rows);
+    state_.reset(item.tokens * group_);
     const auto [first_key, end_key] = piece_keys(item, piece);
     const std::int64_t first_position = p_.first_query_position(item.seq) + item.token_begin;
     for (std::int64_t chunk = first_key; chunk < end_key; chunk += kKeyChunk) {
       const std::int64_t chunk_end = std::min(chunk + kKeyChunk, end_key);
-      gather_chunk(item, chunk, chunk_end);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t position = first_position + r / group_;
-        const std::int64_t head = item.kv_head * group_ + r % group_;
+      gather_chunk(item, chunk, chunk_end, end_key);
+      for (std::int64_t t = 0; t < item.tokens; ++t) {
+        const std::int64_t position = first_position + t;
         const std::int64_t begin = std::max(chunk, p_.first_visible_key(position));
         const std::int64_t end = std::min(chunk_end, p_.visible_key_end(item.seq, position));
         if (begin >= end) continue;
-        state_.saw_key[r] = 1;
-        score_and_merge(r, head, position, chunk, begin, end);
+        score_and_merge(item, t * group_, position, chunk, begin, end);
       }
     }
   }
@@ -187,7 +331,7 @@ class PagedKernel {
     const std::int64_t rows = item.tokens * group_;
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t head = item.kv_head * group_ + r % group_;
-      float* acc = &states.acc[r * head_dim_];
+      float* acc = &states.acc[r * dim_];
       const float row_max = states.max[r];
       float row_sum = states.sum[r];
       bool counted = states.saw_key[r] != 0;
@@ -217,68 +361,98 @@ class PagedKernel {
       const QueryStorage* src =
           query_.row(p_.query_starts[item.seq] + item.token_begin + r / group_,
                      item.kv_head * group_ + r % group_);
-      float* dst = &q_rows_[r * head_dim_];
+      float* dst = &q_rows_[r * dim_];
       for (std::int64_t d = 0; d < head_dim_; ++d) {
         dst[d] = QueryTraits::to_float(src[d * query_.dim_stride]);
       }
     }
   }
 
-  // K and V of key positions [chunk, chunk_end) of the item's kv head, widened to fp32 rows.
-  void gather_chunk(const WorkItem& item, std::int64_t chunk, std::int64_t chunk_end) {
-    const TensorView& kc = p_.key_cache;
-    const TensorView& vc = p_.value_cache;
-    const auto* k_base = static_cast<const CacheStorage*>(kc.data());
-    const auto* v_base = static_cast<const CacheStorage*>(vc.data());
+  // K and V of key positions [chunk, chunk_end) of the item's kv head, widened to fp32 rows; the
+  // next chunk's rows (up to `prefetch_end`) are prefetched meanwhile: the cache is read from
+  // memory in runs of one block, too short for the hardware prefetcher to run ahead.
+  void gather_chunk(const WorkItem& item, std::int64_t chunk, std::int64_t chunk_end,
+                    std::int64_t prefetch_end) {
     for (std::int64_t key = chunk; key < chunk_end; ++key) {
-      const std::int64_t block = p_.physical_block(item.seq, key / p_.block_size);
-      const std::int64_t offset = key % p_.block_size;
-      const CacheStorage* k_row =
-          k_base + block * kc.stride(0) + item.kv_head * kc.stride(1) + offset * kc.stride(2);
-      const CacheStorage* v_row =
-          v_base + block * vc.stride(0) + item.kv_head * vc.stride(1) + offset * vc.stride(2);
-      float* k_dst = &keys_[(key - chunk) * head_dim_];
-      float* v_dst = &values_[(key - chunk) * head_dim_];
-      widen_row(k_row, kc.stride(3), k_dst);
-      widen_row(v_row, vc.stride(3), v_dst);
+      const std::int64_t ahead = key + kKeyChunk;
+      if (ahead < prefetch_end) {
+        prefetch_row(cache_row(p_.key_cache, item, ahead));
+        prefetch_row(cache_row(p_.value_cache, item, ahead));
+      }
+      widen_row(cache_row(p_.key_cache, item, key), p_.key_cache.stride(3),
+                &keys_[(key - chunk) * dim_]);
+      widen_row(cache_row(p_.value_cache, item, key), p_.value_cache.stride(3),
+                &values_[(key - chunk) * dim_]);
+    }
+  }
+
+  const CacheStorage* cache_row(const TensorView& cache, const WorkItem& item,
+                                std::int64_t key) const {
+    const std::int64_t block = p_.physical_block(item.seq, key / p_.block_size);
+    return static_cast<const CacheStorage*>(cache.data()) + block * cache.stride(0) +
+           item.kv_head * cache.stride(1) + (key % p_.block_size) * cache.stride(2);
+  }
+
+  void prefetch_row(const CacheStorage* row) const {
+    constexpr std::int64_t kLine = 64;
+    const auto* bytes = reinterpret_cast<const char*>(row);
+    for (std::int64_t offset = 0; offset < row_bytes_; offset += kLine) {
+      __builtin_prefetch(bytes + offset);
     }
   }
 
   void widen_row(const CacheStorage* src, std::int64_t stride, float* dst) const {
     if (stride == 1) {
-      for (std::int64_t d = 0; d < head_dim_; ++d) dst[d] = CacheTraits::to_float(src[d]);
+      widen_contiguous<cache_dtype>(src, head_dim_, dst);
     } else {
       for (std::int64_t d = 0; d < head_dim_; ++d) dst[d] = CacheTraits::to_float(src[d * stride]);
     }
   }
 
-  // Scores of row r against keys [begin, end) of the gathered chunk starting at `chunk`, folded
-  // into the row's state.
-  void score_and_merge(std::int64_t r, std::int64_t head, std::int64_t position, std::int64_t chunk,
-                       std::int64_t begin, std::int64_t end) {
+  // Scores of the group rows [row0, row0 + group) (one query token at `position`) against keys
+  // [begin, end) of the gathered chunk starting at `chunk`, folded into the rows' states.
+  void score_and_merge(const WorkItem& item, std::int64_t row0, std::int64_t position,
+                       std::int64_t chunk, std::int64_t begin, std::int64_t end) {
     const std::int64_t count = end - begin;
-    float* s = scores_.data();
-    const float* q = &q_rows_[r * head_dim_];
-    for (std::int64_t j = 0; j < count; ++j) {
-      const float* k = &keys_[(begin - chunk + j) * head_dim_];
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (std::int64_t d = 0; d < head_dim_; ++d) dot += q[d] * k[d];
-      s[j] = dot * score_scale_;
-    }
-    if (p_.softcap > 0.0f) softcap_in_place(s, count, p_.softcap);
-    if (!p_.alibi_slopes.empty()) {
-      const float slope = p_.alibi_slopes[head];
-      for (std::int64_t j = 0; j < count; ++j) {
-        s[j] += slope * static_cast<float>(begin + j - position);
+    const float* keys = &keys_[(begin - chunk) * dim_];
+    const float* values = &values_[(begin - chunk) * dim_];
+    dot_rows_with_keys(&q_rows_[row0 * dim_], group_, keys, count, dim_, scores_.data(), kKeyChunk);
+    bool every_row_counts = true;
+    for (std::int64_t g = 0; g < group_; ++g) {
+      const std::int64_t r = row0 + g;
+      const std::int64_t head = item.kv_head * group_ + g;
+      float* s = &scores_[g * kKeyChunk];
+      state_.saw_key[r] = 1;
+      for (std::int64_t j = 0; j < count; ++j) s[j] *= score_scale_;
+      if (p_.softcap > 0.0f) softcap_in_place(s, count, p_.softcap);
+      if (!p_.alibi_slopes.empty()) {
+        const float slope = p_.alibi_slopes[head];
+        for (std::int64_t j = 0; j < count; ++j) {
+          s[j] += slope * static_cast<float>(begin + j - position);
+        }
       }
+      float block_max = kNegativeInfinity;
+      for (std::int64_t j = 0; j < count; ++j) block_max = nan_propagating_max(block_max, s[j]);
+      if (block_max == kNegativeInfinity) {
+        // Every score -inf: nothing contributes (exp(-inf - -inf) would be NaN). Its row must not
+        // join the group's p·v either (0 · a non-finite value is NaN).
+        every_row_counts = false;
+        corrections_[g] = kNegativeInfinity;
+        continue;
+      }
+      corrections_[g] = softmax_block_update(s, count, block_max, state_.max[r], state_.sum[r]);
     }
-    float chunk_max = kNegativeInfinity;
-    for (std::int64_t j = 0; j < count; ++j) chunk_max = nan_propagating_max(chunk_max, s[j]);
-    // Every score -inf: nothing contributes, and exp(-inf - -inf) would be NaN.
-    if (chunk_max == kNegativeInfinity) return;
-    merge_block_into_row(s, count, chunk_max, &values_[(begin - chunk) * head_dim_], head_dim_,
-                         state_.max[r], state_.sum[r], &state_.acc[r * head_dim_]);
+    float* acc = &state_.acc[row0 * dim_];
+    if (every_row_counts) {
+      accumulate_values(scores_.data(), kKeyChunk, group_, values, count, dim_, corrections_.data(),
+                        acc);
+      return;
+    }
+    for (std::int64_t g = 0; g < group_; ++g) {
+      if (corrections_[g] == kNegativeInfinity) continue;
+      accumulate_values(&scores_[g * kKeyChunk], kKeyChunk, 1, values, count, dim_,
+                        &corrections_[g], acc + g * dim_);
+    }
   }
 
   const PagedProblem& p_;
@@ -286,7 +460,12 @@ class PagedKernel {
   const float score_scale_;
   const TokenRows<const QueryStorage> query_;
   const TokenRows<QueryStorage> out_;
-  std::vector<float> q_rows_, keys_, values_, scores_;
+  const std::int64_t dim_;  // head_dim_ padded to whole vectors
+  // Bytes a cache row spans (contiguous rows only; prefetching strided rows is not worth it).
+  const std::int64_t row_bytes_;
+  std::vector<float> q_rows_, keys_, values_;
+  std::vector<float> scores_;       // [group][kKeyChunk]
+  std::vector<float> corrections_;  // [group]
   RowStates state_, merged_;
 };
 
@@ -335,7 +514,7 @@ void run_paged_kernel(const PagedProblem& problem, const std::vector<bool>& sequ
         row[0] = state.max[r];
         row[1] = state.sum[r];
         row[2] = state.saw_key[r] ? 1.0f : 0.0f;
-        std::copy_n(&state.acc[r * problem.head_dim], problem.head_dim, row + 3);
+        std::copy_n(&state.acc[r * state.row_floats], problem.head_dim, row + 3);
       }
     }
 
@@ -352,7 +531,7 @@ void run_paged_kernel(const PagedProblem& problem, const std::vector<bool>& sequ
           const float* row = slot + r * (3 + problem.head_dim);
           merged.saw_key[r] |= row[2] != 0.0f ? 1 : 0;
           merge_partial_into_row(row[0], row[1], row + 3, problem.head_dim, merged.max[r],
-                                 merged.sum[r], &merged.acc[r * problem.head_dim]);
+                                 merged.sum[r], &merged.acc[r * merged.row_floats]);
         }
       }
       kernel.finish_rows(item, merged);

@@ -26,14 +26,14 @@ inline void exp_in_place(float* x, std::int64_t count) {
   for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j]);
 }
 
-// Merges one block of a row's scores s[0, visible) into the row's running (max, sum, acc[0,
-// head_dim)): block_max is their nan_propagating_max and not -inf (a block whose scores are all
-// -inf contributes nothing: skip it, exp(-inf - -inf) would be NaN); `values` holds the block's V
-// rows, head_dim apart. NaN or +inf among the scores makes s - new_max NaN for that key, and so the
-// row's sum and output. Overwrites s with the unnormalized probabilities.
-inline void merge_block_into_row(float* s, std::int64_t visible, float block_max,
-                                 const float* values, std::int64_t head_dim, float& row_max,
-                                 float& row_sum, float* acc_row) {
+// Turns one block of a row's scores s[0, visible) into probabilities relative to the row's new
+// running max, updating the row's (max, sum); returns the factor the row's accumulator must be
+// multiplied by before the block's p·v is added. block_max is the scores' nan_propagating_max and
+// not -inf (a block whose scores are all -inf contributes nothing: skip it, exp(-inf - -inf) would
+// be NaN). NaN or +inf among the scores makes s - new_max NaN for that key, and so the row's sum
+// and output.
+inline float softmax_block_update(float* s, std::int64_t visible, float block_max, float& row_max,
+                                  float& row_sum) {
   const float new_max = nan_propagating_max(row_max, block_max);
   const float correction = Sleef_expf_u10(row_max - new_max);  // 0 on the first block
   for (std::int64_t j = 0; j < visible; ++j) s[j] -= new_max;
@@ -42,6 +42,16 @@ inline void merge_block_into_row(float* s, std::int64_t visible, float block_max
   for (std::int64_t j = 0; j < visible; ++j) block_sum += s[j];
   row_sum = row_sum * correction + block_sum;
   row_max = new_max;
+  return correction;
+}
+
+// Merges one block of a row's scores s[0, visible) into the row's running (max, sum, acc[0,
+// head_dim)) (softmax_block_update, then acc = acc · correction + p·v); `values` holds the block's
+// V rows, head_dim apart. Overwrites s with the unnormalized probabilities.
+inline void merge_block_into_row(float* s, std::int64_t visible, float block_max,
+                                 const float* values, std::int64_t head_dim, float& row_max,
+                                 float& row_sum, float* acc_row) {
+  const float correction = softmax_block_update(s, visible, block_max, row_max, row_sum);
   for (std::int64_t d = 0; d < head_dim; ++d) acc_row[d] *= correction;
   for (std::int64_t j = 0; j < visible; ++j) {
     const float p = s[j];

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""bench_serving: tilelab.paged_attention (vLLM's paged KV layout) on serving batches, side by
+side in one run with what a CPU user would otherwise run.
+
+    python bench/paged/bench_serving.py [--build-dir build] [--threads 2] [--quick]
+        [--filter mixed] [--no-torch] [--json FILE]
+
+Workloads (Hq 32, Hkv 8, d 128, bf16 unless named):
+- mixed: the simulator's default batch (4 prefill requests with context, 12 decode requests,
+  block_size 32). Compared with PyTorch SDPA run per sequence on K/V gathered through the block
+  table (the gather is timed: it is part of what a user would write), our dense flash attention
+  on the same useful tokens (per sequence, K/V already contiguous), and the NKI-layout kernel
+  (tilelab.nki.flash_paged_attention, cpu schedule) on the same batch in its own layout.
+- decode: 64 sequences decoding one token each, contexts 512 to 4 k, bf16 and fp8 (e4m3fn) caches:
+  GB/s of K and V read against the triad bandwidth measured in the same run.
+- long decode: one sequence decoding one token with a 32 k context (split-KV), GB/s against triad.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import ml_dtypes
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "attention"))
+from bench_flash import print_table, start_benchmark, write_json_report  # noqa: E402
+from timing import alternating_medians  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+
+
+def paged_batch(rng, requests, block_size, cache_dtype=ml_dtypes.bfloat16):
+    """vLLM-layout inputs for (q_len, seq_len) requests, blocks handed out in shuffled order."""
+    blocks = [-(-seq_len // block_size) for _, seq_len in requests]
+    num_blocks = sum(blocks)
+    order = rng.permutation(num_blocks).astype(np.int32)
+    table = np.zeros((len(requests), max(blocks)), np.int32)
+    used = 0
+    for s, count in enumerate(blocks):
+        table[s, :count] = order[used:used + count]
+        used += count
+    shape = (num_blocks, KV_HEADS, block_size, HEAD_DIM)
+    bf16 = ml_dtypes.bfloat16
+    key_cache = rng.standard_normal(shape, dtype=np.float32).astype(cache_dtype)
+    value_cache = rng.standard_normal(shape, dtype=np.float32).astype(cache_dtype)
+    tokens = sum(q for q, _ in requests)
+    query = rng.standard_normal((tokens, HEADS, HEAD_DIM), dtype=np.float32).astype(bf16)
+    seq_lens = np.array([s for _, s in requests], np.int32)
+    starts = np.concatenate([[0], np.cumsum([q for q, _ in requests])]).astype(np.int32)
+    return dict(query=query, key_cache=key_cache, value_cache=value_cache, block_table=table,
+                seq_lens=seq_lens, query_start_loc=starts, requests=requests,
+                block_size=block_size)
+
+
+def paged_call(tilelab, batch, **options):
+    def call():
+        return tilelab.paged_attention(batch["query"], batch["key_cache"], batch["value_cache"],
+                                       batch["block_table"], batch["seq_lens"],
+                                       batch["query_start_loc"], **options)
+    return call
+
+
+def useful_flops(requests):
+    """4 · Hq · d · (visible keys): each query row sees its causal prefix."""
+    keys = sum(q * (s - q) + q * (q + 1) // 2 for q, s in requests)
+    return 4.0 * HEADS * HEAD_DIM * keys
+
+
+def kv_bytes(batch):
+    itemsize = batch["key_cache"].dtype.itemsize
+    return 2.0 * KV_HEADS * HEAD_DIM * itemsize * float(np.sum(batch["seq_lens"]))
+
+
+def mixed_workload(tilelab, torch, args, rng):
+    """The default batch: ours, ours without the dense route, per-sequence SDPA, dense flash,
+    the NKI-layout kernel."""
+    prefill, decode_contexts = tilelab.sim.default_batch()
+    schedule = tilelab.sim.PagedAttentionSchedule()
+    requests = [(q, c + q) for q, c in prefill] + [(1, c + 1) for c in decode_contexts]
+    batch = paged_batch(rng, requests, schedule.block_size)
+    block_size = batch["block_size"]
+    calls = {"paged_attention": paged_call(tilelab, batch),
+             "paged kernel only (implementation='reference')":
+                 paged_call(tilelab, batch, implementation="reference")}
+
+    # Per sequence: K/V gathered through the block table ([Hkv, seq_len, d]), queries [Hq, q, d].
+    gathered = []
+    for s, (q_len, seq_len) in enumerate(requests):
+        table = batch["block_table"][s, : -(-seq_len // block_size)]
+        k = batch["key_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
+        v = batch["value_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
+        q0 = batch["query_start_loc"][s]
+        q = batch["query"][q0:q0 + q_len].transpose(1, 0, 2)
+        gathered.append((np.ascontiguousarray(q[None]), np.ascontiguousarray(k[None, :, :seq_len]),
+                         np.ascontiguousarray(v[None, :, :seq_len])))
+
+    def dense():
+        for q, k, v in gathered:
+            tilelab.flash_attention(q, k, v, causal=True, causal_alignment="bottom_right")
+    calls["dense flash, same useful tokens"] = dense
+
+    if torch is not None:
+        def as_torch(a):
+            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+        key_cache, value_cache = as_torch(batch["key_cache"]), as_torch(batch["value_cache"])
+        tables = [torch.from_numpy(batch["block_table"][s, : -(-seq_len // block_size)]).long()
+                  for s, (_, seq_len) in enumerate(requests)]
+        queries = [as_torch(q) for q, _, _ in gathered]
+        masks = [torch.from_numpy(np.arange(s)[None, :] <= np.arange(s - q, s)[:, None])
+                 if q > 1 else None for q, s in requests]
+
+        def sdpa():
+            with torch.inference_mode():
+                for s, (_, seq_len) in enumerate(requests):
+                    k = key_cache.index_select(0, tables[s]).transpose(0, 1).reshape(
+                        KV_HEADS, -1, HEAD_DIM)[None, :, :seq_len]
+                    v = value_cache.index_select(0, tables[s]).transpose(0, 1).reshape(
+                        KV_HEADS, -1, HEAD_DIM)[None, :, :seq_len]
+                    torch.nn.functional.scaled_dot_product_attention(
+                        queries[s], k, v, attn_mask=masks[s], enable_gqa=True)
+        calls["PyTorch SDPA per sequence, gathered K/V"] = sdpa
+
+    import bench_paged
+
+    bench_paged.PREFILL, bench_paged.DECODE_CONTEXTS = prefill, decode_contexts
+    bench_paged.BLOCK_SIZE, bench_paged.LARGE_TILE = schedule.block_size, schedule.large_tile_size
+    nki = bench_paged.build_batch(rng)
+    nki_mask = tilelab.nki.reorder_context_mask(nki["mask"], schedule.large_tile_size,
+                                                schedule.block_size)
+
+    def nki_kernel():
+        tilelab.nki.flash_paged_attention(nki["query"], nki["key"], nki["value"],
+                                          nki["kv_cache"], nki["block_tables"], nki_mask,
+                                          mixed_precision=True,
+                                          LARGE_TILE_SZ=schedule.large_tile_size)
+    calls["NKI-layout kernel (cpu schedule)"] = nki_kernel
+
+    times = alternating_medians(list(calls.values()), args.warmup, args.repeats)
+    flops = useful_flops(requests)
+    ours = times[0]
+    rows, results = [], []
+    for (name, _), t in zip(calls.items(), times, strict=True):
+        rows.append([name, f"{t * 1e3:.2f}", f"{t / ours:.2f}", f"{flops / t * 1e-9:.1f}"])
+        results.append({"workload": "mixed", "implementation": name, "seconds": t,
+                        "time_vs_paged_attention": t / ours,
+                        "useful_gflop_per_s": flops / t * 1e-9})
+    print(f"mixed: the default batch, {len(prefill)} prefill + {len(decode_contexts)} decode "
+          f"requests, {sum(q for q, _ in requests)} query tokens, "
+          f"{int(np.sum(batch['seq_lens']))} keys, block_size {block_size}, bf16")
+    print_table(["implementation", "ms", "time / ours", "useful GFLOP/s"], rows, 1)
+    return results
+
+
+def decode_workloads(tilelab, args, rng, peak):
+    triad = peak["triad_bandwidth_gb_per_s"]
+    contexts = rng.integers(512, 4097, size=64)
+    cases = [("decode 64 seqs, bf16", [(1, int(c)) for c in contexts], ml_dtypes.bfloat16, {}),
+             ("decode 64 seqs, fp8 e4m3fn", [(1, int(c)) for c in contexts],
+              ml_dtypes.float8_e4m3fn, dict(k_scale=0.05, v_scale=0.05)),
+             ("decode 1 seq 32k, bf16, split auto", [(1, 32768)], ml_dtypes.bfloat16, {}),
+             ("decode 1 seq 32k, bf16, no split", [(1, 32768)], ml_dtypes.bfloat16,
+              dict(split_kv=1)),
+             ("decode 1 seq 32k, fp8 e4m3fn, split auto", [(1, 32768)], ml_dtypes.float8_e4m3fn,
+              dict(k_scale=0.05, v_scale=0.05))]
+    batches, calls = [], []
+    for name, requests, dtype, options in cases:
+        if args.filter and args.filter not in name:
+            continue
+        batch = paged_batch(rng, requests, 16, dtype)
+        batches.append((name, batch))
+        calls.append(paged_call(tilelab, batch, **options))
+    if not calls:
+        return []
+    times = alternating_medians(calls, args.warmup, args.repeats)
+    rows, results = [], []
+    for (name, batch), t in zip(batches, times, strict=True):
+        rate = kv_bytes(batch) / t * 1e-9
+        rows.append([name, f"{t * 1e3:.3f}", f"{rate:.1f}", f"{100 * rate / triad:.0f}%"])
+        results.append({"workload": name, "seconds": t, "kv_gb_per_s": rate,
+                        "fraction_of_triad": rate / triad})
+    print(f"\ndecode: GB/s of K and V read (block_size 16), against triad {triad:.1f} GB/s")
+    print_table(["workload", "ms", "GB/s", "of triad"], rows, 1)
+    return results
+
+
+def main() -> None:
+    args, tilelab, torch, peak = start_benchmark(__doc__.split("\n\n")[0], repeats=10, warmup=2,
+                                                 quick_repeats=3)
+    rng = np.random.default_rng(0)
+    results = []
+    if not args.filter or args.filter in "mixed":
+        results += mixed_workload(tilelab, torch, args, rng)
+    results += decode_workloads(tilelab, args, rng, peak)
+    write_json_report(args, "tilelab.bench_serving", tilelab, torch, peak, results)
+
+
+if __name__ == "__main__":
+    main()
