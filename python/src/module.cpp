@@ -10,8 +10,8 @@
 
 #include "array_view.hpp"
 #include "blocksparse_bindings.hpp"
-#include "paged_bindings.hpp"
 #include "nki_bindings.hpp"
+#include "paged_bindings.hpp"
 #include "sim_bindings.hpp"
 #include "tilelab/tilelab.hpp"
 
@@ -33,15 +33,23 @@ struct AttentionCall {
   std::optional<py::array> lse;
   TensorView out_view;
   FlashAttentionOptions options;
+  std::optional<ScoreArguments> score;  // owns the slopes' and sinks' arrays
+};
+
+// The forward's score options and fp8 scales (flash_attention and flash_attention_implementation).
+struct ScoreKeywords {
+  py::handle sliding_window, softcap, alibi_slopes, sinks, k_scale, v_scale;
 };
 
 AttentionCall prepare_call(const py::handle& q, const py::handle& k, const py::handle& v,
                            const py::handle& causal, const py::handle& causal_alignment,
                            const py::handle& scale, const py::handle& bias, bool return_lse,
-                           const py::handle& implementation) {
+                           const py::handle& implementation,
+                           const std::optional<ScoreKeywords>& score = std::nullopt) {
   py::array q_array = require_attention_array(q, "q");
-  py::array k_array = require_attention_array(k, "k");
-  py::array v_array = require_attention_array(v, "v");
+  // k and v may be fp8 (the C++ validation checks the combination).
+  py::array k_array = require_cache_array(k, "k");
+  py::array v_array = require_cache_array(v, "v");
   // out and lse take their shapes from q, so q's rank is checked here; everything else (shapes,
   // GQA, mixed dtypes, bias broadcasting, scale) by the C++ validation, which names the argument.
   if (q_array.ndim() != 4) {
@@ -56,7 +64,15 @@ AttentionCall prepare_call(const py::handle& q, const py::handle& k, const py::h
                      py::array(),
                      std::nullopt,
                      TensorView(),
-                     FlashAttentionOptions()};
+                     FlashAttentionOptions(),
+                     std::nullopt};
+  if (score) {
+    call.score = parse_score_arguments(score->sliding_window, score->softcap, score->alibi_slopes,
+                                       score->sinks);
+    call.options.score = call.score->options;
+    call.options.k_scale = parse_real(score->k_scale, "k_scale");
+    call.options.v_scale = parse_real(score->v_scale, "v_scale");
+  }
   call.options.causal = parse_bool(causal, "causal");
   call.options.causal_alignment = parse_causal_alignment(causal_alignment);
   call.options.scale = parse_optional_scale(scale, "scale");
@@ -82,10 +98,14 @@ AttentionCall prepare_call(const py::handle& q, const py::handle& k, const py::h
 py::object flash_attention(const py::handle& q, const py::handle& k, const py::handle& v,
                            const py::handle& causal, const py::handle& causal_alignment,
                            const py::handle& scale, const py::handle& bias,
-                           const py::handle& return_lse_value, const py::handle& implementation) {
+                           const py::handle& return_lse_value, const py::handle& sliding_window,
+                           const py::handle& softcap, const py::handle& alibi_slopes,
+                           const py::handle& sinks, const py::handle& k_scale,
+                           const py::handle& v_scale, const py::handle& implementation) {
   const bool return_lse = parse_bool(return_lse_value, "return_lse");
   AttentionCall call =
-      prepare_call(q, k, v, causal, causal_alignment, scale, bias, return_lse, implementation);
+      prepare_call(q, k, v, causal, causal_alignment, scale, bias, return_lse, implementation,
+                   ScoreKeywords{sliding_window, softcap, alibi_slopes, sinks, k_scale, v_scale});
   {
     // The views point into arrays `call` keeps alive; no Python object is touched in here.
     py::gil_scoped_release release;
@@ -95,14 +115,16 @@ py::object flash_attention(const py::handle& q, const py::handle& k, const py::h
   return call.out;
 }
 
-std::string flash_attention_implementation(const py::handle& q, const py::handle& k,
-                                           const py::handle& v, const py::handle& causal,
-                                           const py::handle& causal_alignment,
-                                           const py::handle& scale, const py::handle& bias,
-                                           const py::handle& return_lse) {
+std::string flash_attention_implementation(
+    const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& causal,
+    const py::handle& causal_alignment, const py::handle& scale, const py::handle& bias,
+    const py::handle& return_lse, const py::handle& sliding_window, const py::handle& softcap,
+    const py::handle& alibi_slopes, const py::handle& sinks, const py::handle& k_scale,
+    const py::handle& v_scale) {
   const AttentionCall call =
       prepare_call(q, k, v, causal, causal_alignment, scale, bias,
-                   parse_bool(return_lse, "return_lse"), py::str("automatic"));
+                   parse_bool(return_lse, "return_lse"), py::str("automatic"),
+                   ScoreKeywords{sliding_window, softcap, alibi_slopes, sinks, k_scale, v_scale});
   return tilelab::flash_attention_implementation(call.q.view, call.k.view, call.v.view,
                                                  call.out_view, call.options);
 }
@@ -174,12 +196,18 @@ PYBIND11_MODULE(_core, module) {
   module.def("flash_attention", &flash_attention, py::arg("q"), py::arg("k"), py::arg("v"),
              py::kw_only(), py::arg("causal") = false, py::arg("causal_alignment") = "top_left",
              py::arg("scale") = py::none(), py::arg("bias") = py::none(),
-             py::arg("return_lse") = false, py::arg("implementation") = "automatic",
+             py::arg("return_lse") = false, py::arg("sliding_window") = py::make_tuple(-1, -1),
+             py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
+             py::arg("sinks") = py::none(), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
+             py::arg("implementation") = "automatic",
              "Flash attention forward; returns out or (out, lse). See tilelab.flash_attention.");
   module.def("flash_attention_implementation", &flash_attention_implementation, py::arg("q"),
              py::arg("k"), py::arg("v"), py::kw_only(), py::arg("causal") = false,
              py::arg("causal_alignment") = "top_left", py::arg("scale") = py::none(),
              py::arg("bias") = py::none(), py::arg("return_lse") = false,
+             py::arg("sliding_window") = py::make_tuple(-1, -1), py::arg("softcap") = 0.0,
+             py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+             py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
              "'generated' or 'reference': what flash_attention would run for these arguments.");
   module.def("flash_attention_backward", &flash_attention_backward, py::arg("dout"), py::arg("q"),
              py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::kw_only(),

@@ -64,6 +64,22 @@ std::optional<ArrayView> optional_head_values(const py::handle& value, const cha
   return view_array(require_float32_array(value, name, " or None"), name);
 }
 
+}  // namespace
+
+ScoreArguments parse_score_arguments(const py::handle& sliding_window, const py::handle& softcap,
+                                     const py::handle& alibi_slopes, const py::handle& sinks) {
+  ScoreArguments arguments;
+  arguments.options.sliding_window = parse_sliding_window(sliding_window);
+  arguments.options.softcap = parse_real(softcap, "softcap");
+  arguments.alibi_slopes = optional_head_values(alibi_slopes, "alibi_slopes");
+  arguments.sinks = optional_head_values(sinks, "sinks");
+  if (arguments.alibi_slopes) arguments.options.alibi_slopes = arguments.alibi_slopes->view;
+  if (arguments.sinks) arguments.options.sinks = arguments.sinks->view;
+  return arguments;
+}
+
+namespace {
+
 py::array paged_attention(const py::handle& query, const py::handle& key_cache,
                           const py::handle& value_cache, const py::handle& block_table,
                           const py::handle& seq_lens, const py::handle& query_start_loc,
@@ -81,16 +97,12 @@ py::array paged_attention(const py::handle& query, const py::handle& key_cache,
       require_int32_array(block_table, "block_table", 2, "[num_seqs, max_blocks_per_seq]");
   const auto lens = require_int32_array(seq_lens, "seq_lens", 1, "[num_seqs]");
   const auto starts = require_int32_array(query_start_loc, "query_start_loc", 1, "[num_seqs + 1]");
-  const std::optional<ArrayView> slopes = optional_head_values(alibi_slopes, "alibi_slopes");
-  const std::optional<ArrayView> sink_values = optional_head_values(sinks, "sinks");
+  const ScoreArguments score = parse_score_arguments(sliding_window, softcap, alibi_slopes, sinks);
 
   PagedAttentionOptions options;
   options.scale = parse_optional_scale(scale, "scale");
   options.causal = parse_bool(causal, "causal");
-  options.score.sliding_window = parse_sliding_window(sliding_window);
-  options.score.softcap = parse_real(softcap, "softcap");
-  if (slopes) options.score.alibi_slopes = slopes->view;
-  if (sink_values) options.score.sinks = sink_values->view;
+  options.score = score.options;
   options.k_scale = parse_real(k_scale, "k_scale");
   options.v_scale = parse_real(v_scale, "v_scale");
   options.split_kv = parse_split_kv(split_kv);

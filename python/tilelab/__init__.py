@@ -50,6 +50,12 @@ def flash_attention(
     scale: float | None = ...,
     bias: np.ndarray | None = ...,
     return_lse: Literal[False] = ...,
+    sliding_window: tuple[int, int] = ...,
+    softcap: float = ...,
+    alibi_slopes: np.ndarray | None = ...,
+    sinks: np.ndarray | None = ...,
+    k_scale: float = ...,
+    v_scale: float = ...,
     implementation: Implementation = ...,
 ) -> np.ndarray: ...
 @overload
@@ -63,6 +69,12 @@ def flash_attention(
     scale: float | None = ...,
     bias: np.ndarray | None = ...,
     return_lse: Literal[True],
+    sliding_window: tuple[int, int] = ...,
+    softcap: float = ...,
+    alibi_slopes: np.ndarray | None = ...,
+    sinks: np.ndarray | None = ...,
+    k_scale: float = ...,
+    v_scale: float = ...,
     implementation: Implementation = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 
@@ -77,6 +89,12 @@ def flash_attention(
     scale=None,
     bias=None,
     return_lse=False,
+    sliding_window=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    sinks=None,
+    k_scale=1.0,
+    v_scale=1.0,
     implementation="automatic",
 ):
     """Attention forward, ``softmax(scale * q @ k^T + bias, masked) @ v``, without an M x N buffer.
@@ -84,8 +102,9 @@ def flash_attention(
     Shapes and dtypes:
         q: ``[B, Hq, M, D]``; k, v: ``[B, Hkv, N, D]``. Hq must be a multiple of Hkv (GQA/MQA:
         query head h reads kv head ``h // (Hq // Hkv)``). M, N >= 1 and 1 <= D <= 256.
-        q, k and v share one dtype: float32, float16 or ``ml_dtypes.bfloat16``. Accumulation is
-        float32. Any strides are accepted; arrays whose strides are non-negative whole elements are
+        q, k and v share one dtype: float32, float16 or ``ml_dtypes.bfloat16``; or k and v are
+        both ``ml_dtypes.float8_e4m3fn`` or ``float8_e5m2`` (dequantized with k_scale and v_scale
+        in registers). Accumulation is float32. Any strides are accepted; arrays whose strides are non-negative whole elements are
         read in place, others (negative or odd byte strides, misaligned or byte-swapped data) are
         copied first.
 
@@ -100,6 +119,12 @@ def flash_attention(
             ``[B|1, Hq|1, M|1, N]`` (rank 4).
         return_lse: also return the float32 ``[B, Hq, M]`` natural-log sum-exp of each row's
             scaled, biased, masked scores.
+        sliding_window, softcap, alibi_slopes, sinks: the score options of
+            docs/attention_options.md (as :func:`paged_attention`); the query's absolute position
+            i is its row plus ``N - M`` (bottom_right) or plus 0 (top_left), causal or not. Not
+            combinable with ``bias`` yet. Calls with score options or fp8 k/v run on the paged
+            kernel: ``implementation="generated"`` refuses them.
+        k_scale, v_scale: dequantization scales of fp8 k and v (1.0 otherwise).
         implementation: ``"automatic"`` (the generated kernel when it covers the call, else the
             reference), ``"generated"`` (ValueError when it does not cover the call) or
             ``"reference"``.
@@ -135,6 +160,12 @@ def flash_attention(
         scale=scale,
         bias=bias,
         return_lse=return_lse,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
         implementation=implementation,
     )
 
@@ -242,10 +273,17 @@ def flash_attention_implementation(
     scale: float | None = None,
     bias: np.ndarray | None = None,
     return_lse: bool = False,
+    sliding_window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> str:
     """Which implementation :func:`flash_attention` would run for these arguments with
-    ``implementation="automatic"``: ``"generated"`` or ``"reference"``. Validates like
-    :func:`flash_attention` and raises the same errors; computes nothing."""
+    ``implementation="automatic"``: ``"generated"``, ``"reference"``, or ``"paged"`` (score
+    options or fp8 k/v: the paged kernel). Validates like :func:`flash_attention` and raises the
+    same errors; computes nothing."""
     return _core.flash_attention_implementation(
         q,
         k,
@@ -255,6 +293,12 @@ def flash_attention_implementation(
         scale=scale,
         bias=bias,
         return_lse=return_lse,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
 
 

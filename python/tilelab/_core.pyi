@@ -12,6 +12,12 @@ def flash_attention(
     scale: float | None = None,
     bias: np.ndarray | None = None,
     return_lse: bool = False,
+    sliding_window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     implementation: str = "automatic",
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 def flash_attention_implementation(
@@ -24,6 +30,12 @@ def flash_attention_implementation(
     scale: float | None = None,
     bias: np.ndarray | None = None,
     return_lse: bool = False,
+    sliding_window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> str: ...
 def flash_attention_backward(
     dout: np.ndarray,

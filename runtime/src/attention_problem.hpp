@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "score_options.hpp"
 #include "tilelab/attention.hpp"
 
 namespace tilelab::detail {
@@ -23,7 +24,21 @@ struct AttentionProblem {
   // Key j is visible to query i iff j <= i + causal_offset. Top-left: 0; bottom-right: N - M.
   // Non-causal: kv_len (every key visible).
   std::int64_t causal_offset = 0;
+  // Added to a query row to give its absolute position (score options): N - M for bottom-right
+  // alignment, 0 for top-left, causal or not.
+  std::int64_t position_offset = 0;
+  DType kv_dtype = DType::f32;  // k and v: dtype, or fp8
+  ResolvedScoreOptions score;
+  float k_scale = 1.0f, v_scale = 1.0f;
+
+  // Calls with score options or fp8 k/v run on the paged kernel (neither the generated dense
+  // kernels nor the dense reference implement them).
+  bool needs_paged_kernel() const { return score.any() || is_fp8(kv_dtype); }
 };
+
+// flash_attention on the paged kernel (paged_kernel_attention), one batch entry at a time: k[b]
+// and v[b] are a cache of one block of N keys. Handles score options, fp8 k/v and lse.
+void flash_attention_on_paged_kernel(const AttentionProblem& problem);
 
 // Checks every argument of flash_attention (ranks, shapes, GQA divisibility, dtypes, strides,
 // bias broadcastability, lse shape, aliasing of out/lse with inputs and themselves, scale

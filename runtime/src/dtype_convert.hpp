@@ -52,20 +52,22 @@ inline std::uint16_t float_to_f16_bits(float value) {
 // subnormals alike; one multiply by that power of two restores it.
 inline float f8e4m3fn_bits_to_float(std::uint8_t bits) {
   const std::uint32_t magnitude = bits & 0x7fu;
-  const float value = std::bit_cast<float>(magnitude << 20) * 0x1p120f;  // bias 7
-  const float nan = std::bit_cast<float>(0x7fc00000u);
-  const float unsigned_value = magnitude == 0x7fu ? nan : value;  // S.1111.111 is NaN, no inf
-  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(unsigned_value) |
+  const std::uint32_t value =
+      std::bit_cast<std::uint32_t>(std::bit_cast<float>(magnitude << 20) * 0x1p120f);  // bias 7
+  // S.1111.111 is NaN (there is no inf); a mask rather than a branch keeps loops vectorized.
+  const std::uint32_t nan = 0u - static_cast<std::uint32_t>(magnitude == 0x7fu);
+  return std::bit_cast<float>(((value & ~nan) | (0x7fc00000u & nan)) |
                               (static_cast<std::uint32_t>(bits & 0x80u) << 24));
 }
 
 inline float f8e5m2_bits_to_float(std::uint8_t bits) {
   const std::uint32_t magnitude = bits & 0x7fu;
-  const float value = std::bit_cast<float>(magnitude << 21) * 0x1p112f;  // bias 15
+  const std::uint32_t value =
+      std::bit_cast<std::uint32_t>(std::bit_cast<float>(magnitude << 21) * 0x1p112f);  // bias 15
   // Exponent field all ones: inf (mantissa 0) or NaN, kept as such.
-  const float special = std::bit_cast<float>(0x7f800000u | ((magnitude & 0x3u) << 21));
-  const float unsigned_value = magnitude >= 0x7cu ? special : value;
-  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(unsigned_value) |
+  const std::uint32_t special = 0u - static_cast<std::uint32_t>(magnitude >= 0x7cu);
+  const std::uint32_t special_value = 0x7f800000u | ((magnitude & 0x3u) << 21);
+  return std::bit_cast<float>(((value & ~special) | (special_value & special)) |
                               (static_cast<std::uint32_t>(bits & 0x80u) << 24));
 }
 

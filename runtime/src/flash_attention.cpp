@@ -9,6 +9,13 @@ using detail::AttentionProblem;
 void flash_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& out, const FlashAttentionOptions& options) {
   const AttentionProblem problem = detail::validate_flash_attention(q, k, v, out, options);
+  if (problem.needs_paged_kernel()) {
+    TILELAB_REQUIRE(options.implementation != Implementation::generated)
+        << "implementation: 'generated' does not cover score options or fp8 k/v (they run on "
+           "the paged kernel); use 'automatic' or 'reference'";
+    detail::flash_attention_on_paged_kernel(problem);
+    return;
+  }
   switch (options.implementation) {
     case Implementation::reference:
       detail::reference_flash_attention(problem);
@@ -29,6 +36,7 @@ const char* flash_attention_implementation(const TensorView& q, const TensorView
                                            const TensorView& v, const TensorView& out,
                                            const FlashAttentionOptions& options) {
   const AttentionProblem problem = detail::validate_flash_attention(q, k, v, out, options);
+  if (problem.needs_paged_kernel()) return "paged";
   return detail::generated_flash_attention_covers(problem) ? "generated" : "reference";
 }
 

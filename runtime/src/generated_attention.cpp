@@ -51,7 +51,8 @@ bool generated_flash_attention_covers(const AttentionProblem& p) {
     if (view->stride(3) != 1 || !offsets_fit_int32(*view)) return false;
   }
   if (p.bias && (p.bias->stride(3) != 1 || !offsets_fit_int32(*p.bias))) return false;
-  return p.head_dim <= kMaxFlashHeadDim && fits_int32(p.causal_offset) && pick_kernel(p);
+  return !p.needs_paged_kernel() && p.head_dim <= kMaxFlashHeadDim && fits_int32(p.causal_offset) &&
+         pick_kernel(p);
 }
 
 bool generated_flash_attention(const AttentionProblem& p) {

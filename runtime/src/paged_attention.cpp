@@ -9,6 +9,7 @@
 #include "attention_problem.hpp"
 #include "dtype_convert.hpp"
 #include "paged_problem.hpp"
+#include "score_options.hpp"
 #include "tilelab/detail/argument_checks.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/threading.hpp"
@@ -24,7 +25,7 @@ namespace {
 constexpr std::int64_t kDenseRouteMinTokens = 32;
 
 bool dense_route_allowed(const PagedProblem& problem) {
-  return problem.implementation == Implementation::automatic && !problem.has_score_options() &&
+  return problem.implementation == Implementation::automatic && !problem.score.any() &&
          problem.cache_dtype == problem.dtype && problem.head_dim <= kMaxFlashHeadDim;
 }
 
@@ -106,6 +107,57 @@ std::vector<bool> run_dense_route(const PagedProblem& problem) {
 }
 
 }  // namespace
+
+void flash_attention_on_paged_kernel(const AttentionProblem& dense) {
+  const std::int64_t M = dense.q_len, N = dense.kv_len;
+  PagedProblem problem;
+  problem.dtype = dense.dtype;
+  problem.cache_dtype = dense.kv_dtype;
+  problem.num_tokens = M;
+  problem.q_heads = dense.q_heads;
+  problem.kv_heads = dense.kv_heads;
+  problem.head_dim = dense.head_dim;
+  problem.num_blocks = 1;
+  problem.block_size = N;
+  problem.num_seqs = 1;
+  problem.seq_lens = {N};
+  problem.query_starts = {0, M};
+  problem.block_table = {0};
+  problem.max_blocks_per_seq = 1;
+  problem.scale = dense.scale;
+  problem.causal = dense.causal;
+  problem.score = dense.score;
+  problem.k_scale = dense.k_scale;
+  problem.v_scale = dense.v_scale;
+  // Paged positions put the queries last (N - M + row); the dense ones are row + offset.
+  problem.position_shift = dense.position_offset - (N - M);
+  problem.implementation = Implementation::reference;
+  const std::vector<bool> the_sequence = {true};
+  // Batch entry b as a one-sequence paged problem: q[b] as [M, Hq, D] tokens, k[b] and v[b] as
+  // one cache block of N keys.
+  const auto entry = [](const TensorView& view, std::int64_t b, int rank,
+                        std::initializer_list<int> dims) {
+    std::int64_t shape[4], strides[4];
+    int i = 0;
+    for (int dim : dims) {
+      shape[i] = dim < 0 ? 1 : view.dim(dim);
+      strides[i] = dim < 0 ? 0 : view.stride(dim);
+      ++i;
+    }
+    auto* data = static_cast<char*>(view.data()) +
+                 b * view.stride(0) * static_cast<std::int64_t>(dtype_size(view.dtype()));
+    return TensorView(data, view.dtype(), rank, shape, strides);
+  };
+  for (std::int64_t b = 0; b < dense.batch; ++b) {
+    problem.query = entry(dense.q, b, 3, {2, 1, 3});
+    problem.out = entry(dense.out, b, 3, {2, 1, 3});
+    problem.key_cache = entry(dense.k, b, 4, {-1, 1, 2, 3});
+    problem.value_cache = entry(dense.v, b, 4, {-1, 1, 2, 3});
+    if (dense.lse) problem.lse = entry(*dense.lse, b, 2, {2, 1});
+    paged_kernel_attention(problem, the_sequence);
+  }
+}
+
 }  // namespace detail
 
 void paged_attention(const TensorView& query, const TensorView& key_cache,
@@ -195,8 +247,7 @@ void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
   TILELAB_REQUIRE_TYPE(value.dtype() == key.dtype())
       << "value: expected dtype " << dtype_name(key.dtype()) << " (the dtype of key), got "
       << dtype_name(value.dtype());
-  const bool fp8_cache = key_cache.dtype() == DType::f8e4m3fn || key_cache.dtype() == DType::f8e5m2;
-  TILELAB_REQUIRE_TYPE(key_cache.dtype() == key.dtype() || fp8_cache)
+  TILELAB_REQUIRE_TYPE(key_cache.dtype() == key.dtype() || is_fp8(key_cache.dtype()))
       << "key_cache: expected dtype " << dtype_name(key.dtype())
       << " (the dtype of key), float8_e4m3fn or float8_e5m2, got " << dtype_name(key_cache.dtype());
   TILELAB_REQUIRE_TYPE(value_cache.dtype() == key_cache.dtype())
@@ -221,18 +272,12 @@ void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                                    {&slot_mapping, "slot_mapping"}}) {
     require_addressable(*view, name);
   }
+  require_kv_scales(key_cache.dtype(), k_scale, v_scale);
   for (const auto& [scale, name] :
        {std::pair<float, const char*>{k_scale, "k_scale"}, {v_scale, "v_scale"}}) {
-    TILELAB_REQUIRE(std::isfinite(scale) && scale != 0.0f)
-        << name << ": expected a finite, nonzero value, got " << scale;
-  }
-  if (!fp8_cache) {
-    for (const auto& [scale, name] :
-         {std::pair<float, const char*>{k_scale, "k_scale"}, {v_scale, "v_scale"}}) {
-      TILELAB_REQUIRE(scale == 1.0f)
-          << name << ": expected 1.0 with a " << dtype_name(key_cache.dtype())
-          << " cache (the scales quantize into fp8 caches only), got " << scale;
-    }
+    TILELAB_REQUIRE(scale != 0.0f)
+        << name << ": expected a finite, nonzero value (the stored values are divided by it), got "
+        << scale;
   }
   require_no_self_overlap(key_cache, "key_cache");
   require_no_self_overlap(value_cache, "value_cache");

@@ -332,24 +332,34 @@ class PagedKernel {
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t head = item.kv_head * group_ + r % group_;
       float* acc = &states.acc[r * dim_];
-      const float row_max = states.max[r];
+      float row_max = states.max[r];
       float row_sum = states.sum[r];
       bool counted = states.saw_key[r] != 0;
-      if (!p_.sinks.empty()) {
+      if (!p_.score.sinks.empty()) {
         // The sink is one more logit, with a zero value vector. A sink of -inf adds nothing.
-        const float sink = p_.sinks[head];
+        const float sink = p_.score.sinks[head];
         const float new_max = nan_propagating_max(row_max, sink);
         if (new_max != kNegativeInfinity) {
           const float correction = Sleef_expf_u10(row_max - new_max);  // 0 for a keyless row
           row_sum = row_sum * correction + Sleef_expf_u10(sink - new_max);
           for (std::int64_t d = 0; d < head_dim_; ++d) acc[d] *= correction;
+          row_max = new_max;
           counted = true;
         }
       }
       const float factor = inverse_row_sum(counted, row_sum) * p_.v_scale;
-      QueryStorage* dst = out_.row(p_.query_starts[item.seq] + item.token_begin + r / group_, head);
+      const std::int64_t token = p_.query_starts[item.seq] + item.token_begin + r / group_;
+      QueryStorage* dst = out_.row(token, head);
       for (std::int64_t d = 0; d < head_dim_; ++d) {
         dst[d * out_.dim_stride] = QueryTraits::from_float(acc[d] * factor);
+      }
+      if (p_.lse) {
+        // As flash_attention's lse: -inf for a row no key reached, NaN for a sum of zero (only
+        // -inf scores) or NaN.
+        static_cast<float*>(p_.lse->data())[token * p_.lse->stride(0) + head * p_.lse->stride(1)] =
+            !counted          ? kNegativeInfinity
+            : row_sum == 0.0f ? std::numeric_limits<float>::quiet_NaN()
+                              : row_max + std::log(row_sum);
       }
     }
   }
@@ -424,9 +434,9 @@ class PagedKernel {
       float* s = &scores_[g * kKeyChunk];
       state_.saw_key[r] = 1;
       for (std::int64_t j = 0; j < count; ++j) s[j] *= score_scale_;
-      if (p_.softcap > 0.0f) softcap_in_place(s, count, p_.softcap);
-      if (!p_.alibi_slopes.empty()) {
-        const float slope = p_.alibi_slopes[head];
+      if (p_.score.softcap > 0.0f) softcap_in_place(s, count, p_.score.softcap);
+      if (!p_.score.alibi_slopes.empty()) {
+        const float slope = p_.score.alibi_slopes[head];
         for (std::int64_t j = 0; j < count; ++j) {
           s[j] += slope * static_cast<float>(begin + j - position);
         }

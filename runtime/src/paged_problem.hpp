@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "score_options.hpp"
 #include "tilelab/paged.hpp"
 
 namespace tilelab::detail {
@@ -23,31 +25,33 @@ struct PagedProblem {
   std::int64_t max_blocks_per_seq = 0;
   float scale = 1.0f;  // the softmax scale, before k_scale
   bool causal = true;
-  float softcap = 0.0f;
-  std::vector<float> alibi_slopes, sinks;  // [Hq] each, or empty
-  SlidingWindow window;
+  ResolvedScoreOptions score;
   float k_scale = 1.0f, v_scale = 1.0f;
+  // Added to every query position (paged_attention: 0, queries are the sequence's last
+  // positions; flash_attention with top-left alignment: -(N - M)).
+  std::int64_t position_shift = 0;
+  // When set: fp32 [num_tokens, Hq], receives each row's natural-log sum-exp (sinks included),
+  // -inf for a row that saw no key.
+  std::optional<TensorView> lse;
   std::int64_t split_kv = 0;
   Implementation implementation = Implementation::automatic;
 
   std::int64_t q_len(std::int64_t seq) const { return query_starts[seq + 1] - query_starts[seq]; }
   // The absolute position of the sequence's first query token.
-  std::int64_t first_query_position(std::int64_t seq) const { return seq_lens[seq] - q_len(seq); }
+  std::int64_t first_query_position(std::int64_t seq) const {
+    return seq_lens[seq] - q_len(seq) + position_shift;
+  }
   std::int32_t physical_block(std::int64_t seq, std::int64_t logical_block) const {
     return block_table[seq * max_blocks_per_seq + logical_block];
   }
-  bool has_score_options() const {
-    return softcap != 0.0f || !alibi_slopes.empty() || !sinks.empty() || window.left >= 0 ||
-           window.right >= 0;
-  }
   // Keys [begin, end) that query position i sees (end <= begin when none).
   std::int64_t first_visible_key(std::int64_t position) const {
-    return window.left >= 0 ? std::max<std::int64_t>(0, position - window.left) : 0;
+    return score.window.left >= 0 ? std::max<std::int64_t>(0, position - score.window.left) : 0;
   }
   std::int64_t visible_key_end(std::int64_t seq, std::int64_t position) const {
     std::int64_t end = seq_lens[seq];
     if (causal) end = std::min(end, position + 1);
-    if (window.right >= 0) end = std::min(end, position + window.right + 1);
+    if (score.window.right >= 0) end = std::min(end, position + score.window.right + 1);
     return end;
   }
 };

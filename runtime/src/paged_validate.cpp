@@ -5,16 +5,13 @@
 #include <utility>
 
 #include "paged_problem.hpp"
+#include "score_options.hpp"
 #include "tilelab/detail/argument_checks.hpp"
 #include "tilelab/error.hpp"
 
 namespace tilelab::detail {
 
 namespace {
-
-bool is_fp8(DType dtype) {
-  return dtype == DType::f8e4m3fn || dtype == DType::f8e5m2;
-}
 
 // A per-query-head fp32 option (alibi_slopes, sinks): [Hq], copied.
 std::vector<float> read_head_values(const std::optional<TensorView>& view, const char* name,
@@ -31,6 +28,30 @@ std::vector<float> read_head_values(const std::optional<TensorView>& view, const
 }
 
 }  // namespace
+
+ResolvedScoreOptions resolve_score_options(const ScoreOptions& options, std::int64_t q_heads) {
+  ResolvedScoreOptions resolved;
+  TILELAB_REQUIRE(std::isfinite(options.softcap) && options.softcap >= 0.0f)
+      << "softcap: expected a finite value >= 0 (0 turns it off), got " << options.softcap;
+  resolved.softcap = options.softcap;
+  TILELAB_REQUIRE(options.sliding_window.left >= -1 && options.sliding_window.right >= -1)
+      << "sliding_window: expected (left, right) each >= 0, or -1 for unbounded, got ("
+      << options.sliding_window.left << ", " << options.sliding_window.right << ")";
+  resolved.window = options.sliding_window;
+  resolved.alibi_slopes = read_head_values(options.alibi_slopes, "alibi_slopes", q_heads);
+  resolved.sinks = read_head_values(options.sinks, "sinks", q_heads);
+  return resolved;
+}
+
+void require_kv_scales(DType kv_dtype, float k_scale, float v_scale) {
+  for (const auto& [scale, name] :
+       {std::pair<float, const char*>{k_scale, "k_scale"}, {v_scale, "v_scale"}}) {
+    TILELAB_REQUIRE(std::isfinite(scale)) << name << ": expected a finite value, got " << scale;
+    TILELAB_REQUIRE(is_fp8(kv_dtype) || scale == 1.0f)
+        << name << ": expected 1.0 with " << dtype_name(kv_dtype)
+        << " K/V (the scales dequantize fp8 K/V only), got " << scale;
+  }
+}
 
 PagedProblem validate_paged_attention(const TensorView& query, const TensorView& key_cache,
                                       const TensorView& value_cache, const TensorView& block_table,
@@ -149,28 +170,8 @@ PagedProblem validate_paged_attention(const TensorView& query, const TensorView&
 
   problem.scale = resolve_attention_scale(options.scale, problem.head_dim);
   problem.causal = options.causal;
-  const ScoreOptions& score = options.score;
-  TILELAB_REQUIRE(std::isfinite(score.softcap) && score.softcap >= 0.0f)
-      << "softcap: expected a finite value >= 0 (0 turns it off), got " << score.softcap;
-  problem.softcap = score.softcap;
-  TILELAB_REQUIRE(score.sliding_window.left >= -1 && score.sliding_window.right >= -1)
-      << "sliding_window: expected (left, right) each >= 0, or -1 for unbounded, got ("
-      << score.sliding_window.left << ", " << score.sliding_window.right << ")";
-  problem.window = score.sliding_window;
-  problem.alibi_slopes = read_head_values(score.alibi_slopes, "alibi_slopes", problem.q_heads);
-  problem.sinks = read_head_values(score.sinks, "sinks", problem.q_heads);
-  TILELAB_REQUIRE(std::isfinite(options.k_scale))
-      << "k_scale: expected a finite value, got " << options.k_scale;
-  TILELAB_REQUIRE(std::isfinite(options.v_scale))
-      << "v_scale: expected a finite value, got " << options.v_scale;
-  if (!is_fp8(problem.cache_dtype)) {
-    for (const auto& [scale, name] : {std::pair<float, const char*>{options.k_scale, "k_scale"},
-                                      {options.v_scale, "v_scale"}}) {
-      TILELAB_REQUIRE(scale == 1.0f)
-          << name << ": expected 1.0 with a " << dtype_name(problem.cache_dtype)
-          << " cache (the scales dequantize fp8 caches only), got " << scale;
-    }
-  }
+  problem.score = resolve_score_options(options.score, problem.q_heads);
+  require_kv_scales(problem.cache_dtype, options.k_scale, options.v_scale);
   problem.k_scale = options.k_scale;
   problem.v_scale = options.v_scale;
   TILELAB_REQUIRE(options.split_kv >= 0)

@@ -21,7 +21,17 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
   require_rank(v, "v", 4, "[B, Hkv, N, D]");
   require_rank(out, "out", 4, "[B, Hq, M, D]");
 
-  require_attention_operands(q, k, v, out);
+  if (is_fp8(k.dtype())) {
+    // fp8 k and v: q and out share an attention dtype, v has k's.
+    require_attention_operands(q, q, q, out);
+    TILELAB_REQUIRE_TYPE(v.dtype() == k.dtype())
+        << "v: expected dtype " << dtype_name(k.dtype()) << " (the dtype of k), got "
+        << dtype_name(v.dtype());
+    require_addressable(k, "k");
+    require_addressable(v, "v");
+  } else {
+    require_attention_operands(q, k, v, out);
+  }
 
   AttentionProblem problem;
   problem.q = q;
@@ -108,6 +118,18 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
     if (problem.bias) require_disjoint(lse, "lse", *problem.bias, "bias");
   }
 
+  problem.kv_dtype = k.dtype();
+  problem.score = resolve_score_options(options.score, problem.q_heads);
+  require_kv_scales(problem.kv_dtype, options.k_scale, options.v_scale);
+  problem.k_scale = options.k_scale;
+  problem.v_scale = options.v_scale;
+  TILELAB_REQUIRE(!(problem.bias && problem.needs_paged_kernel()))
+      << "bias: expected no bias together with score options (softcap, alibi_slopes, "
+         "sliding_window, sinks) or fp8 k/v, which do not take a bias yet; got a bias of shape "
+      << shape_of(*problem.bias);
+  problem.position_offset =
+      options.causal_alignment == CausalAlignment::top_left ? 0 : problem.kv_len - problem.q_len;
+
   problem.causal = options.causal;
   if (!options.causal) {
     problem.causal_offset = problem.kv_len;
@@ -138,6 +160,9 @@ AttentionBackwardProblem validate_flash_attention_backward(
   AttentionBackwardProblem problem;
   problem.forward = validate_flash_attention(q, k, v, out, forward_options);
   const AttentionProblem& forward = problem.forward;
+  TILELAB_REQUIRE(!forward.needs_paged_kernel())
+      << "options.score: expected no score options (softcap, alibi_slopes, sliding_window, "
+         "sinks) and k, v of q's dtype for the backward, which does not implement them yet";
 
   // dout and dq have the shape of q; dk and dv that of k; all the dtype of q.
   const auto require_like = [&](const TensorView& view, const char* name,

@@ -336,7 +336,7 @@ TEST_CASE("paged_attention errors name the argument and write nothing", "[runtim
   expect_error([&] { run(batch, out, options); }, "sliding_window", "(-3, 0)");
   options = {};
   options.k_scale = 0.5f;
-  expect_error([&] { run(batch, out, options); }, "k_scale", "float32 cache");
+  expect_error([&] { run(batch, out, options); }, "k_scale", "float32 K/V");
   options = {};
   options.implementation = tilelab::Implementation::generated;
   expect_error([&] { run(batch, out, options); }, "implementation", "'generated'");

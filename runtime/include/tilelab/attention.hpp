@@ -53,6 +53,14 @@ struct FlashAttentionOptions {
   // When set: fp32 [B, Hq, M], receives the natural-log sum-exp of each row's scaled, biased,
   // masked scores (-inf for a fully masked row).
   std::optional<TensorView> lse;
+  // softcap, ALiBi, sliding window and sinks (the semantics of ScoreOptions above). The query's
+  // absolute position i is its row plus N - M (bottom_right) or plus 0 (top_left), whether or not
+  // the call is causal. Not combinable with `bias` yet.
+  ScoreOptions score;
+  // Dequantization scales of fp8 k and v (k = k_scale · stored, v = v_scale · stored); 1 for k and
+  // v of q's dtype. Must be finite.
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
   Implementation implementation = Implementation::automatic;
 };
 
@@ -60,7 +68,10 @@ struct FlashAttentionOptions {
 // (no M×N buffer).
 //   q   [B, Hq, M, D], k and v [B, Hkv, N, D], out [B, Hq, M, D]; Hq a multiple of Hkv (GQA/MQA:
 //   query head h reads kv head h / (Hq / Hkv)). M, N >= 1, 1 <= D <= 256.
-//   dtypes: q, k, v and out share one dtype of f32, f16, bf16; accumulation is fp32.
+//   dtypes: q, k, v and out share one dtype of f32, f16, bf16; or k and v are both f8e4m3fn or
+//   f8e5m2 (widened in registers, scaled by options.k_scale / v_scale). Accumulation is fp32.
+//   Calls with score options or fp8 k/v run on the paged kernel (paged.hpp; the generated dense
+//   kernels do not cover them).
 //   Strides: any non-negative strides; out must not overlap itself or any input.
 //   Masking and non-finite values, the same in every implementation: only the mask masks a key,
 //   i.e. causal masking and a bias of exactly -inf (whatever q·k is, NaN included). Every other
@@ -75,7 +86,8 @@ void flash_attention(const TensorView& q, const TensorView& k, const TensorView&
                      const TensorView& out, const FlashAttentionOptions& options = {});
 
 // Which implementation flash_attention would use for these arguments under
-// Implementation::automatic ("generated" or "reference"), after the same validation.
+// Implementation::automatic ("generated", "reference", or "paged" for score options and fp8 k/v),
+// after the same validation.
 const char* flash_attention_implementation(const TensorView& q, const TensorView& k,
                                            const TensorView& v, const TensorView& out,
                                            const FlashAttentionOptions& options = {});

@@ -71,7 +71,7 @@ void paged_attention(const TensorView& query, const TensorView& key_cache,
 // nearest even, finite values beyond
 // the format's range saturating to its largest finite value (vLLM's convention); NaN stays NaN,
 // ±inf becomes ±inf in f8e5m2 and NaN in f8e4m3fn (which has no inf). k_scale and v_scale must
-// be finite and nonzero. When two tokens name the same slot the later one wins.
+// be finite and nonzero (and 1 for a cache of the key's dtype). When two tokens name the same slot the later one wins.
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, float k_scale = 1.0f,
