@@ -8,7 +8,8 @@
 // into fp32 rows (value_t); the new tokens' K/V likewise. That is one pass over what the kernel
 // reads anyway; regathering per 32-row query tile cost ~1 op per K element against 2 FMAs.
 // Loop nest per (query tile io of 32 rows, kv head hk), parallel over both:
-//   for each large tile rk of the context:
+//   for each large tile rk of the context the runtime lists for the tile (every large tile
+//   whose mask is not all zero for the tile's rows; schedules/paged/masked_tiles.hpp):
 //     masked / score   32 × LTS, register tiles of 8 rows × (2·VL columns) = 16 accumulators
 //                      (AVX-512: 2 K vectors + 8 q broadcasts per d → 16 FMAs, 10 loads)
 //     block_max, block_sum   rfactor'd into VL-lane partials: vertical ops, one horizontal

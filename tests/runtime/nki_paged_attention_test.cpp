@@ -183,6 +183,27 @@ double max_error(const HostTensor& out, const std::vector<double>& expected) {
 
 const std::vector<Request> kMixedBatch = {{40, 300}, {1, 700}, {1, 33}, {50, 0}};
 
+// "" when the elements of `out` (contiguous) hold exactly `bytes`, else how many elements differ
+// and the first of them.
+std::string differing_elements(const HostTensor& out, const std::vector<unsigned char>& bytes) {
+  const std::vector<unsigned char> got = out.bytes();
+  const std::size_t element = tilelab::dtype_size(out.view().dtype());
+  std::size_t count = 0, first = 0;
+  for (std::size_t e = 0; e < static_cast<std::size_t>(out.numel()); ++e) {
+    if (std::equal(got.begin() + e * element, got.begin() + (e + 1) * element,
+                   bytes.begin() + e * element)) {
+      continue;
+    }
+    if (count++ == 0) first = e;
+  }
+  if (count == 0) return "";
+  return std::to_string(count) + " elements differ, the first at " + std::to_string(first);
+}
+
+void clear_row(std::vector<std::int32_t>& mask, std::int64_t row, std::int64_t width) {
+  std::fill(mask.begin() + row * width, mask.begin() + (row + 1) * width, 0);
+}
+
 }  // namespace
 
 TEST_CASE("nki: flash_paged_attention matches the fp64 reference", "[nki][paged]") {
@@ -219,6 +240,83 @@ TEST_CASE("nki: flash_paged_attention matches the fp64 reference", "[nki][paged]
                              << " schedule "
                              << (schedule == tilelab::nki::PagedSchedule::cpu ? "cpu" : "tile")
                              << " dtype " << tilelab::dtype_name(dtype) << " mixed " << mixed);
+          CHECK(max_error(batch.out, batch.reference(mixed)) <= tolerance);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("nki: the cpu schedule leaves out all-zero mask tiles without changing an output bit",
+          "[nki][paged][skip]") {
+  // The same batch with skip_masked_tiles on and off must agree byte for byte: all-zero
+  // (query block, large tile) pairs, partially masked tiles, padding rows (fully masked), rows
+  // whose only keys lie in one large tile or only among the new tokens, rows whose first key
+  // comes after several all-zero tiles, and scales that make the skipping rule refuse.
+  Random random(23);
+  const std::vector<Request> requests = {{40, 1100}, {1, 700},  {1, 33},  {50, 0},
+                                         {20, 600},  {1, 1500}, {9, 2047}};
+  struct Case {
+    const char* what;
+    void (*edit)(std::vector<std::int32_t>& mask, std::int64_t seq_q, std::int64_t width,
+                 std::int64_t context_len);
+    float scale;  // 0: the default
+  };
+  const std::vector<Case> cases = {
+      {"continuous batching", [](auto&, auto, auto, auto) {}, 0.0f},
+      {"one context key only, late",
+       [](std::vector<std::int32_t>& m, std::int64_t, std::int64_t width, std::int64_t context) {
+         clear_row(m, 5, width);
+         m[5 * width + context - 3] = 1;
+       },
+       0.0f},
+      {"new tokens only, first rows of every block",
+       [](std::vector<std::int32_t>& m, std::int64_t seq_q, std::int64_t width,
+          std::int64_t context) {
+         for (std::int64_t row = 0; row < seq_q; row += 32) {
+           std::fill(m.begin() + row * width, m.begin() + row * width + context, 0);
+           m[row * width + context + row] = 1;
+         }
+       },
+       0.0f},
+      {"random keys in a few tiles",
+       [](std::vector<std::int32_t>& m, std::int64_t seq_q, std::int64_t width,
+          std::int64_t context) {
+         for (std::int64_t row = 0; row < seq_q; ++row) {
+           if (row % 7 == 3) clear_row(m, row, width);
+           for (std::int64_t col = (row * 131) % context; col < context; col += 517 + row % 5) {
+             m[row * width + col] = 1;
+           }
+         }
+       },
+       0.0f},
+      {"scores too large to skip", [](auto&, auto, auto, auto) {}, 3000.0f},
+  };
+  for (const Case& c : cases) {
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      for (const bool mixed : {true, false}) {
+        Batch batch(random, requests, 6, 2, 48, 16, 512, dtype);
+        const std::int64_t context = batch.num_active * batch.block_size;
+        c.edit(batch.mask, batch.seq_q, context + batch.seq_q, context);
+        tilelab::nki::reorder_context_mask(batch.mask_view(batch.mask), batch.large_tile,
+                                           batch.block_size, batch.mask_view(batch.reordered_mask));
+        tilelab::nki::FlashPagedAttentionOptions options;
+        options.mixed_precision = mixed;
+        options.large_tile_size = batch.large_tile;
+        if (c.scale != 0.0f) options.softmax_scale = c.scale;
+        options.skip_masked_tiles = false;
+        batch.run(options);
+        const auto every_tile = batch.out.bytes();
+        batch.out.fill_bytes(0x5a);
+        options.skip_masked_tiles = true;
+        batch.run(options);
+        INFO(c.what << ", dtype " << tilelab::dtype_name(dtype) << ", mixed " << mixed);
+        CHECK(differing_elements(batch.out, every_tile) == "");
+        if (c.scale == 0.0f) {
+          const double keys = static_cast<double>(context + batch.seq_q);
+          const double tolerance = 16 * 0x1p-24 * std::sqrt(keys) + (mixed ? 3 * 0x1p-8
+                                                                     : dtype == DType::bf16 ? 0x1p-8
+                                                                                            : 0.0);
           CHECK(max_error(batch.out, batch.reference(mixed)) <= tolerance);
         }
       }

@@ -31,6 +31,14 @@ struct FlashPagedAttentionOptions {
   // tiling factor from large_tile_size and block_size (the simulator can force another one to
   // show the tiling trick), so only 0 or the derived factor is accepted here.
   std::int64_t block_size_tiling_factor_override = 0;
+  // cpu schedule: leave out (query block, large tile) pairs whose mask is all zero when that
+  // provably changes no output bit: every position of the 32-row query block sees a key, and
+  // every score and value is finite and small enough (|score| < 9000 from the norms of q and k,
+  // |v| bounded) that a left-out tile's exp(-9984 - max) terms are exactly 0 in fp32 or are
+  // erased by the rescale at the row's first visible key (schedules/paged/masked_tiles.hpp).
+  // Otherwise every pair is computed. false computes every pair (the same output; for tests and
+  // benchmarks). The tile schedule always computes every pair.
+  bool skip_masked_tiles = true;
 };
 
 // The NKI kernel's masked-score fill: a masked (query, key) pair scores -9984 (not -inf), so a
