@@ -226,7 +226,8 @@ std::vector<CpuCall> plan_cpu_calls(const TensorView& mask, std::int64_t seq_q,
   }
   std::vector<CpuCall> result;
   for (auto& [count, call] : calls) {
-    if (call.tiles.empty()) call.tiles.push_back(0);  // never read; keeps the buffer non-empty
+    // A block that computes no large tile still gets one (never read): no empty buffers.
+    if (call.count == 0) call.tiles.assign(call.blocks.size(), 0);
     call.first_tile = std::min(call.first_tile, call.last_tile);
     result.push_back(std::move(call));
   }

@@ -290,6 +290,14 @@ TEST_CASE("nki: the cpu schedule leaves out all-zero mask tiles without changing
          }
        },
        0.0f},
+      {"a block without context keys",
+       [](std::vector<std::int32_t>& m, std::int64_t, std::int64_t width, std::int64_t context) {
+         for (std::int64_t row = 32; row < 64; ++row) {
+           std::fill(m.begin() + row * width, m.begin() + row * width + context, 0);
+           m[row * width + context + row] = 1;
+         }
+       },
+       0.0f},
       {"scores too large to skip", [](auto&, auto, auto, auto) {}, 3000.0f},
   };
   for (const Case& c : cases) {

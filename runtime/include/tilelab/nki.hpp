@@ -62,6 +62,9 @@ inline constexpr float kMaskedScore = -9984.0f;
 // computed: they score -9984 whatever the mask says (causal masks never see them).
 // dtypes: query, key, value, kv_cache and out share one of float32, bfloat16.
 // Strides: any non-negative strides; out must not overlap an input.
+// Cost: the tile schedule computes every (query, context) score, as the NKI kernel does; the cpu
+// schedule leaves out the large tiles a 32-row query block's mask is all zero on, whenever that
+// provably changes no output bit (FlashPagedAttentionOptions::skip_masked_tiles).
 // Threads: the library's OpenMP pool. Errors: tilelab::Error naming the argument (or schedule
 // field) with given vs allowed; nothing is written on error.
 void flash_paged_attention(const TensorView& query, const TensorView& key, const TensorView& value,
