@@ -165,48 +165,50 @@ struct CpuCall {
   std::int32_t count = 0, first_tile = 0, last_tile = 0;
 };
 
-// Which context large tiles each query block of the cpu schedule computes, grouped into calls by
-// their number. A block leaves out the large tiles its mask is all zero on when `may_skip` (the
-// bounds of schedules/paged/masked_tiles.hpp hold) and every one of its query positions sees a
-// key; otherwise it computes every large tile, as the tile schedule does.
-std::vector<CpuCall> plan_cpu_calls(const TensorView& mask, std::int64_t seq_q,
-                                    std::int64_t context_len, std::int64_t large_tile_size,
-                                    bool may_skip) {
+// Which context large tiles each query block of the cpu schedule needs: live[block · num_tiles +
+// tile] is 0 when the tile's mask is all zero on the block and every query position of the
+// block sees a key (context, or new tokens below active_column_limit); otherwise 1.
+std::vector<char> live_large_tiles(const TensorView& mask, std::int64_t seq_q,
+                                   std::int64_t context_len, std::int64_t large_tile_size) {
   namespace paged = schedules::paged;
   constexpr std::int64_t kRows = schedules::kPagedCpuQueryTile;
   const std::int64_t num_blocks = paged::cpu_query_blocks(seq_q);
   const std::int64_t num_tiles = context_len / large_tile_size;
-  // live[block · num_tiles + tile]: the block computes the tile.
   std::vector<char> live(static_cast<std::size_t>(num_blocks * num_tiles), 1);
-  if (may_skip) {
-    const auto* m = static_cast<const std::int32_t*>(mask.data());
-    const std::int64_t row_stride = mask.stride(0), column_stride = mask.stride(1);
-    auto any_set = [&](std::int64_t row, std::int64_t begin, std::int64_t end) {
-      for (std::int64_t col = begin; col < end; ++col) {
-        if (m[row * row_stride + col * column_stride] != 0) return true;
-      }
-      return false;
-    };
-#pragma omp parallel for schedule(dynamic)
-    for (std::int64_t block = 0; block < num_blocks; ++block) {
-      char* block_live = live.data() + block * num_tiles;
-      std::fill(block_live, block_live + num_tiles, char{0});
-      bool every_row_sees_a_key = true;
-      for (std::int64_t row = block * kRows; row < (block + 1) * kRows; ++row) {
-        const std::int64_t limit = std::min(paged::active_column_limit(row, seq_q), seq_q);
-        bool sees = any_set(row, context_len, context_len + limit);
-        for (std::int64_t tile = 0; tile < num_tiles; ++tile) {
-          if (block_live[tile] && sees) continue;  // nothing more to learn from this row
-          if (any_set(row, tile * large_tile_size, (tile + 1) * large_tile_size)) {
-            block_live[tile] = 1;
-            sees = true;
-          }
-        }
-        every_row_sees_a_key = every_row_sees_a_key && sees;
-      }
-      if (!every_row_sees_a_key) std::fill(block_live, block_live + num_tiles, char{1});
+  const auto* m = static_cast<const std::int32_t*>(mask.data());
+  const std::int64_t row_stride = mask.stride(0), column_stride = mask.stride(1);
+  auto any_set = [&](std::int64_t row, std::int64_t begin, std::int64_t end) {
+    for (std::int64_t col = begin; col < end; ++col) {
+      if (m[row * row_stride + col * column_stride] != 0) return true;
     }
+    return false;
+  };
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t block = 0; block < num_blocks; ++block) {
+    char* block_live = live.data() + block * num_tiles;
+    std::fill(block_live, block_live + num_tiles, char{0});
+    bool every_row_sees_a_key = true;
+    for (std::int64_t row = block * kRows; row < (block + 1) * kRows; ++row) {
+      const std::int64_t limit = std::min(paged::active_column_limit(row, seq_q), seq_q);
+      bool sees = any_set(row, context_len, context_len + limit);
+      for (std::int64_t tile = 0; tile < num_tiles; ++tile) {
+        if (block_live[tile] && sees) continue;  // nothing more to learn from this row
+        if (any_set(row, tile * large_tile_size, (tile + 1) * large_tile_size)) {
+          block_live[tile] = 1;
+          sees = true;
+        }
+      }
+      every_row_sees_a_key = every_row_sees_a_key && sees;
+    }
+    if (!every_row_sees_a_key) std::fill(block_live, block_live + num_tiles, char{1});
   }
+  return live;
+}
+
+// The calls of the cpu kernel for `live` (live_large_tiles): one per number of large tiles a
+// block computes.
+std::vector<CpuCall> plan_cpu_calls(const std::vector<char>& live, std::int64_t num_blocks,
+                                    std::int64_t num_tiles) {
   std::map<std::int32_t, CpuCall> calls;
   for (std::int64_t block = 0; block < num_blocks; ++block) {
     const char* block_live = live.data() + block * num_tiles;
@@ -396,8 +398,13 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
     run(hblocks.get(), htiles.get(), CpuCall{}, hout.get());
   } else {
     const std::int64_t group = num_heads / num_kv_heads, rows = schedules::kPagedCpuQueryTile;
-    bool may_skip = false;
+    const std::int64_t num_tiles = context_len / options.large_tile_size;
+    const std::int64_t num_query_blocks = schedules::paged::cpu_query_blocks(seq_q);
+    std::vector<char> live(static_cast<std::size_t>(num_query_blocks * num_tiles), 1);
     if (options.skip_masked_tiles) {
+      live = live_large_tiles(mask, seq_q, context_len, options.large_tile_size);
+    }
+    if (std::find(live.begin(), live.end(), 0) != live.end()) {
       // The bounds of schedules/paged/masked_tiles.hpp, over what the kernel reads: q (all
       // heads and positions), the active blocks' K and V and the new tokens' K and V.
       const std::int64_t per_block = num_kv_heads * block_size;
@@ -427,11 +434,11 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
                                    std::sqrt(q_m.max_norm2) *
                                    std::sqrt(std::max(k_cache.max_norm2, k_new.max_norm2));
       const double max_abs_value = std::max(v_cache.max_abs, v_new.max_abs);
-      may_skip = schedules::paged::masked_tiles_vanish(max_abs_score, max_abs_value,
-                                                       static_cast<double>(context_len + seq_q));
+      const bool exact = schedules::paged::masked_tiles_vanish(
+          max_abs_score, max_abs_value, static_cast<double>(context_len + seq_q));
+      if (!exact) std::fill(live.begin(), live.end(), char{1});
     }
-    const std::vector<CpuCall> calls =
-        plan_cpu_calls(mask, seq_q, context_len, options.large_tile_size, may_skip);
+    const std::vector<CpuCall> calls = plan_cpu_calls(live, num_query_blocks, num_tiles);
     const DType out_dtype = out_in.dtype();
     const std::int64_t element = dtype_size(out_dtype);
     for (const CpuCall& call : calls) {
