@@ -8,16 +8,18 @@
 // mask is zero for all of its positions only when the output stays the same bit for bit; the
 // rule (masked_tiles_vanish and nki_paged_attention.cpp) is:
 //   - every position of the block sees at least one key (context or new tokens), and
-//   - every score the kernel can compute lies in (-kMaxSkippableScore, kMaxSkippableScore) and
-//     every K/V value is finite, so sums of V over the context cannot overflow.
+//   - every score the kernel can compute lies in (-kMaxSkippableScore, kMaxSkippableScore)
+//     (softmax_scale · max ‖q‖ · max ‖k‖ bounds it), and every V value is finite with
+//     |v| · keys < 1e36, so no sum of V overflows.
 // Why that suffices: a left-out tile scores -9984 everywhere, so it never raises a row's running
-// max (which starts at -9984 on the first tile of the full computation and, once a key is seen,
-// exceeds -kMaxSkippableScore). After the row's first visible key, the full computation's terms
-// for the tile are exp(-9984 - m) <= exp(-984) = 0 in fp32 and its rescale is exp(0) = 1: the
-// state is unchanged. Before it, the full computation's (m = -9984, l, o) is finite and its
-// rescale at the first visible key is exp(-9984 - m) = 0 exactly, which erases whatever the
-// left-out tiles would have added. The rows' outputs agree except possibly in the sign of an
-// output that is exactly zero.
+// max (which is at least -9984 from the first tile of the full computation on, and exceeds
+// -kMaxSkippableScore once a key is seen; the kernel floors its context max at -9984 when tiles
+// are left out, as the full computation's is). After the row's first visible key, the full
+// computation's terms for a left-out tile are exp(-9984 - m) <= exp(-984) = 0 in fp32 and its
+// rescale is exp(0) = 1: the state is unchanged. Before it, the full computation's state has
+// m = -9984 and is finite, and its rescale at the first visible key is exp(-9984 - m) = 0
+// exactly, which erases whatever the left-out tiles would have added. The rows' outputs agree
+// except possibly in the sign of an output that is exactly zero.
 #pragma once
 
 #include <algorithm>

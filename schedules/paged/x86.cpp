@@ -33,11 +33,11 @@
 // 132 ms (the transpose is ~1 op per K element against 2 FMAs per element at 32 rows).
 // Continuous batching (bench/paged's default batch: 4 prefill + 12 decode requests, H 32/8,
 // d 128, seq_q 512, context 16384, mixed precision; 2 threads on AMD EPYC Zen 3 (AVX2), 2 cores
-// shared with other jobs, 2026-11-23): computing every large tile took 8657-8817 ms (1.62× our
-// dense flash attention in the same runs); listing only the large tiles each 32-row block's mask
-// touches (24 of 128 (block, large tile) pairs, 3 calls, one per list length; the K/V pre-pass
-// runs per call over the large tiles the call lists, ~6% of the time) takes 1034-2481 ms
-// (0.38-0.45× the dense kernel): 3.5-8.5× faster, ~4× relative to the dense kernel.
+// shared with other jobs, 2026-11-23, 4 alternating runs each): computing every large tile took
+// 3933-8817 ms (1.50-1.67× our dense flash attention in the same runs); listing only the large
+// tiles each 32-row block's mask touches (24 of 128 (block, large tile) pairs, 3 calls, one per
+// list length; the K/V pre-pass runs per call over the large tiles the call lists, ~6% of the
+// time) takes 997-2481 ms (0.38-0.45× the dense kernel): about 4× faster in the same conditions.
 #include "schedules/paged/x86.hpp"
 
 namespace tilelab::schedules {
