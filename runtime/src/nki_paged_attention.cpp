@@ -441,6 +441,9 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
     const std::vector<CpuCall> calls = plan_cpu_calls(live, num_query_blocks, num_tiles);
     const DType out_dtype = out_in.dtype();
     const std::int64_t element = dtype_size(out_dtype);
+    // Every call first, then the scatter: out stays untouched if a call fails.
+    std::vector<OwnedTensor> call_rows;
+    call_rows.reserve(calls.size());
     for (const CpuCall& call : calls) {
       const auto tasks = static_cast<std::int64_t>(call.blocks.size());
       std::vector<std::int32_t> blocks = call.blocks, tiles = call.tiles;
@@ -448,16 +451,21 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
       HalideView htiles(TensorView(tiles.data(), DType::i32,
                                    {tasks, static_cast<std::int64_t>(tiles.size()) / tasks}));
       // Rows per task: (kv head, g · tasks + task, row in the block, d).
-      OwnedTensor rows_out(out_dtype, {num_kv_heads, group * tasks, rows, head_dim});
-      HalideView hrows(rows_out.view);
+      call_rows.emplace_back(
+          out_dtype, std::vector<std::int64_t>{num_kv_heads, group * tasks, rows, head_dim});
+      HalideView hrows(call_rows.back().view);
       run(hblocks.get(), htiles.get(), call, hrows.get());
-      const auto* from = static_cast<const char*>(rows_out.view.data());
-      auto* to = static_cast<char*>(out_in.data());
+    }
+    auto* to = static_cast<char*>(out_in.data());
+    for (std::size_t c = 0; c < calls.size(); ++c) {
+      const std::vector<std::int32_t>& blocks = calls[c].blocks;
+      const auto tasks = static_cast<std::int64_t>(blocks.size());
+      const auto* from = static_cast<const char*>(call_rows[c].view.data());
 #pragma omp parallel for collapse(2) schedule(static)
       for (std::int64_t h = 0; h < num_heads; ++h) {
         for (std::int64_t task = 0; task < tasks; ++task) {
           for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t i = call.blocks[task] * rows + r;
+            const std::int64_t i = blocks[task] * rows + r;
             // Head h = hk · group + g is at (hk, g · tasks + task).
             const char* row = from + ((h * tasks + task) * rows + r) * head_dim * element;
             const std::int64_t at = h * out_in.stride(1) + i * out_in.stride(2);
