@@ -332,6 +332,40 @@ TEST_CASE("nki: the cpu schedule leaves out all-zero mask tiles without changing
   }
 }
 
+TEST_CASE("nki: all-zero mask tiles are computed when a row's only key scores near -9984",
+          "[nki][paged][skip]") {
+  // Row 5 sees one context key, in the last large tile, scoring about -9980 for head 0: the
+  // full computation's rescale at that key is exp(-9984 + 9980), far from 0, so the all-zero
+  // tiles before it (-9984 everywhere) still weigh in; leaving them out would change the row.
+  Random random(29);
+  Batch batch(random, {{40, 1100}, {1, 700}, {50, 0}, {9, 2047}}, 2, 1, 16, 16, 512, DType::f32);
+  const std::int64_t context = batch.num_active * batch.block_size;
+  const std::int64_t width = context + batch.seq_q, row = 5, token = context - 3;
+  clear_row(batch.mask, row, width);
+  batch.mask[row * width + token] = 1;
+  tilelab::nki::reorder_context_mask(batch.mask_view(batch.mask), batch.large_tile,
+                                     batch.block_size, batch.mask_view(batch.reordered_mask));
+  const std::int64_t cache_block = batch.block_tables[token / batch.block_size];
+  double dot = 0;
+  for (std::int64_t d = 0; d < batch.head_dim; ++d) {
+    const std::int64_t k_at =
+        (cache_block * batch.block_size + token % batch.block_size) * batch.head_dim + d;
+    dot += batch.query.get(d * batch.seq_q + row) * batch.kv_cache.get(k_at);
+  }
+  REQUIRE(std::abs(dot) > 0.1);
+  tilelab::nki::FlashPagedAttentionOptions options;
+  options.mixed_precision = false;
+  options.large_tile_size = batch.large_tile;
+  options.softmax_scale = static_cast<float>(-9980.0 / dot);
+  options.skip_masked_tiles = false;
+  batch.run(options);
+  const auto every_tile = batch.out.bytes();
+  batch.out.fill_bytes(0x5a);
+  options.skip_masked_tiles = true;
+  batch.run(options);
+  CHECK(differing_elements(batch.out, every_tile) == "");
+}
+
 TEST_CASE("nki: invalid arguments raise an Error naming them, and nothing is written",
           "[nki][paged][errors]") {
   Random random(5);
