@@ -8,9 +8,11 @@ with the same mask, in one run; then the simulator's timing-only throughput on t
 The batch is the simulator's default (`tilelab sim paged-attention`): 4 prefill requests with
 prior context and 12 decode requests, 32 query heads, 8 kv heads, d 128, block_size 32,
 LARGE_TILE_SZ 2048, bf16. Calls alternate (ours, dense, torch, ours, ...) so that all see the same
-drift of a shared machine; times are medians. Rates count every score the kernels compute,
-masked ones included (the NKI algorithm computes all query rows against every context tile):
-4 · Hq · seq_q · (context + seq_q) · d.
+drift of a shared machine; times are medians. Rates count every score of the NKI algorithm,
+masked ones included (it scores all query rows against every context tile):
+4 · Hq · seq_q · (context + seq_q) · d. The cpu schedule leaves out the large tiles a 32-row
+query block's mask is all zero on (without changing an output bit), so its rate is the
+equivalent of computing them all.
 """
 
 from __future__ import annotations

@@ -13,6 +13,13 @@
 //
 // The query heads sharing a kv head (the GQA group) are folded into rows, row = g · seq_q + i;
 // seq_q is a multiple of 128, so a query tile never spans two heads.
+//
+// The cpu schedule computes, per call, the query blocks the runtime lists (query_blocks), each
+// against the context large tiles its row of live_tiles lists (live_tile_count of them, in
+// order), and writes its rows per task: out(d, row in tile, g · tasks + task, kv head). Which
+// large tiles a block may leave out, and why that changes nothing, is
+// schedules/paged/masked_tiles.hpp. The tile schedule ignores these inputs: it computes every
+// query tile against every large tile and writes out in the NKI layout.
 #include <cmath>
 #include <limits>
 #include <string>
@@ -20,6 +27,7 @@
 #include "Halide.h"
 #include "schedules/paged/default_problem.hpp"
 #include "schedules/paged/kv_tiling.hpp"
+#include "schedules/paged/masked_tiles.hpp"
 #include "schedules/paged/schedule.hpp"
 #include "schedules/paged/tile.hpp"
 #include "schedules/paged/x86.hpp"
@@ -83,8 +91,19 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
   Input<float> softmax_scale{"softmax_scale"};
   // LARGE_TILE_SZ; the runtime validates it (PagedAttentionSchedule) with the block size.
   Input<int32_t> large_tile_size{"large_tile_size"};
+  // cpu schedule only. Indexed by task: the query block (kPagedCpuQueryTile query positions)
+  // the task computes.
+  Input<Buffer<int32_t, 1>> query_blocks{"query_blocks"};
+  // cpu schedule only. Indexed by (n, task): the n-th context large tile the task computes,
+  // ascending, within [first_live_tile, last_live_tile] (the large tiles the call gathers).
+  Input<Buffer<int32_t, 2>> live_tiles{"live_tiles"};
+  Input<int32_t> live_tile_count{"live_tile_count"};
+  Input<int32_t> first_live_tile{"first_live_tile"};
+  Input<int32_t> last_live_tile{"last_live_tile"};
 
-  Output<Buffer<void, 4>> out{"out"};  // indexed by d, i, h, b: (1, n_heads, seq_q, d)
+  // tile schedule: indexed by d, i, h, b: (1, n_heads, seq_q, d). cpu schedule: indexed by d,
+  // row in tile, g · tasks + task, kv head (the runtime scatters the rows).
+  Output<Buffer<void, 4>> out{"out"};
 
   void configure() {
     const Type io_type = mixed_precision ? BFloat(16) : Float(32);
@@ -125,10 +144,30 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     const KvGatherTiling kv =
         KvGatherTiling::derived(log2_of_power_of_two(lts), log2_of_power_of_two(block_size));
 
-    // Rows: row (ii, io) of kv head hk is query i of head hk · group + g.
-    Expr row = io * QT + ii;
-    Expr row_query = clamp(row % seq_q, 0, seq_q - 1);
-    Expr row_head = clamp(hk * group + row / seq_q, 0, num_heads - 1);
+    // Rows: row (ii, io) of kv head hk is query i of head hk · group + g. The cpu schedule's io
+    // is g · tasks + task, the task's query block from query_blocks.
+    Expr row_query, row_head;
+    if (tile) {
+      Expr row = io * QT + ii;
+      row_query = clamp(row % seq_q, 0, seq_q - 1);
+      row_head = clamp(hk * group + row / seq_q, 0, num_heads - 1);
+    } else {
+      Expr tasks = query_blocks.dim(0).extent();
+      Expr block = clamp(query_blocks(clamp(io % tasks, 0, tasks - 1)), 0,
+                         tilelab::schedules::paged::cpu_query_blocks(seq_q) - 1);
+      row_query = clamp(block * QT + ii, 0, seq_q - 1);
+      row_head = clamp(hk * group + io / tasks, 0, num_heads - 1);
+    }
+    // The context large tiles row tile io computes: lt is the position in its list (cpu) or the
+    // large tile itself (tile).
+    Expr context_tiles = tile ? num_large_tiles : Expr(live_tile_count);
+    Expr large_tile = lt;
+    if (!tile) {
+      Expr tasks = query_blocks.dim(0).extent();
+      Expr listed = live_tiles(clamp(lt, 0, live_tiles.dim(0).extent() - 1),
+                               clamp(io % tasks, 0, live_tiles.dim(1).extent() - 1));
+      large_tile = clamp(listed, first_live_tile, last_live_tile);
+    }
     s.query_t(ii, d, io, hk) = kernel_round(
         cast<float>(query(row_query, clamp(d, 0, head_dim - 1), row_head, 0)) * softmax_scale);
 
@@ -160,9 +199,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     // The new tokens' tile skips (fills) score blocks of min(seq_q, 512) columns that lie wholly
     // right of the query tile's first row, as the NKI kernel does; for the causal masks of
     // continuous batching nothing visible is skipped. Columns below the limit are candidates.
-    Expr active_block = min(seq_q, kFreeTile);
-    Expr tile_first_query = (row_query >> kLog2PartitionTile) << kLog2PartitionTile;
-    s.active_limit(ii, io) = (tile_first_query / active_block + 1) * active_block;
+    s.active_limit(ii, io) = tilelab::schedules::paged::active_column_limit(row_query, seq_q);
     Expr mask_width = mask.dim(0).extent();
     auto mask_at = [&](const Expr& col) {
       return mask(clamp(col, 0, mask_width - 1), row_query) != 0;
@@ -171,11 +208,12 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     // One key tile's pass (the NKI kernel's _flash_attention_core), in two halves: scores and
     // their max, then (given the running max) P, its sum and P·V.
     RDom rd(0, head_dim, "rd");
+    // key_lt: the large tile whose K (and V) the pass reads.
     auto build_scores = [&](tilelab::generators::KeyTileStages& t, const Expr& width,
-                            const Expr& visible) {
+                            const Expr& key_lt, const Expr& visible) {
       t.rd = rd.x;
       t.score(c, ii, lt, io, hk) = 0.0f;
-      t.score(c, ii, lt, io, hk) += s.query_t(ii, rd, io, hk) * t.key_t(c, rd, lt, hk);
+      t.score(c, ii, lt, io, hk) += s.query_t(ii, rd, io, hk) * t.key_t(c, rd, key_lt, hk);
       Expr score = t.score(c, ii, lt, io, hk);
       Expr bits = reinterpret<uint32_t>(score);
       Expr poisoned = tilelab::detail::fp32_bits_is_nan(bits) ||
@@ -187,31 +225,33 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
       t.block_max(ii, lt, io, hk) = kLowest;
       t.block_max(ii, lt, io, hk) = max(t.block_max(ii, lt, io, hk), t.masked(rj, ii, lt, io, hk));
     };
-    auto build_probs = [&](tilelab::generators::KeyTileStages& t, const Expr& m_now) {
+    auto build_probs = [&](tilelab::generators::KeyTileStages& t, const Expr& key_lt,
+                           const Expr& m_now) {
       t.prob_f32(c, ii, lt, io, hk) = exp(t.masked(c, ii, lt, io, hk) - m_now);
       t.prob(c, ii, lt, io, hk) = kernel_round(t.prob_f32(c, ii, lt, io, hk));
       t.prob_t(ii, c, lt, io, hk) = t.prob(c, ii, lt, io, hk);
       t.block_sum(ii, lt, io, hk) = 0.0f;
       t.block_sum(ii, lt, io, hk) += t.prob_f32(t.rj, ii, lt, io, hk);
       t.block_pv(d, ii, lt, io, hk) = 0.0f;
-      t.block_pv(d, ii, lt, io, hk) += t.prob_t(ii, t.rj, lt, io, hk) * t.value_t(d, t.rj, lt, hk);
+      t.block_pv(d, ii, lt, io, hk) +=
+          t.prob_t(ii, t.rj, lt, io, hk) * t.value_t(d, t.rj, key_lt, hk);
     };
 
     // Context tiles. The running max over tiles 0..lt is recomputed from stored tile maxima, so
     // the merge below needs one exp per (row, tile) rather than one per output element.
-    build_scores(s.context, lts, mask_at(lt * lts + c));
-    RDom rb(0, num_large_tiles, "rb");
+    build_scores(s.context, lts, large_tile, mask_at(large_tile * lts + c));
+    RDom rb(0, context_tiles, "rb");
     rb.where(rb <= lt);
     s.rb = rb.x;
     s.running_max(ii, lt, io, hk) = kLowest;
     s.running_max(ii, lt, io, hk) =
         max(s.running_max(ii, lt, io, hk), s.context.block_max(ii, rb, io, hk));
-    build_probs(s.context, s.running_max(ii, lt, io, hk));
+    build_probs(s.context, large_tile, s.running_max(ii, lt, io, hk));
     s.rescale(ii, lt, io, hk) =
         select(lt == 0, 1.0f,
                exp(s.running_max(ii, max(lt - 1, 0), io, hk) - s.running_max(ii, lt, io, hk)));
 
-    RDom rk(0, num_large_tiles, "rk");
+    RDom rk(0, context_tiles, "rk");
     s.rk = rk.x;
     s.state(d, ii, io, hk) = {kLowest, 0.0f, 0.0f};
     Expr alpha = s.rescale(ii, rk, io, hk);
@@ -221,10 +261,16 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
         s.state(d, ii, io, hk)[2] * alpha + s.context.block_pv(d, ii, rk, io, hk)};
 
     // The new tokens' tile (its lt is always 0), merged last.
-    build_scores(s.active, seq_q, mask_at(context_len + c) && c < s.active_limit(ii, io));
+    build_scores(s.active, seq_q, 0, mask_at(context_len + c) && c < s.active_limit(ii, io));
+    // Left-out large tiles score -9984 everywhere: they bound the context's max from below (and
+    // keep it finite when every large tile is left out).
     Expr context_max = s.state(0, ii, io, hk)[0];
+    if (!tile) {
+      context_max =
+          select(live_tile_count < num_large_tiles, max(context_max, kMaskedScore), context_max);
+    }
     s.final_max(ii, io, hk) = max(context_max, s.active.block_max(ii, 0, io, hk));
-    build_probs(s.active, s.final_max(ii, io, hk));
+    build_probs(s.active, 0, s.final_max(ii, io, hk));
     Expr active_alpha = exp(context_max - s.final_max(ii, io, hk));
     s.final_sum(ii, io, hk) =
         s.state(0, ii, io, hk)[1] * active_alpha + s.active.block_sum(ii, 0, io, hk);
@@ -236,12 +282,16 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
                                                            Expr(tilelab::detail::kFp32QuietNanBits),
                                                            reinterpret<uint32_t>(value)));
 
-    // Back from rows to (i, h); the cast rounds to nearest even.
+    // Back from rows to (i, h) (tile) or per task (cpu); the cast rounds to nearest even.
     Var &i = s.i, &h = s.h, &b = s.b;
-    Expr out_row = (h % group) * seq_q + i;
-    Expr out_ii = out_row % QT, out_io = out_row / QT, out_hk = h / group;
-    s.out(d, i, h, b) =
-        cast(mixed_precision ? BFloat(16) : Float(32), s.final_out(d, out_ii, out_io, out_hk));
+    const Type out_type = mixed_precision ? BFloat(16) : Float(32);
+    if (tile) {
+      Expr out_row = (h % group) * seq_q + i;
+      Expr out_ii = out_row % QT, out_io = out_row / QT, out_hk = h / group;
+      s.out(d, i, h, b) = cast(out_type, s.final_out(d, out_ii, out_io, out_hk));
+    } else {
+      s.out(d, i, h, b) = cast(out_type, s.final_out(d, i, h, b));
+    }
     out = s.out;
 
     // Schedule

@@ -47,7 +47,7 @@ struct PagedAttentionStages {
   Halide::Func final_max{"final_max"};  // (ii, io, hk) max including the new tokens' tile
   Halide::Func final_sum{"final_sum"};  // (ii, io, hk) softmax denominator
   Halide::Func final_out{"final_out"};  // (d, ii, io, hk) normalized output, fp32
-  Halide::Func out{"out"};              // (d, i, h, b)
+  Halide::Func out{"out"};              // tile: (d, i, h, b); cpu: (d, ii, io, hk) (rows per task)
   Halide::RVar rk;                      // context large tiles, reduced by state
   Halide::RVar rb;                      // context tiles 0..lt, reduced by running_max
   Halide::Expr head_dim;                // d, for the schedules' specializations

@@ -4,14 +4,12 @@
 
 #include "Halide.h"
 #include "generators/paged/stages.hpp"
+#include "schedules/paged/masked_tiles.hpp"
 
 namespace tilelab::schedules {
 
 using generators::KeyTileStages;
 using generators::PagedAttentionStages;
-
-// Rows per query tile of the cpu schedule (divides 128, so a tile never spans two heads).
-inline constexpr int kPagedCpuQueryTile = 32;
 
 // Schedules `stages` for an x86 CPU (AVX-512, AVX2 or baseline, from `target`).
 void schedule_paged_attention_x86(PagedAttentionStages& stages, const Halide::Target& target);

@@ -155,6 +155,42 @@ def test_fully_masked_rows_average_all_values(rng):
     np.testing.assert_allclose(out[0, :, 100], expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("precision", PRECISIONS.values(), ids=PRECISIONS.keys())
+def test_masked_tiles_left_out_change_no_bit(rng, precision):
+    # The cpu schedule leaves out a 32-row query block's all-zero large tiles only when every row
+    # of the block sees a key. The same batch with one fully masked row in every block computes
+    # every tile; the rows both runs share must agree bit for bit (rows are independent). The
+    # batch has all-zero and partial tiles, padding rows, a row whose only key is one context
+    # token late in the context, and rows that see only new tokens.
+    mixed_precision, dtype = precision
+    requests = [(40, 1100), (1, 700), (1, 33), (50, 0), (20, 600), (1, 1500), (9, 2047)]
+    args = continuous_batch(rng, requests, n_heads=4, n_kv_heads=2, head_dim=32, block_size=16,
+                            large_tile=512, dtype=dtype)
+    mask = args["mask"].copy()
+    seq_q = mask.shape[0]
+    context_len = mask.shape[1] - seq_q
+    mask[5] = False
+    mask[5, context_len - 3] = True
+    mask[64:66, :context_len] = False
+    call = dict(query=args["query"], key=args["key"], value=args["value"],
+                kv_cache=args["kv_cache"], block_tables=args["block_tables"],
+                mixed_precision=mixed_precision, LARGE_TILE_SZ=512)
+    skipping = nki.flash_paged_attention(mask=nki.reorder_context_mask(mask, 512, 16), **call)
+    every_tile_mask = mask.copy()
+    masked_rows = np.arange(31, seq_q, 32)
+    every_tile_mask[masked_rows] = False
+    every_tile = nki.flash_paged_attention(
+        mask=nki.reorder_context_mask(every_tile_mask, 512, 16), **call)
+    shared = np.setdiff1d(np.arange(seq_q), masked_rows)
+    np.testing.assert_array_equal(skipping[:, :, shared].view(np.uint8),
+                                  every_tile[:, :, shared].view(np.uint8))
+    expected = reference_paged_attention(
+        args["query"], args["key"], args["value"], args["kv_cache"], args["block_tables"], mask,
+        mixed_precision=mixed_precision)
+    error = np.abs(skipping.astype(np.float64) - expected).max()
+    assert error <= tolerance(args, mixed_precision, dtype, mask.shape[1])
+
+
 def test_integer_mask_is_accepted(rng):
     args = continuous_batch(rng, [(5, 7)], n_heads=1, n_kv_heads=1, head_dim=8, block_size=8,
                             large_tile=512, dtype=np.float32)

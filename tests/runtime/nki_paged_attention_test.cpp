@@ -183,6 +183,27 @@ double max_error(const HostTensor& out, const std::vector<double>& expected) {
 
 const std::vector<Request> kMixedBatch = {{40, 300}, {1, 700}, {1, 33}, {50, 0}};
 
+// "" when the elements of `out` (contiguous) hold exactly `bytes`, else how many elements differ
+// and the first of them.
+std::string differing_elements(const HostTensor& out, const std::vector<unsigned char>& bytes) {
+  const std::vector<unsigned char> got = out.bytes();
+  const std::size_t element = tilelab::dtype_size(out.view().dtype());
+  std::size_t count = 0, first = 0;
+  for (std::size_t e = 0; e < static_cast<std::size_t>(out.numel()); ++e) {
+    if (std::equal(got.begin() + e * element, got.begin() + (e + 1) * element,
+                   bytes.begin() + e * element)) {
+      continue;
+    }
+    if (count++ == 0) first = e;
+  }
+  if (count == 0) return "";
+  return std::to_string(count) + " elements differ, the first at " + std::to_string(first);
+}
+
+void clear_row(std::vector<std::int32_t>& mask, std::int64_t row, std::int64_t width) {
+  std::fill(mask.begin() + row * width, mask.begin() + (row + 1) * width, 0);
+}
+
 }  // namespace
 
 TEST_CASE("nki: flash_paged_attention matches the fp64 reference", "[nki][paged]") {
@@ -224,6 +245,125 @@ TEST_CASE("nki: flash_paged_attention matches the fp64 reference", "[nki][paged]
       }
     }
   }
+}
+
+TEST_CASE("nki: the cpu schedule leaves out all-zero mask tiles without changing an output bit",
+          "[nki][paged][skip]") {
+  // The same batch with skip_masked_tiles on and off must agree byte for byte: all-zero
+  // (query block, large tile) pairs, partially masked tiles, padding rows (fully masked), rows
+  // whose only keys lie in one large tile or only among the new tokens, rows whose first key
+  // comes after several all-zero tiles, and scales that make the skipping rule refuse.
+  Random random(23);
+  const std::vector<Request> requests = {{40, 1100}, {1, 700},  {1, 33},  {50, 0},
+                                         {20, 600},  {1, 1500}, {9, 2047}};
+  struct Case {
+    const char* what;
+    void (*edit)(std::vector<std::int32_t>& mask, std::int64_t seq_q, std::int64_t width,
+                 std::int64_t context_len);
+    float scale;  // 0: the default
+  };
+  const std::vector<Case> cases = {
+      {"continuous batching", [](auto&, auto, auto, auto) {}, 0.0f},
+      {"one context key only, late",
+       [](std::vector<std::int32_t>& m, std::int64_t, std::int64_t width, std::int64_t context) {
+         clear_row(m, 5, width);
+         m[5 * width + context - 3] = 1;
+       },
+       0.0f},
+      {"new tokens only, first rows of every block",
+       [](std::vector<std::int32_t>& m, std::int64_t seq_q, std::int64_t width,
+          std::int64_t context) {
+         for (std::int64_t row = 0; row < seq_q; row += 32) {
+           std::fill(m.begin() + row * width, m.begin() + row * width + context, 0);
+           m[row * width + context + row] = 1;
+         }
+       },
+       0.0f},
+      {"random keys in a few tiles",
+       [](std::vector<std::int32_t>& m, std::int64_t seq_q, std::int64_t width,
+          std::int64_t context) {
+         for (std::int64_t row = 0; row < seq_q; ++row) {
+           if (row % 7 == 3) clear_row(m, row, width);
+           for (std::int64_t col = (row * 131) % context; col < context; col += 517 + row % 5) {
+             m[row * width + col] = 1;
+           }
+         }
+       },
+       0.0f},
+      {"a block without context keys",
+       [](std::vector<std::int32_t>& m, std::int64_t, std::int64_t width, std::int64_t context) {
+         for (std::int64_t row = 32; row < 64; ++row) {
+           std::fill(m.begin() + row * width, m.begin() + row * width + context, 0);
+           m[row * width + context + row] = 1;
+         }
+       },
+       0.0f},
+      {"scores too large to skip", [](auto&, auto, auto, auto) {}, 3000.0f},
+  };
+  for (const Case& c : cases) {
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      for (const bool mixed : {true, false}) {
+        Batch batch(random, requests, 6, 2, 48, 16, 512, dtype);
+        const std::int64_t context = batch.num_active * batch.block_size;
+        c.edit(batch.mask, batch.seq_q, context + batch.seq_q, context);
+        tilelab::nki::reorder_context_mask(batch.mask_view(batch.mask), batch.large_tile,
+                                           batch.block_size, batch.mask_view(batch.reordered_mask));
+        tilelab::nki::FlashPagedAttentionOptions options;
+        options.mixed_precision = mixed;
+        options.large_tile_size = batch.large_tile;
+        if (c.scale != 0.0f) options.softmax_scale = c.scale;
+        options.skip_masked_tiles = false;
+        batch.run(options);
+        const auto every_tile = batch.out.bytes();
+        batch.out.fill_bytes(0x5a);
+        options.skip_masked_tiles = true;
+        batch.run(options);
+        INFO(c.what << ", dtype " << tilelab::dtype_name(dtype) << ", mixed " << mixed);
+        CHECK(differing_elements(batch.out, every_tile) == "");
+        if (c.scale == 0.0f) {
+          const double keys = static_cast<double>(context + batch.seq_q);
+          const double tolerance = 16 * 0x1p-24 * std::sqrt(keys) + (mixed ? 3 * 0x1p-8
+                                                                     : dtype == DType::bf16 ? 0x1p-8
+                                                                                            : 0.0);
+          CHECK(max_error(batch.out, batch.reference(mixed)) <= tolerance);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("nki: all-zero mask tiles are computed when a row's only key scores near -9984",
+          "[nki][paged][skip]") {
+  // Row 5 sees one context key, in the last large tile, scoring about -9980 for head 0: the
+  // full computation's rescale at that key is exp(-9984 + 9980), far from 0, so the all-zero
+  // tiles before it (-9984 everywhere) still weigh in; leaving them out would change the row.
+  Random random(29);
+  Batch batch(random, {{40, 1100}, {1, 700}, {50, 0}, {9, 2047}}, 2, 1, 16, 16, 512, DType::f32);
+  const std::int64_t context = batch.num_active * batch.block_size;
+  const std::int64_t width = context + batch.seq_q, row = 5, token = context - 3;
+  clear_row(batch.mask, row, width);
+  batch.mask[row * width + token] = 1;
+  tilelab::nki::reorder_context_mask(batch.mask_view(batch.mask), batch.large_tile,
+                                     batch.block_size, batch.mask_view(batch.reordered_mask));
+  const std::int64_t cache_block = batch.block_tables[token / batch.block_size];
+  double dot = 0;
+  for (std::int64_t d = 0; d < batch.head_dim; ++d) {
+    const std::int64_t k_at =
+        (cache_block * batch.block_size + token % batch.block_size) * batch.head_dim + d;
+    dot += batch.query.get(d * batch.seq_q + row) * batch.kv_cache.get(k_at);
+  }
+  REQUIRE(std::abs(dot) > 0.1);
+  tilelab::nki::FlashPagedAttentionOptions options;
+  options.mixed_precision = false;
+  options.large_tile_size = batch.large_tile;
+  options.softmax_scale = static_cast<float>(-9980.0 / dot);
+  options.skip_masked_tiles = false;
+  batch.run(options);
+  const auto every_tile = batch.out.bytes();
+  batch.out.fill_bytes(0x5a);
+  options.skip_masked_tiles = true;
+  batch.run(options);
+  CHECK(differing_elements(batch.out, every_tile) == "");
 }
 
 TEST_CASE("nki: invalid arguments raise an Error naming them, and nothing is written",

@@ -31,6 +31,14 @@ struct FlashPagedAttentionOptions {
   // tiling factor from large_tile_size and block_size (the simulator can force another one to
   // show the tiling trick), so only 0 or the derived factor is accepted here.
   std::int64_t block_size_tiling_factor_override = 0;
+  // cpu schedule: leave out (query block, large tile) pairs whose mask is all zero when that
+  // provably changes no output bit: every position of the 32-row query block sees a key, and
+  // every score and value is finite and small enough (|score| < 9000 from the norms of q and k,
+  // |v| bounded) that a left-out tile's exp(-9984 - max) terms are exactly 0 in fp32 or are
+  // erased by the rescale at the row's first visible key (schedules/paged/masked_tiles.hpp).
+  // Otherwise every pair is computed. false computes every pair (the same output; for tests and
+  // benchmarks). The tile schedule always computes every pair.
+  bool skip_masked_tiles = true;
 };
 
 // The NKI kernel's masked-score fill: a masked (query, key) pair scores -9984 (not -inf), so a
@@ -54,6 +62,9 @@ inline constexpr float kMaskedScore = -9984.0f;
 // computed: they score -9984 whatever the mask says (causal masks never see them).
 // dtypes: query, key, value, kv_cache and out share one of float32, bfloat16.
 // Strides: any non-negative strides; out must not overlap an input.
+// Cost: the tile schedule computes every (query, context) score, as the NKI kernel does; the cpu
+// schedule leaves out the large tiles a 32-row query block's mask is all zero on, whenever that
+// provably changes no output bit (FlashPagedAttentionOptions::skip_masked_tiles).
 // Threads: the library's OpenMP pool. Errors: tilelab::Error naming the argument (or schedule
 // field) with given vs allowed; nothing is written on error.
 void flash_paged_attention(const TensorView& query, const TensorView& key, const TensorView& value,
