@@ -104,9 +104,9 @@ def flash_attention(
         query head h reads kv head ``h // (Hq // Hkv)``). M, N >= 1 and 1 <= D <= 256.
         q, k and v share one dtype: float32, float16 or ``ml_dtypes.bfloat16``; or k and v are
         both ``ml_dtypes.float8_e4m3fn`` or ``float8_e5m2`` (dequantized with k_scale and v_scale
-        in registers). Accumulation is float32. Any strides are accepted; arrays whose strides are non-negative whole elements are
-        read in place, others (negative or odd byte strides, misaligned or byte-swapped data) are
-        copied first.
+        in registers). Accumulation is float32. Any strides are accepted; arrays whose strides
+        are non-negative whole elements are read in place, others (negative or odd byte strides,
+        misaligned or byte-swapped data) are copied first.
 
     Args:
         causal: mask keys after each query's diagonal.

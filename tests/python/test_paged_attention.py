@@ -637,7 +637,7 @@ def test_reshape_and_cache_flash_bad_input(name, make, error, message):
 
 def test_reshape_and_cache_flash_zero_fp8_scale():
     cache = np.zeros((2, 1, 4, 8), ml_dtypes.float8_e5m2)
-    with pytest.raises(ValueError, match="v_scale: expected a finite, nonzero value .*got 0"):
+    with pytest.raises(ValueError, match=r"v_scale: expected a finite, nonzero value .*got 0"):
         tilelab.reshape_and_cache_flash(np.ones((1, 1, 8), np.float32),
                                         np.ones((1, 1, 8), np.float32), cache, np.zeros_like(cache),
                                         np.zeros(1, np.int32), v_scale=0.0)

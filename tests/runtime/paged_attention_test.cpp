@@ -345,3 +345,35 @@ TEST_CASE("paged_attention errors name the argument and write nothing", "[runtim
   expect_error([&] { run(batch, out, {}); }, "seq_lens", "seq_lens[0] = 1 < 2");
   CHECK(out.bytes() == before);
 }
+
+TEST_CASE("flash_attention with score options: lse, and the backward refuses them",
+          "[runtime][paged]") {
+  HostTensor q(DType::f32, {1, 2, 5, 8}), k(DType::f32, {1, 1, 7, 8}), v(DType::f32, {1, 1, 7, 8});
+  Random random(11);
+  q.fill_uniform(random, 1.0);
+  k.fill_uniform(random, 1.0);
+  v.fill_uniform(random, 1.0);
+  HostTensor out(DType::f32, {1, 2, 5, 8}), lse(DType::f32, {1, 2, 5});
+  tilelab::FlashAttentionOptions options;
+  options.causal = true;
+  options.causal_alignment = tilelab::CausalAlignment::bottom_right;
+  options.score.softcap = 1.0f;
+  options.lse = lse.view();
+  tilelab::flash_attention(q.view(), k.view(), v.view(), out.view(), options);
+  // Every row sees a key: lse is finite and at most log(7 keys) + max score (<= softcap).
+  for (std::int64_t i = 0; i < 10; ++i) {
+    CHECK(std::isfinite(lse.get(i)));
+    CHECK(lse.get(i) <= std::log(7.0f) + 1.0f);
+  }
+  CHECK(std::string(tilelab::flash_attention_implementation(q.view(), k.view(), v.view(),
+                                                            out.view(), options)) == "paged");
+  options.lse.reset();
+  HostTensor dq(DType::f32, {1, 2, 5, 8}), dk(DType::f32, {1, 1, 7, 8}),
+      dv(DType::f32, {1, 1, 7, 8});
+  expect_error(
+      [&] {
+        tilelab::flash_attention_backward(out.view(), q.view(), k.view(), v.view(), out.view(),
+                                          lse.view(), dq.view(), dk.view(), dv.view(), options);
+      },
+      "options.score", "softcap");
+}

@@ -1,0 +1,167 @@
+"""The score options (softcap, ALiBi, sliding window, sinks) and fp8 k/v on the dense
+tilelab.flash_attention, against an fp64 numpy evaluation of docs/attention_options.md: each
+option alone and together, both causal alignments, lse, fp8 formats, and the calls that refuse
+them."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from attention_reference import DTYPES, UNIT_ROUNDOFF
+
+import tilelab
+
+FP8 = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
+
+
+def reference_options(q, k, v, *, causal=False, causal_alignment="top_left", scale=None,
+                      sliding_window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                      k_scale=1.0, v_scale=1.0):
+    """(out, lse) in float64 by the documented formulas; positions i = row + (N - M) for
+    bottom_right, row for top_left; 0 and -inf for a row that sees no key."""
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k, np.float64) * k_scale
+    v = np.asarray(v, np.float64) * v_scale
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    group = q_heads // kv_heads
+    scale = float(np.float32(1) / np.sqrt(np.float32(head_dim))) if scale is None else scale
+    i = np.arange(q_len) + (kv_len - q_len if causal_alignment == "bottom_right" else 0)
+    j = np.arange(kv_len)
+    visible = np.ones((q_len, kv_len), bool)
+    if causal:
+        visible &= j[None, :] <= i[:, None]
+    left, right = sliding_window
+    if left >= 0:
+        visible &= j[None, :] >= i[:, None] - left
+    if right >= 0:
+        visible &= j[None, :] <= i[:, None] + right
+    out = np.zeros_like(q)
+    lse = np.full((batch, q_heads, q_len), -np.inf)
+    for b in range(batch):
+        for h in range(q_heads):
+            s = scale * (q[b, h] @ k[b, h // group].T)
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            if alibi_slopes is not None:
+                s = s + float(alibi_slopes[h]) * (j[None, :] - i[:, None])
+            s = np.where(visible, s, -np.inf)
+            m = s.max(axis=1)
+            if sinks is not None:
+                m = np.maximum(m, float(sinks[h]))
+            empty = np.isneginf(m)
+            safe = np.where(empty, 0.0, m)
+            p = np.where(visible, np.exp(s - safe[:, None]), 0.0)
+            denominator = p.sum(axis=1)
+            if sinks is not None:
+                denominator = denominator + np.exp(float(sinks[h]) - safe)
+            weighted = (p @ v[b, h // group]) / np.where(empty, 1.0, denominator)[:, None]
+            out[b, h] = np.where(empty[:, None], 0.0, weighted)
+            with np.errstate(divide="ignore"):
+                lse[b, h] = np.where(empty, -np.inf, safe + np.log(denominator))
+    return out, lse
+
+
+def inputs(rng, batch=2, q_heads=6, kv_heads=2, q_len=37, kv_len=90, head_dim=40,
+           dtype="float32"):
+    dtype = DTYPES[dtype]
+    shape_q = (batch, q_heads, q_len, head_dim)
+    shape_k = (batch, kv_heads, kv_len, head_dim)
+    return (rng.standard_normal(shape_q, dtype=np.float32).astype(dtype),
+            rng.standard_normal(shape_k, dtype=np.float32).astype(dtype),
+            rng.standard_normal(shape_k, dtype=np.float32).astype(dtype))
+
+
+def check(q, k, v, dtype_name="float32", **options):
+    expected_out, expected_lse = reference_options(q, k, v, **options)
+    out, lse = tilelab.flash_attention(q, k, v, return_lse=True, **options)
+    magnitude = float(np.max(np.abs(np.asarray(v, np.float64) * options.get("v_scale", 1.0))))
+    atol = magnitude * (2 * UNIT_ROUNDOFF[dtype_name] + 16 * 2.0**-24 * np.sqrt(k.shape[2]))
+    error = np.max(np.abs(out.astype(np.float64) - expected_out))
+    assert error <= atol, f"max |out - reference| = {error:.3g} > {atol:.3g}"
+    finite = np.isfinite(expected_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), ~finite)
+    np.testing.assert_allclose(lse[finite], expected_lse[finite], atol=1e-4, rtol=1e-5)
+
+
+SLOPES = (2.0 ** -np.arange(1, 7)).astype(np.float32)
+SINKS = np.array([0.5, -1.0, 3.0, -np.inf, 0.0, 1.5], np.float32)
+OPTIONS = {
+    "softcap": dict(softcap=1.7),
+    "alibi": dict(alibi_slopes=SLOPES),
+    "window": dict(sliding_window=(11, -1)),
+    "window_both": dict(sliding_window=(5, 7)),
+    "sinks": dict(sinks=SINKS),
+    "all": dict(softcap=4.0, alibi_slopes=SLOPES, sliding_window=(20, 3), sinks=SINKS),
+}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("causal,alignment", [(False, "top_left"), (True, "top_left"),
+                                              (True, "bottom_right"), (False, "bottom_right")])
+def test_options_on_flash_attention(option, causal, alignment):
+    rng = np.random.default_rng(1)
+    q, k, v = inputs(rng)
+    check(q, k, v, causal=causal, causal_alignment=alignment, **OPTIONS[option])
+    assert tilelab.flash_attention_implementation(
+        q, k, v, causal=causal, causal_alignment=alignment, **OPTIONS[option]) == "paged"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_options_with_16_bit_inputs(dtype):
+    rng = np.random.default_rng(2)
+    q, k, v = inputs(rng, dtype=dtype)
+    check(q, k, v, dtype, causal=True, **OPTIONS["all"])
+
+
+def test_rows_that_see_no_key():
+    """Top-left causal with a window right of the diagonal only: a row sees no key when its
+    window is empty (M > N), giving out 0 and lse -inf."""
+    rng = np.random.default_rng(3)
+    q, k, v = inputs(rng, q_len=50, kv_len=20)
+    check(q, k, v, causal=True, causal_alignment="bottom_right", sliding_window=(3, -1))
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fp8_k_and_v(fp8, dtype):
+    rng = np.random.default_rng(4)
+    q, k, v = inputs(rng, dtype=dtype)
+    k8 = (k.astype(np.float32) / 0.25).astype(fp8)
+    v8 = (v.astype(np.float32) / 0.5).astype(fp8)
+    check(q, k8, v8, dtype, causal=True, k_scale=0.25, v_scale=0.5)
+    assert tilelab.flash_attention_implementation(q, k8, v8, k_scale=0.25, v_scale=0.5) == "paged"
+
+
+def test_nan_outside_the_window_is_never_read():
+    rng = np.random.default_rng(5)
+    q, k, v = inputs(rng, q_len=8, kv_len=64)
+    expected, _ = reference_options(q, k, v, causal=True, causal_alignment="bottom_right",
+                                    sliding_window=(4, -1))
+    k[:, :, :40] = np.nan
+    v[:, :, :40] = np.nan
+    out = tilelab.flash_attention(q, k, v, causal=True, causal_alignment="bottom_right",
+                                  sliding_window=(4, -1))
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_refusals_name_the_argument():
+    rng = np.random.default_rng(6)
+    q, k, v = inputs(rng)
+    bias = np.zeros((1, 1, q.shape[2], k.shape[2]), np.float32)
+    with pytest.raises(ValueError, match=r"^bias: expected no bias together with score options"):
+        tilelab.flash_attention(q, k, v, bias=bias, softcap=2.0)
+    with pytest.raises(ValueError, match=r"^implementation: 'generated' does not cover"):
+        tilelab.flash_attention(q, k, v, sliding_window=(4, 4), implementation="generated")
+    with pytest.raises(ValueError, match=r"^k_scale: expected 1.0 with float32 K/V"):
+        tilelab.flash_attention(q, k, v, k_scale=0.5)
+    with pytest.raises(TypeError, match=r"^v: expected dtype float8_e4m3fn \(the dtype of k\)"):
+        tilelab.flash_attention(q, k.astype(ml_dtypes.float8_e4m3fn), v)
+    with pytest.raises(ValueError, match=r"^alibi_slopes: expected shape \[Hq\]"):
+        tilelab.flash_attention(q, k, v, alibi_slopes=np.ones(5, np.float32))
+    with pytest.raises(ValueError, match=r"^softcap: expected a finite value >= 0"):
+        tilelab.flash_attention(q, k, v, softcap=-1.0)
+    out, lse = tilelab.flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(TypeError):
+        tilelab.flash_attention_backward(out, q, k, v, out, lse, softcap=2.0)
