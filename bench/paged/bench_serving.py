@@ -80,16 +80,13 @@ def kv_bytes(batch):
 
 
 def mixed_workload(tilelab, torch, args, rng):
-    """The default batch: ours, ours without the dense route, per-sequence SDPA, dense flash,
-    the NKI-layout kernel."""
+    """The default batch: ours, per-sequence SDPA, dense flash, the NKI-layout kernel."""
     prefill, decode_contexts = tilelab.sim.default_batch()
     schedule = tilelab.sim.PagedAttentionSchedule()
     requests = [(q, c + q) for q, c in prefill] + [(1, c + 1) for c in decode_contexts]
     batch = paged_batch(rng, requests, schedule.block_size)
     block_size = batch["block_size"]
-    calls = {"paged_attention": paged_call(tilelab, batch),
-             "paged kernel only (implementation='reference')":
-                 paged_call(tilelab, batch, implementation="reference")}
+    calls = {"paged_attention": paged_call(tilelab, batch)}
 
     # Per sequence: K/V gathered through the block table ([Hkv, seq_len, d]), queries [Hq, q, d].
     gathered = []

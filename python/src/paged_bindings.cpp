@@ -87,8 +87,7 @@ py::array paged_attention(const py::handle& query, const py::handle& key_cache,
                           const py::handle& sliding_window, const py::handle& softcap,
                           const py::handle& alibi_slopes, const py::handle& sinks,
                           const py::handle& k_scale, const py::handle& v_scale,
-                          const py::handle& split_kv, const py::handle& out,
-                          const py::handle& implementation) {
+                          const py::handle& split_kv, const py::handle& out) {
   const ArrayView q_view = view_array(require_attention_array(query, "query"), "query");
   const ArrayView k_view = view_array(require_cache_array(key_cache, "key_cache"), "key_cache");
   const ArrayView v_view =
@@ -106,10 +105,6 @@ py::array paged_attention(const py::handle& query, const py::handle& key_cache,
   options.k_scale = parse_real(k_scale, "k_scale");
   options.v_scale = parse_real(v_scale, "v_scale");
   options.split_kv = parse_split_kv(split_kv);
-  const std::string choice =
-      parse_choice(implementation, "implementation", {"automatic", "reference"});
-  options.implementation =
-      choice == "automatic" ? Implementation::automatic : Implementation::reference;
 
   py::array out_array;
   TensorView out_view;
@@ -162,7 +157,6 @@ void register_paged_bindings(py::module_& core) {
            py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
            py::arg("sinks") = py::none(), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
            py::arg("split_kv") = "auto", py::arg("out") = py::none(),
-           py::arg("implementation") = "automatic",
            "Attention over a paged KV cache (vLLM layout); returns out. See "
            "tilelab.paged_attention.");
   core.def("reshape_and_cache_flash", &reshape_and_cache_flash, py::arg("key"), py::arg("value"),

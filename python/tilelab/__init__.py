@@ -382,7 +382,6 @@ def paged_attention(
     v_scale: float = 1.0,
     split_kv: int | Literal["auto"] = "auto",
     out: np.ndarray | None = None,
-    implementation: Literal["automatic", "reference"] = "automatic",
 ) -> np.ndarray:
     """Attention over a paged KV cache (vLLM's layout): variable-length sequences, prefill and
     decode mixed in one batch. docs/paged_attention.md has the full contract.
@@ -419,9 +418,6 @@ def paged_attention(
             order and are identical run to run.
         out: a writeable ``[num_tokens, Hq, D]`` array of query's dtype written in place (and
             returned); default a new array.
-        implementation: ``"automatic"`` (prefill sequences without options run on the generated
-            dense kernel over their gathered K/V) or ``"reference"`` (everything on the paged
-            kernel, which reads the cache in place).
 
     Raises:
         TypeError: an argument is not an array or has a wrong dtype or type (named).
@@ -445,7 +441,6 @@ def paged_attention(
         v_scale=v_scale,
         split_kv=split_kv,
         out=out,
-        implementation=implementation,
     )
 
 

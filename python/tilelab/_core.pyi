@@ -82,7 +82,6 @@ def paged_attention(
     v_scale: float = 1.0,
     split_kv: int | str = "auto",
     out: np.ndarray | None = None,
-    implementation: str = "automatic",
 ) -> np.ndarray: ...
 def reshape_and_cache_flash(
     key: np.ndarray,

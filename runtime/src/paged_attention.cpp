@@ -1,6 +1,5 @@
-// paged_attention: validate, then run prefill sequences on the generated dense flash kernel over
-// their gathered K/V where it covers the call, and everything else on the paged kernel; and
-// reshape_and_cache_flash, the cache writer.
+// paged_attention (validate, then the paged kernel), flash_attention's calls with score options
+// or fp8 k/v on the same kernel, and reshape_and_cache_flash, the cache writer.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -17,96 +16,7 @@
 namespace tilelab {
 
 namespace detail {
-namespace {
-
-// Query tokens from which a sequence is worth gathering for the dense kernel: its K/V gather costs
-// one pass over the sequence's cache, which the dense kernel's compute (q_len rows per key) hides
-// once there are a few dozen rows; below, the paged kernel reads the cache in place.
-constexpr std::int64_t kDenseRouteMinTokens = 32;
-
-bool dense_route_allowed(const PagedProblem& problem) {
-  return problem.implementation == Implementation::automatic && !problem.score.any() &&
-         problem.cache_dtype == problem.dtype && problem.head_dim <= kMaxFlashHeadDim;
-}
-
-// One sequence's queries and outputs as [1, Hq, q_len, D] views of the packed tensors.
-TensorView sequence_view(const TensorView& packed, std::int64_t first_token, std::int64_t tokens) {
-  const std::int64_t shape[4] = {1, packed.dim(1), tokens, packed.dim(2)};
-  const std::int64_t strides[4] = {0, packed.stride(1), packed.stride(0), packed.stride(2)};
-  auto* data =
-      static_cast<char*>(packed.data()) +
-      first_token * packed.stride(0) * static_cast<std::int64_t>(dtype_size(packed.dtype()));
-  return TensorView(data, packed.dtype(), 4, shape, strides);
-}
-
-// Keys (or values) [0, seq_len) of every kv head of sequence `seq`, copied from the cache into
-// `gathered` as [Hkv, seq_len, D] in the cache's dtype.
-void gather_sequence(const PagedProblem& problem, const TensorView& cache, std::int64_t seq,
-                     std::vector<std::uint8_t>& gathered) {
-  const std::int64_t seq_len = problem.seq_lens[seq], head_dim = problem.head_dim;
-  const auto element = static_cast<std::int64_t>(dtype_size(cache.dtype()));
-  gathered.resize(problem.kv_heads * seq_len * head_dim * element);
-  const std::int64_t blocks = (seq_len + problem.block_size - 1) / problem.block_size;
-  const auto* base = static_cast<const std::uint8_t*>(cache.data());
-#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads())
-  for (std::int64_t h = 0; h < problem.kv_heads; ++h) {
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t physical = problem.physical_block(seq, b);
-      const std::int64_t first = b * problem.block_size;
-      const std::int64_t last = std::min(first + problem.block_size, seq_len);
-      for (std::int64_t key = first; key < last; ++key) {
-        const std::uint8_t* src = base + (physical * cache.stride(0) + h * cache.stride(1) +
-                                          (key - first) * cache.stride(2)) *
-                                             element;
-        std::uint8_t* dst = &gathered[((h * seq_len + key) * head_dim) * element];
-        if (cache.stride(3) == 1) {
-          std::memcpy(dst, src, head_dim * element);
-        } else {
-          for (std::int64_t d = 0; d < head_dim; ++d) {
-            std::memcpy(dst + d * element, src + d * cache.stride(3) * element, element);
-          }
-        }
-      }
-    }
-  }
-}
-
-// Runs the prefill sequences the generated dense kernel covers; returns which sequences are left
-// for the paged kernel.
-std::vector<bool> run_dense_route(const PagedProblem& problem) {
-  std::vector<bool> left(problem.num_seqs, true);
-  if (!dense_route_allowed(problem)) return left;
-  std::vector<std::uint8_t> keys, values;
-  for (std::int64_t s = 0; s < problem.num_seqs; ++s) {
-    const std::int64_t q_len = problem.q_len(s), seq_len = problem.seq_lens[s];
-    if (q_len < kDenseRouteMinTokens) continue;
-    const TensorView q = sequence_view(problem.query, problem.query_starts[s], q_len);
-    const TensorView out = sequence_view(problem.out, problem.query_starts[s], q_len);
-    FlashAttentionOptions options;
-    options.causal = problem.causal;
-    options.causal_alignment = CausalAlignment::bottom_right;
-    options.scale = problem.scale;
-    // Coverage depends on shapes and strides only: ask before gathering.
-    const std::int64_t elements = problem.kv_heads * seq_len * problem.head_dim;
-    keys.resize(elements * dtype_size(problem.dtype));
-    values.resize(elements * dtype_size(problem.dtype));
-    const TensorView k_view(keys.data(), problem.dtype,
-                            {1, problem.kv_heads, seq_len, problem.head_dim});
-    const TensorView v_view(values.data(), problem.dtype,
-                            {1, problem.kv_heads, seq_len, problem.head_dim});
-    const AttentionProblem dense = validate_flash_attention(q, k_view, v_view, out, options);
-    if (!generated_flash_attention_covers(dense)) continue;
-    gather_sequence(problem, problem.key_cache, s, keys);
-    gather_sequence(problem, problem.value_cache, s, values);
-    const bool ran = generated_flash_attention(dense);
-    TILELAB_CHECK(ran) << "paged_attention: the generated dense kernel refused sequence " << s
-                       << " after covering it";
-    left[s] = false;
-  }
-  return left;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void flash_attention_on_paged_kernel(const AttentionProblem& dense) {
   const std::int64_t M = dense.q_len, N = dense.kv_len;
@@ -131,7 +41,6 @@ void flash_attention_on_paged_kernel(const AttentionProblem& dense) {
   problem.v_scale = dense.v_scale;
   // Paged positions put the queries last (N - M + row); the dense ones are row + offset.
   problem.position_shift = dense.position_offset - (N - M);
-  problem.implementation = Implementation::reference;
   const std::vector<bool> the_sequence = {true};
   // Batch entry b as a one-sequence paged problem: q[b] as [M, Hq, D] tokens, k[b] and v[b] as
   // one cache block of N keys.
@@ -166,10 +75,7 @@ void paged_attention(const TensorView& query, const TensorView& key_cache,
                      const TensorView& out, const PagedAttentionOptions& options) {
   const detail::PagedProblem problem = detail::validate_paged_attention(
       query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, options);
-  const std::vector<bool> left = detail::run_dense_route(problem);
-  if (std::find(left.begin(), left.end(), true) != left.end()) {
-    detail::paged_kernel_attention(problem, left);
-  }
+  detail::paged_kernel_attention(problem, std::vector<bool>(problem.num_seqs, true));
 }
 
 namespace {

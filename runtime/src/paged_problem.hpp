@@ -34,7 +34,6 @@ struct PagedProblem {
   // -inf for a row that saw no key.
   std::optional<TensorView> lse;
   std::int64_t split_kv = 0;
-  Implementation implementation = Implementation::automatic;
 
   std::int64_t q_len(std::int64_t seq) const { return query_starts[seq + 1] - query_starts[seq]; }
   // The absolute position of the sequence's first query token.

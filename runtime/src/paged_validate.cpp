@@ -177,11 +177,6 @@ PagedProblem validate_paged_attention(const TensorView& query, const TensorView&
   TILELAB_REQUIRE(options.split_kv >= 0)
       << "split_kv: expected 0 (automatic) or a number of pieces >= 1, got " << options.split_kv;
   problem.split_kv = options.split_kv;
-  TILELAB_REQUIRE(options.implementation != Implementation::generated)
-      << "implementation: expected 'automatic' or 'reference', got 'generated' (no generated "
-         "kernel reads the paged cache; 'automatic' runs prefill sequences on the generated "
-         "dense kernel)";
-  problem.implementation = options.implementation;
 
   // out is written while the inputs are still read, rows concurrently.
   require_no_self_overlap(out, "out");

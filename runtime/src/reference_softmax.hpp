@@ -18,9 +18,27 @@ inline float nan_propagating_max(float a, float b) {
   return std::isnan(b) || b > a ? b : a;
 }
 
-// x[j] = exp(x[j]) for j < count. SSE2 is the x86-64 baseline, so the 4-lane SLEEF entry point is
-// always available (SLEEF dispatches to SSE4 when present).
+// SLEEF's AVX2 exp, declared here because sleef.h declares it only when the whole translation
+// unit is compiled for AVX; only exp_in_place_avx2 calls it, after checking the CPU.
+extern "C" __m256 Sleef_expf8_u10avx2(__m256);
+
+// 8 lanes of SLEEF's AVX2 entry point, for CPUs that have AVX2 and FMA (see exp_in_place).
+__attribute__((target("avx2,fma"))) inline void exp_in_place_avx2(float* x, std::int64_t count) {
+  std::int64_t j = 0;
+  for (; j + 8 <= count; j += 8)
+    _mm256_storeu_ps(x + j, Sleef_expf8_u10avx2(_mm256_loadu_ps(x + j)));
+  for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j]);
+}
+
+// x[j] = exp(x[j]) for j < count: the softmax's hot transcendental. 8 lanes where the CPU has
+// AVX2 and FMA, else the 4-lane SLEEF entry point (SSE2 is the x86-64 baseline; SLEEF dispatches
+// to SSE4 when present). Both are SLEEF's 1-ulp exp.
 inline void exp_in_place(float* x, std::int64_t count) {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2) {
+    exp_in_place_avx2(x, count);
+    return;
+  }
   std::int64_t j = 0;
   for (; j + 4 <= count; j += 4) _mm_storeu_ps(x + j, Sleef_expf4_u10(_mm_loadu_ps(x + j)));
   for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j]);

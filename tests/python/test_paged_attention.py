@@ -1,8 +1,7 @@
 """tilelab.paged_attention and tilelab.reshape_and_cache_flash against an fp64 numpy reference
 computed per sequence from K/V gathered through the block table: head layouts, head sizes, block
 sizes, decode / prefill / mixed batches with ragged lengths, every score option alone and
-together, fp8 caches, split-KV, both implementations, non-finite data, and every documented
-error."""
+together, fp8 caches, split-KV, non-finite data, and every documented error."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ import tilelab
 
 FP8 = {"float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
        "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2)}
-IMPLEMENTATIONS = ["automatic", "reference"]
 
 # ---------------------------------------------------------------------------------------------
 # The fp64 reference and batch builders
@@ -128,13 +126,12 @@ def check(batch, dtype_name="float32", **options):
     reference_options = {k: v for k, v in options.items() if k != "split_kv"}
     reference = reference_paged(*arguments(batch), **reference_options)
     atol = tolerance(dtype_name, batch, options.get("v_scale", 1.0))
-    for implementation in IMPLEMENTATIONS:
-        out = tilelab.paged_attention(*arguments(batch), implementation=implementation, **options)
-        assert out.dtype == batch["query"].dtype and out.shape == batch["query"].shape
-        out64 = np.asarray(out, dtype=np.float64)
-        assert np.all(np.isfinite(out64)), f"{implementation}: out has NaN or inf"
-        error = np.max(np.abs(out64 - reference), initial=0.0)
-        assert error <= atol, f"{implementation}: max |out - reference| = {error:.3g} > {atol:.3g}"
+    out = tilelab.paged_attention(*arguments(batch), **options)
+    assert out.dtype == batch["query"].dtype and out.shape == batch["query"].shape
+    out64 = np.asarray(out, dtype=np.float64)
+    assert np.all(np.isfinite(out64)), "out has NaN or inf"
+    error = np.max(np.abs(out64 - reference), initial=0.0)
+    assert error <= atol, f"max |out - reference| = {error:.3g} > {atol:.3g}"
 
 
 DECODE = [(1, 1), (1, 37), (1, 300), (1, 129)]
@@ -272,7 +269,7 @@ def test_sinks_extremes():
     """A sink of -inf adds nothing; a huge sink takes nearly all the weight (out near 0)."""
     rng = np.random.default_rng(15)
     batch = make_batch(rng, MIXED, q_heads=4, kv_heads=2, head_dim=32, block_size=16)
-    plain = tilelab.paged_attention(*arguments(batch), implementation="reference")
+    plain = tilelab.paged_attention(*arguments(batch))
     none = tilelab.paged_attention(*arguments(batch), sinks=np.full(4, -np.inf, np.float32))
     np.testing.assert_array_equal(none, plain)
     heavy = tilelab.paged_attention(*arguments(batch), sinks=np.full(4, 80.0, np.float32))
@@ -292,10 +289,8 @@ def test_window_skips_blocks_outside():
             block = batch["block_table"][s, position // 16]
             batch["key_cache"][block, :, position % 16] = np.nan
             batch["value_cache"][block, :, position % 16] = np.nan
-    for implementation in IMPLEMENTATIONS:
-        out = tilelab.paged_attention(*arguments(batch), sliding_window=(20, -1),
-                                      implementation=implementation)
-        np.testing.assert_allclose(out, expected, atol=atol)
+    out = tilelab.paged_attention(*arguments(batch), sliding_window=(20, -1))
+    np.testing.assert_allclose(out, expected, atol=atol)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,9 +426,8 @@ def test_split_kv_matches_unsplit(split_kv):
     rng = np.random.default_rng(31)
     batch = make_batch(rng, [(1, 5000), (2, 3000), (1, 10)], q_heads=8, kv_heads=2,
                        head_dim=128, block_size=16)
-    unsplit = tilelab.paged_attention(*arguments(batch), split_kv=1, implementation="reference")
-    split = tilelab.paged_attention(*arguments(batch), split_kv=split_kv,
-                                    implementation="reference")
+    unsplit = tilelab.paged_attention(*arguments(batch), split_kv=1)
+    split = tilelab.paged_attention(*arguments(batch), split_kv=split_kv)
     np.testing.assert_allclose(split, unsplit, atol=1e-6, rtol=0)
     check(batch, split_kv=split_kv)
 
@@ -470,10 +464,9 @@ def test_nan_in_a_visible_key_makes_its_rows_nan():
     batch = make_batch(rng, [(2, 40), (1, 30)], q_heads=4, kv_heads=2, head_dim=16, block_size=8)
     block = batch["block_table"][0, 1]
     batch["key_cache"][block, 1, 2, 0] = np.nan  # sequence 0, position 10, kv head 1
-    for implementation in IMPLEMENTATIONS:
-        out = tilelab.paged_attention(*arguments(batch), implementation=implementation)
-        assert np.all(np.isnan(out[0:2, 2:4])), implementation
-        assert np.all(np.isfinite(out[0:2, 0:2])) and np.all(np.isfinite(out[2])), implementation
+    out = tilelab.paged_attention(*arguments(batch))
+    assert np.all(np.isnan(out[0:2, 2:4]))
+    assert np.all(np.isfinite(out[0:2, 0:2])) and np.all(np.isfinite(out[2]))
 
 
 def test_inf_in_value_and_query():
@@ -564,8 +557,6 @@ BAD_VALUES = [
     ("split_kv", lambda b: 0, ValueError, "split_kv: expected 'auto' or a number of pieces >= 1"),
     ("split_kv", lambda b: "many", ValueError, "split_kv: expected 'auto'"),
     ("split_kv", lambda b: 2.0, TypeError, "split_kv: expected 'auto'"),
-    ("implementation", lambda b: "generated", ValueError,
-     "implementation: expected 'automatic' or 'reference'"),
     ("out", lambda b: np.zeros((4, 4, 16), np.float16), TypeError, "out: expected dtype float32"),
     ("out", lambda b: np.zeros((4, 4, 8), np.float32), ValueError, "out: expected shape"),
     ("out", lambda b: b["query"], ValueError, "out: expected memory disjoint from query"),

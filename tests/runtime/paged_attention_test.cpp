@@ -195,8 +195,7 @@ TEST_CASE("paged_attention matches the fp64 formulas, with and without options",
       {"everything", {.left = 6, .softcap = 2.0, .slopes = slopes, .sinks = sinks}},
   };
   for (const Case& c : cases) {
-    for (const auto implementation :
-         {tilelab::Implementation::automatic, tilelab::Implementation::reference}) {
+    {
       for (const std::int64_t split : {0, 1, 3}) {
         INFO(c.name << ", split_kv " << split);
         tilelab::PagedAttentionOptions options;
@@ -212,7 +211,6 @@ TEST_CASE("paged_attention matches the fp64 formulas, with and without options",
               tilelab::TensorView(const_cast<float*>(c.options.sinks.data()), DType::f32, {kHeads});
         }
         options.split_kv = split;
-        options.implementation = implementation;
         run(batch, out, options);
         CHECK(max_error(out, fp64_paged(batch, c.options)) < 2e-6);
       }
@@ -337,9 +335,6 @@ TEST_CASE("paged_attention errors name the argument and write nothing", "[runtim
   options = {};
   options.k_scale = 0.5f;
   expect_error([&] { run(batch, out, options); }, "k_scale", "float32 K/V");
-  options = {};
-  options.implementation = tilelab::Implementation::generated;
-  expect_error([&] { run(batch, out, options); }, "implementation", "'generated'");
   auto* lens = static_cast<std::int32_t*>(batch.lens.view().data());
   lens[0] = 1;  // shorter than its 2 query tokens
   expect_error([&] { run(batch, out, {}); }, "seq_lens", "seq_lens[0] = 1 < 2");

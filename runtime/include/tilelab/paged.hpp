@@ -30,12 +30,6 @@ struct PagedAttentionOptions {
   // The result does not depend on the thread count except through the automatic choice (fp32
   // summation order), and is identical run to run.
   std::int64_t split_kv = 0;
-  // automatic: prefill sequences run on the generated dense flash kernel over their gathered K/V
-  //   when it covers the call (no score option, k/v scales 1, cache dtype = query dtype), every
-  //   other (sequence, head) on the paged kernel reading the cache in place;
-  // reference: everything on the paged kernel. generated is refused (no generated kernel reads
-  // the paged cache yet).
-  Implementation implementation = Implementation::automatic;
 };
 
 // out[t, h, :] = softmax_j(s_tj) · V_j over the visible keys of token t's sequence, read from the
@@ -71,7 +65,8 @@ void paged_attention(const TensorView& query, const TensorView& key_cache,
 // nearest even, finite values beyond
 // the format's range saturating to its largest finite value (vLLM's convention); NaN stays NaN,
 // ±inf becomes ±inf in f8e5m2 and NaN in f8e4m3fn (which has no inf). k_scale and v_scale must
-// be finite and nonzero (and 1 for a cache of the key's dtype). When two tokens name the same slot the later one wins.
+// be finite and nonzero (and 1 for a cache of the key's dtype). When two tokens name the same slot
+// the later one wins.
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, float k_scale = 1.0f,
