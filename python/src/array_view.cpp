@@ -395,6 +395,25 @@ TensorView view_written_array(const py::array& array, const char* name) {
   return viewed.view;
 }
 
+WrittenArray packed_output(const py::handle& out, const ArrayView& like, const char* like_name,
+                           const char* layout) {
+  WrittenArray result;
+  if (out.is_none()) {
+    // out takes the shape of `like`; every other check is the C++ validation's.
+    const py::array& owner = like.owner;
+    if (owner.ndim() != 3) {
+      throw Error(std::string(like_name) + ": expected rank 3 " + layout + ", got shape " +
+                  shape_string(owner));
+    }
+    result.array = new_array(owner.dtype(), {owner.shape(0), owner.shape(1), owner.shape(2)});
+    result.view = view_output(result.array);
+  } else {
+    result.array = require_attention_array(out, "out");
+    result.view = view_written_array(result.array, "out");
+  }
+  return result;
+}
+
 py::array new_array(const py::dtype& like, const std::vector<py::ssize_t>& shape) {
   return py::array(like, shape);
 }

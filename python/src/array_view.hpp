@@ -87,6 +87,17 @@ ArrayView view_array(const py::array& array, const char* name);
 // alignment, strides).
 TensorView view_written_array(const py::array& array, const char* name);
 
+// The `out` argument of a packed-token call (q or query [tokens, heads, D]): a new C-contiguous
+// array with `like`'s shape and dtype when `out` is None (tilelab::Error naming `like_name` with
+// `layout` unless `like` has rank 3), else `out` itself, viewed in place. The array is returned
+// (it owns the view's memory).
+struct WrittenArray {
+  py::array array;
+  TensorView view;
+};
+WrittenArray packed_output(const py::handle& out, const ArrayView& like, const char* like_name,
+                           const char* layout);
+
 // A C-contiguous array of `shape` with `like`'s dtype (bf16 outputs keep ml_dtypes' dtype object).
 py::array new_array(const py::dtype& like, const std::vector<py::ssize_t>& shape);
 

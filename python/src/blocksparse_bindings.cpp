@@ -114,26 +114,13 @@ py::array blocksparse_attention(const py::handle& q, const py::handle& k, const 
   options.scale = parse_optional_scale(scale, "scale");
   options.implementation = parse_implementation(implementation);
 
-  py::array out_array;
-  TensorView out_view;
-  if (out.is_none()) {
-    // out takes q's shape; every other shape and dtype check is the C++ validation's.
-    if (q_view.owner.ndim() != 3) {
-      throw Error("q: expected rank 3 [total_q, Hq, D], got shape " + shape_string(q_view.owner));
-    }
-    out_array = new_array(q_view.owner.dtype(),
-                          {q_view.owner.shape(0), q_view.owner.shape(1), q_view.owner.shape(2)});
-    out_view = view_output(out_array);
-  } else {
-    out_array = require_attention_array(out, "out");
-    out_view = view_written_array(out_array, "out");
-  }
+  const WrittenArray written = packed_output(out, q_view, "q", "[total_q, Hq, D]");
   {
     py::gil_scoped_release release;
     tilelab::blocksparse_attention(q_view.view, k_view.view, v_view.view, layout, view_int32(cu_q),
-                                   view_int32(cu_k), out_view, options);
+                                   view_int32(cu_k), written.view, options);
   }
-  return out_array;
+  return written.array;
 }
 
 }  // namespace

@@ -106,27 +106,13 @@ py::array paged_attention(const py::handle& query, const py::handle& key_cache,
   options.v_scale = parse_real(v_scale, "v_scale");
   options.split_kv = parse_split_kv(split_kv);
 
-  py::array out_array;
-  TensorView out_view;
-  if (out.is_none()) {
-    // out takes query's shape; every other check is the C++ validation's.
-    if (q_view.owner.ndim() != 3) {
-      throw Error("query: expected rank 3 [num_tokens, Hq, D], got shape " +
-                  shape_string(q_view.owner));
-    }
-    out_array = new_array(q_view.owner.dtype(),
-                          {q_view.owner.shape(0), q_view.owner.shape(1), q_view.owner.shape(2)});
-    out_view = view_output(out_array);
-  } else {
-    out_array = require_attention_array(out, "out");
-    out_view = view_written_array(out_array, "out");
-  }
+  const WrittenArray written = packed_output(out, q_view, "query", "[num_tokens, Hq, D]");
   {
     py::gil_scoped_release release;
     tilelab::paged_attention(q_view.view, k_view.view, v_view.view, view_int32(table),
-                             view_int32(lens), view_int32(starts), out_view, options);
+                             view_int32(lens), view_int32(starts), written.view, options);
   }
-  return out_array;
+  return written.array;
 }
 
 void reshape_and_cache_flash(const py::handle& key, const py::handle& value,

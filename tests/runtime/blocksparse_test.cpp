@@ -9,32 +9,19 @@
 #include <tuple>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "host_tensor.hpp"
 #include "tilelab/tilelab.hpp"
 
 namespace {
 
 using tilelab::BlockSparseLayout;
+using tilelab_test::expect_error;
 
 // The rule of BlockSparseLayout::local_strided, written out directly.
 bool kept_by_rule(std::int64_t h, std::int64_t qb, std::int64_t kb, std::int64_t local_blocks,
                   std::int64_t vert_stride, std::int64_t step) {
   return qb >= kb && (qb - kb < local_blocks || (kb + h * step + 1) % vert_stride == 0);
-}
-
-// Expects an Error whose message starts with "`argument`:" and contains every string of `also`.
-template <typename Call>
-void expect_error(Call&& call, const std::string& argument, std::vector<std::string> also = {}) {
-  std::string message;
-  try {
-    call();
-  } catch (const tilelab::Error& error) {
-    message = error.what();
-  }
-  INFO("message: " << message);
-  REQUIRE(!message.empty());
-  CHECK(message.rfind(argument + ":", 0) == 0);
-  for (const std::string& text : also) CHECK(message.find(text) != std::string::npos);
 }
 
 }  // namespace
