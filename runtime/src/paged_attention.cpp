@@ -1,8 +1,7 @@
 // paged_attention (validate, then the paged kernel), flash_attention's calls with score options
 // or fp8 k/v on the same kernel, and reshape_and_cache_flash, the cache writer.
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "attention_problem.hpp"
@@ -16,7 +15,6 @@
 namespace tilelab {
 
 namespace detail {
-namespace {}  // namespace
 
 void flash_attention_on_paged_kernel(const AttentionProblem& dense) {
   const std::int64_t M = dense.q_len, N = dense.kv_len;
@@ -41,11 +39,9 @@ void flash_attention_on_paged_kernel(const AttentionProblem& dense) {
   problem.v_scale = dense.v_scale;
   // Paged positions put the queries last (N - M + row); the dense ones are row + offset.
   problem.position_shift = dense.position_offset - (N - M);
-  const std::vector<bool> the_sequence = {true};
   // Batch entry b as a one-sequence paged problem: q[b] as [M, Hq, D] tokens, k[b] and v[b] as
   // one cache block of N keys.
-  const auto entry = [](const TensorView& view, std::int64_t b, int rank,
-                        std::initializer_list<int> dims) {
+  const auto entry = [](const TensorView& view, std::int64_t b, std::initializer_list<int> dims) {
     std::int64_t shape[4], strides[4];
     int i = 0;
     for (int dim : dims) {
@@ -55,15 +51,15 @@ void flash_attention_on_paged_kernel(const AttentionProblem& dense) {
     }
     auto* data = static_cast<char*>(view.data()) +
                  b * view.stride(0) * static_cast<std::int64_t>(dtype_size(view.dtype()));
-    return TensorView(data, view.dtype(), rank, shape, strides);
+    return TensorView(data, view.dtype(), static_cast<int>(dims.size()), shape, strides);
   };
   for (std::int64_t b = 0; b < dense.batch; ++b) {
-    problem.query = entry(dense.q, b, 3, {2, 1, 3});
-    problem.out = entry(dense.out, b, 3, {2, 1, 3});
-    problem.key_cache = entry(dense.k, b, 4, {-1, 1, 2, 3});
-    problem.value_cache = entry(dense.v, b, 4, {-1, 1, 2, 3});
-    if (dense.lse) problem.lse = entry(*dense.lse, b, 2, {2, 1});
-    paged_kernel_attention(problem, the_sequence);
+    problem.query = entry(dense.q, b, {2, 1, 3});
+    problem.out = entry(dense.out, b, {2, 1, 3});
+    problem.key_cache = entry(dense.k, b, {-1, 1, 2, 3});
+    problem.value_cache = entry(dense.v, b, {-1, 1, 2, 3});
+    if (dense.lse) problem.lse = entry(*dense.lse, b, {2, 1});
+    paged_kernel_attention(problem);
   }
 }
 
@@ -75,7 +71,7 @@ void paged_attention(const TensorView& query, const TensorView& key_cache,
                      const TensorView& out, const PagedAttentionOptions& options) {
   const detail::PagedProblem problem = detail::validate_paged_attention(
       query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, options);
-  detail::paged_kernel_attention(problem, std::vector<bool>(problem.num_seqs, true));
+  detail::paged_kernel_attention(problem);
 }
 
 namespace {

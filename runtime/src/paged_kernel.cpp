@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "dtype_convert.hpp"
@@ -256,14 +257,17 @@ std::pair<std::int64_t, std::int64_t> piece_keys(const WorkItem& item, std::int6
   return {first, std::min(last, item.key_end)};
 }
 
-std::vector<WorkItem> make_work_items(const PagedProblem& problem,
-                                      const std::vector<bool>& sequences,
-                                      std::int64_t folded_rows) {
+// The work items of every sequence, and the partial-state slots their split pieces need.
+struct WorkPlan {
+  std::vector<WorkItem> items;
+  std::int64_t partial_slots = 0;
+};
+
+WorkPlan plan_work(const PagedProblem& problem, std::int64_t folded_rows) {
   const std::int64_t group = problem.q_heads / problem.kv_heads;
   const std::int64_t tokens_per_item = std::max<std::int64_t>(1, folded_rows / group);
   std::vector<WorkItem> items;
   for (std::int64_t s = 0; s < problem.num_seqs; ++s) {
-    if (!sequences[s]) continue;
     const std::int64_t q_len = problem.q_len(s), first = problem.first_query_position(s);
     for (std::int64_t t = 0; t < q_len; t += tokens_per_item) {
       const std::int64_t tokens = std::min(tokens_per_item, q_len - t);
@@ -296,7 +300,7 @@ std::vector<WorkItem> make_work_items(const PagedProblem& problem,
       partial_slots += item.pieces;
     }
   }
-  return items;
+  return {std::move(items), partial_slots};
 }
 
 // A packed [rows, H, D] tensor (query, out) addressed by element strides.
@@ -548,21 +552,20 @@ struct PartialStates {
 };
 
 template <DType query_dtype, DType cache_dtype>
-void run_paged_kernel(const PagedProblem& problem, const std::vector<bool>& sequences) {
+void run_paged_kernel(const PagedProblem& problem) {
   const std::int64_t group = problem.q_heads / problem.kv_heads;
   const std::int64_t folded_rows = std::max(kMaxFoldedRows / group * group, group);
-  const std::vector<WorkItem> items = make_work_items(problem, sequences, folded_rows);
+  const WorkPlan plan = plan_work(problem, folded_rows);
+  const std::vector<WorkItem>& items = plan.items;
   const auto item_count = static_cast<std::int64_t>(items.size());
 
   // Pieces: (item, piece) pairs, unsplit items as one piece each.
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
-  std::int64_t partial_slots = 0;
   for (std::int64_t i = 0; i < item_count; ++i) {
     for (std::int64_t p = 0; p < items[i].pieces; ++p) pieces.emplace_back(i, p);
-    if (items[i].pieces > 1) partial_slots += items[i].pieces;
   }
   PartialStates partial{folded_rows, problem.head_dim, {}};
-  partial.values.resize(partial_slots * partial.slot_floats());
+  partial.values.resize(plan.partial_slots * partial.slot_floats());
   const auto piece_count = static_cast<std::int64_t>(pieces.size());
 
 #pragma omp parallel num_threads(num_threads())
@@ -610,30 +613,30 @@ void run_paged_kernel(const PagedProblem& problem, const std::vector<bool>& sequ
 }
 
 template <DType query_dtype>
-void dispatch_cache_dtype(const PagedProblem& problem, const std::vector<bool>& sequences) {
+void dispatch_cache_dtype(const PagedProblem& problem) {
   switch (problem.cache_dtype) {
     case DType::f8e4m3fn:
-      return run_paged_kernel<query_dtype, DType::f8e4m3fn>(problem, sequences);
+      return run_paged_kernel<query_dtype, DType::f8e4m3fn>(problem);
     case DType::f8e5m2:
-      return run_paged_kernel<query_dtype, DType::f8e5m2>(problem, sequences);
+      return run_paged_kernel<query_dtype, DType::f8e5m2>(problem);
     default:
       TILELAB_CHECK(problem.cache_dtype == query_dtype)
           << "paged kernel: cache dtype " << dtype_name(problem.cache_dtype)
           << " passed validation";
-      return run_paged_kernel<query_dtype, query_dtype>(problem, sequences);
+      return run_paged_kernel<query_dtype, query_dtype>(problem);
   }
 }
 
 }  // namespace
 
-void paged_kernel_attention(const PagedProblem& problem, const std::vector<bool>& sequences) {
+void paged_kernel_attention(const PagedProblem& problem) {
   switch (problem.dtype) {
     case DType::f32:
-      return dispatch_cache_dtype<DType::f32>(problem, sequences);
+      return dispatch_cache_dtype<DType::f32>(problem);
     case DType::f16:
-      return dispatch_cache_dtype<DType::f16>(problem, sequences);
+      return dispatch_cache_dtype<DType::f16>(problem);
     case DType::bf16:
-      return dispatch_cache_dtype<DType::bf16>(problem, sequences);
+      return dispatch_cache_dtype<DType::bf16>(problem);
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:

@@ -65,7 +65,7 @@ PagedProblem validate_paged_attention(const TensorView& query, const TensorView&
 
 // The paged kernel: reads K/V in place through the block table; OpenMP over (sequence, kv head,
 // query rows, key piece) work items, the GQA group's query heads folded so each K/V element is read
-// once per item. Computes the sequences whose entry of `sequences` is true.
-void paged_kernel_attention(const PagedProblem& problem, const std::vector<bool>& sequences);
+// once per item.
+void paged_kernel_attention(const PagedProblem& problem);
 
 }  // namespace tilelab::detail
