@@ -306,13 +306,13 @@ py::array require_cache_array(const py::handle& object, const char* name) {
 
 py::array_t<std::int32_t> require_int32_array(const py::handle& object, const char* name, int rank,
                                               const char* layout) {
-  reject_masked_array(object, name);
-  if (!py::isinstance<py::array>(object)) {
-    throw Error(
-        std::string(name) + ": expected a numpy.ndarray of int32, got " + python_type_name(object),
-        ErrorKind::invalid_type);
+  const std::optional<py::array> converted = as_numpy_array(object, name);
+  if (!converted) {
+    throw Error(std::string(name) + ": expected " + kArrayKinds + " of int32, got " +
+                    python_type_name(object),
+                ErrorKind::invalid_type);
   }
-  const py::array array = py::reinterpret_borrow<py::array>(object);
+  const py::array& array = *converted;
   const char kind = array.dtype().kind();
   if (kind != 'i' && kind != 'u') {
     throw Error(std::string(name) + ": expected an integer dtype (int32), got " +

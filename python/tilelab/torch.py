@@ -13,6 +13,7 @@ come back as tensors over the same memory.
 """
 
 import math
+import operator
 
 import ml_dtypes
 import numpy as np
@@ -21,7 +22,7 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 
 import tilelab
 
-__all__ = ["scaled_dot_product_attention"]
+__all__ = ["paged_attention", "reshape_and_cache_flash", "scaled_dot_product_attention"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DTYPE_NAMES = "torch.float32, torch.float16 or torch.bfloat16"
@@ -56,6 +57,11 @@ def _flash_attention(
     is_causal: bool,
     causal_alignment: str,
     scale: float | None,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = tilelab.flash_attention(
         _to_numpy(query),
@@ -66,12 +72,16 @@ def _flash_attention(
         scale=scale,
         bias=None if bias is None else _to_numpy(bias),
         return_lse=True,
+        sliding_window=(window_left, window_right),
+        softcap=softcap,
+        alibi_slopes=None if alibi_slopes is None else _to_numpy(alibi_slopes),
+        sinks=None if sinks is None else _to_numpy(sinks),
     )
     return _from_numpy(out), _from_numpy(lse)
 
 
 @_flash_attention.register_fake
-def _flash_attention_fake(query, key, value, bias, is_causal, causal_alignment, scale):
+def _flash_attention_fake(query, key, value, bias, is_causal, causal_alignment, scale, *options):
     # tilelab's outputs are new C-contiguous arrays: out like query, lse float32 [B, H, M].
     out = query.new_empty(query.shape)
     lse = query.new_empty(query.shape[:3], dtype=torch.float32)
@@ -126,7 +136,14 @@ def _flash_attention_backward_fake(
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, bias, is_causal, causal_alignment, scale = inputs
+    query, key, value, bias, is_causal, causal_alignment, scale, *score_options = inputs
+    if score_options != [-1, -1, 0.0, None, None]:
+        # scaled_dot_product_attention refuses these before the op runs; this guards direct
+        # calls of the op.
+        raise ValueError(
+            "tilelab::flash_attention: no backward with score options (sliding_window, softcap, "
+            "alibi_slopes, sinks)"
+        )
     out, lse = output
     ctx.save_for_backward(query, key, value, bias, out, lse)
     ctx.options = (is_causal, causal_alignment, scale)
@@ -140,7 +157,7 @@ def _backward(ctx, grad_out, _grad_lse):
     dq, dk, dv, dbias = _flash_attention_backward(
         grad_out, query, key, value, out, lse, bias, compute_dbias, *ctx.options
     )
-    return dq, dk, dv, dbias if compute_dbias else None, None, None, None
+    return (dq, dk, dv, dbias if compute_dbias else None, *(None,) * 8)
 
 
 _flash_attention.register_autograd(_backward, setup_context=_setup_context)
@@ -180,9 +197,7 @@ def _mask_as_bias(attn_mask, shape: tuple[int, int, int, int]) -> torch.Tensor:
     _require_tensor(attn_mask, "attn_mask")
     if attn_mask.dtype == torch.bool:
         # True = attend. A row with no True is fully masked: out 0 (see the module's docs).
-        bias = torch.zeros(attn_mask.shape, dtype=torch.float32).masked_fill_(
-            ~attn_mask, -math.inf
-        )
+        bias = torch.zeros(attn_mask.shape, dtype=torch.float32).masked_fill_(~attn_mask, -math.inf)
     elif attn_mask.is_floating_point():
         bias = attn_mask.to(torch.float32)
     else:
@@ -216,6 +231,10 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,
     *,
     causal_alignment: str | None = None,
+    sliding_window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` computed by tilelab (CPU tensors).
 
@@ -240,6 +259,14 @@ def scaled_dot_product_attention(
         causal_alignment: tilelab's extension: ``"top_left"`` (the default, torch's) or
             ``"bottom_right"`` (query i sees keys ``j <= i + S - L``, FlashAttention-2 / vLLM).
             Applies with ``is_causal``; must agree with a CausalBias mask.
+        sliding_window, softcap, alibi_slopes, sinks: tilelab's score options
+            (docs/attention_options.md): ``sliding_window=(left, right)`` keeps key j for query
+            i iff ``i - left <= j <= i + right`` (-1 = unbounded; positions follow the causal
+            alignment), ``softcap > 0`` caps scores to ``softcap * tanh(s / softcap)``,
+            ``alibi_slopes`` (float32 ``[Hq]``) adds ``slope_h * (j - i)``, ``sinks`` (float32
+            ``[Hq]``) joins each row's softmax denominator. Forward only: with any of them,
+            tensors that require grad are refused (ValueError), and they do not combine with
+            ``attn_mask``.
 
     Fully masked rows (a bool mask with no True in a row, a float mask of -inf on every key, or
     bottom-right alignment with L > S): output 0 and zero gradients, never NaN, as torch's math
@@ -322,6 +349,31 @@ def scaled_dot_product_attention(
             )
         bias = _mask_as_bias(attn_mask, (batch, q_heads, q_len, kv_len))
 
+    window_left, window_right = _window(sliding_window)
+    score_options = {
+        name: value
+        for name, value in (
+            ("sliding_window", sliding_window),
+            ("softcap", softcap or None),
+            ("alibi_slopes", alibi_slopes),
+            ("sinks", sinks),
+        )
+        if value is not None
+    }
+    for name in ("alibi_slopes", "sinks"):
+        if name in score_options:
+            _require_tensor(score_options[name], name)
+    if score_options:
+        _refuse_gradients(
+            next(iter(score_options)),
+            "tilelab.torch.scaled_dot_product_attention with score options",
+            query,
+            key,
+            value,
+            bias,
+            alibi_slopes,
+            sinks,
+        )
     out, _ = _flash_attention(
         query,
         key,
@@ -330,5 +382,225 @@ def scaled_dot_product_attention(
         bool(is_causal),
         alignment,
         None if scale is None else float(scale),
+        window_left,
+        window_right,
+        float(softcap),
+        alibi_slopes,
+        sinks,
     )
     return out
+
+
+def _window(sliding_window) -> tuple[int, int]:
+    """(left, right) from None or a pair of ints; tilelab checks the values."""
+    if sliding_window is None:
+        return -1, -1
+    try:
+        left, right = (operator.index(side) for side in sliding_window)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"sliding_window: expected None or a pair of ints (left, right), got {sliding_window!r}"
+        ) from None
+    return left, right
+
+
+def _refuse_gradients(name: str, what: str, *tensors) -> None:
+    """tilelab has no backward for ``what``: refuse before computing when autograd would need
+    one, instead of failing (or being wrong) in backward()."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise ValueError(
+            f"{name}: {what} has no backward; pass tensors that do not require grad, or call it "
+            "under torch.no_grad() or torch.inference_mode()"
+        )
+
+
+# --- serving attention over a paged KV cache ----------------------------------------------------
+
+_CACHE_DTYPES = (*_DTYPES, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@torch.library.custom_op("tilelab::paged_attention", mutates_args=("out",))
+def _paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float | None,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    k_scale: float,
+    v_scale: float,
+    split_kv: int | None,
+) -> None:
+    # tilelab reads torch tensors in place through DLPack and writes out in place.
+    tilelab.paged_attention(
+        query.detach(),
+        key_cache.detach(),
+        value_cache.detach(),
+        block_table,
+        seq_lens,
+        query_start_loc,
+        scale=scale,
+        causal=causal,
+        sliding_window=(window_left, window_right),
+        softcap=softcap,
+        alibi_slopes=None if alibi_slopes is None else alibi_slopes.detach(),
+        sinks=None if sinks is None else sinks.detach(),
+        k_scale=k_scale,
+        v_scale=v_scale,
+        split_kv="auto" if split_kv is None else split_kv,
+        out=out.detach(),
+    )
+
+
+@_paged_attention.register_fake
+def _paged_attention_fake(out, *arguments):
+    return None
+
+
+@torch.library.custom_op(
+    "tilelab::reshape_and_cache_flash", mutates_args=("key_cache", "value_cache")
+)
+def _reshape_and_cache_flash(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+) -> None:
+    tilelab.reshape_and_cache_flash(
+        key.detach(),
+        value.detach(),
+        key_cache.detach(),
+        value_cache.detach(),
+        slot_mapping,
+        k_scale,
+        v_scale,
+    )
+
+
+@_reshape_and_cache_flash.register_fake
+def _reshape_and_cache_flash_fake(key, value, key_cache, value_cache, *arguments):
+    return None
+
+
+def _require_cache_tensors(**tensors) -> None:
+    for name, tensor in tensors.items():
+        _require_tensor(tensor, name)
+        if tensor.dtype not in _CACHE_DTYPES:
+            raise TypeError(
+                f"{name}: expected dtype {_DTYPE_NAMES}, torch.float8_e4m3fn or "
+                f"torch.float8_e5m2, got {tensor.dtype}"
+            )
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    sliding_window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    split_kv: int | str = "auto",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`tilelab.paged_attention` on CPU tensors, as the custom op
+    ``tilelab::paged_attention`` (traceable by ``torch.compile(fullgraph=True)``).
+
+    vLLM's layout: query ``[num_tokens, Hq, D]`` (float32, float16 or bfloat16), key_cache and
+    value_cache ``[num_blocks, Hkv, block_size, D]`` (those dtypes or torch.float8_e4m3fn /
+    torch.float8_e5m2 with ``k_scale`` / ``v_scale``), block_table int32
+    ``[num_seqs, max_blocks_per_seq]``, seq_lens int32 ``[num_seqs]`` (context plus new tokens),
+    query_start_loc int32 ``[num_seqs + 1]``. The semantics, options and errors are
+    :func:`tilelab.paged_attention`'s (docs/paged_attention.md). Returns ``out`` (a new
+    ``[num_tokens, Hq, D]`` tensor of query's dtype unless given); every tensor is read in place.
+
+    Serving only: there is no backward, so tensors that require grad are refused (ValueError)
+    unless autograd is off (torch.no_grad(), torch.inference_mode()).
+    """
+    _require_cache_tensors(query=query, key_cache=key_cache, value_cache=value_cache)
+    for name, tensor in (
+        ("block_table", block_table),
+        ("seq_lens", seq_lens),
+        ("query_start_loc", query_start_loc),
+        ("alibi_slopes", alibi_slopes),
+        ("sinks", sinks),
+        ("out", out),
+    ):
+        if tensor is not None:
+            _require_tensor(tensor, name)
+    _refuse_gradients(
+        "query",
+        "tilelab.torch.paged_attention",
+        query,
+        key_cache,
+        value_cache,
+        alibi_slopes,
+        sinks,
+    )
+    if split_kv == "auto":
+        split_kv = None
+    elif not isinstance(split_kv, int) or isinstance(split_kv, bool):
+        raise TypeError(f"split_kv: expected 'auto' or an int >= 1, got {split_kv!r}")
+    window_left, window_right = _window(sliding_window)
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype)
+    _paged_attention(
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        None if scale is None else float(scale),
+        bool(causal),
+        window_left,
+        window_right,
+        float(softcap),
+        alibi_slopes,
+        sinks,
+        float(k_scale),
+        float(v_scale),
+        split_kv,
+    )
+    return out
+
+
+def reshape_and_cache_flash(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """:func:`tilelab.reshape_and_cache_flash` on CPU tensors, as the custom op
+    ``tilelab::reshape_and_cache_flash`` (mutates key_cache and value_cache in place): token t's
+    key and value ``[num_tokens, Hkv, D]`` go to slot ``slot_mapping[t]`` (int32; negative =
+    skipped) of the caches ``[num_blocks, Hkv, block_size, D]``, quantized with round-to-nearest
+    even and saturation when a cache is float8."""
+    _require_cache_tensors(key=key, value=value, key_cache=key_cache, value_cache=value_cache)
+    _require_tensor(slot_mapping, "slot_mapping")
+    _reshape_and_cache_flash(
+        key, value, key_cache, value_cache, slot_mapping, float(k_scale), float(v_scale)
+    )

@@ -523,7 +523,8 @@ def test_above_diagonal_block_is_fine_when_not_causal():
 def test_bad_layout_arguments():
     with pytest.raises(TypeError, match=r"^crow: expected an integer dtype"):
         tilelab.BlockSparseLayout(np.zeros((1, 3)), np.zeros((1, 1), np.int32), 16)
-    with pytest.raises(TypeError, match=r"^col: expected a numpy.ndarray of int32, got list"):
+    with pytest.raises(TypeError, match=r"^col: expected a numpy.ndarray \(or an object with "
+                       r"__dlpack__ or the buffer protocol\) of int32, got list"):
         tilelab.BlockSparseLayout(np.zeros((1, 3), np.int32), [[0]], 16)
     with pytest.raises(ValueError, match=r"^block_size: expected a value >= 1, got 0"):
         tilelab.BlockSparseLayout(np.array([[0, 1]]), np.array([[0]]), 0)
@@ -643,7 +644,8 @@ def test_cu_seqlens_of_different_lengths(rng):
         (lambda a: a.update(cu_seqlens_q=np.array([0.0, 10, 11])), TypeError,
          r"^cu_seqlens_q: expected an integer dtype \(int32\), got float64"),
         (lambda a: a.update(cu_seqlens_k=[0, 40, 60]), TypeError,
-         r"^cu_seqlens_k: expected a numpy.ndarray of int32, got list"),
+         r"^cu_seqlens_k: expected a numpy.ndarray \(or an object with __dlpack__ or the "
+         r"buffer protocol\) of int32, got list"),
         (lambda a: a.update(out=np.zeros((11, 4, 16), np.float16)), TypeError,
          r"^out: expected dtype float32 \(the dtype of q\), got float16"),
         (lambda a: a.update(out=np.zeros((11, 4, 8), np.float32)), ValueError,

@@ -95,6 +95,20 @@ def test_reshape_and_cache_writes_into_the_tensor():
     assert torch.equal(kv_cache[0, 1, :, 1], key[0]) and torch.equal(kv_cache[1, 0, :, 0], value[1])
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_index_arrays_may_be_tensors(index_dtype):
+    # block_table, seq_lens and query_start_loc through DLPack too (int64 is narrowed, checked).
+    rng = np.random.default_rng(0)
+    key_cache = rng.standard_normal((3, 1, 4, 8), dtype=np.float32)
+    query = rng.standard_normal((3, 2, 8), dtype=np.float32)
+    indices = (np.array([[2, 0], [1, -1]]), np.array([6, 2]), np.array([0, 2, 3]))
+    want = tilelab.paged_attention(query, key_cache, key_cache,
+                                   *(a.astype(np.int32) for a in indices))
+    got = tilelab.paged_attention(torch.from_numpy(query), key_cache, key_cache,
+                                  *(torch.from_numpy(a).to(index_dtype) for a in indices))
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize(
     ("tensor", "message"),
     [

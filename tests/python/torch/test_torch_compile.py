@@ -90,9 +90,11 @@ def test_opcheck(dtype, with_bias):
     k = torch.randn(1, 2, 7, 8, generator=generator).to(dtype).requires_grad_()
     v = torch.randn(1, 2, 7, 8, generator=generator).to(dtype).requires_grad_()
     bias = torch.randn(1, 4, 5, 7, generator=generator).requires_grad_() if with_bias else None
-    torch.library.opcheck(torch.ops.tilelab.flash_attention.default,
-                          (q, k, v, bias, True, "bottom_right", 0.5))
-    out, lse = torch.ops.tilelab.flash_attention(q, k, v, bias, True, "bottom_right", 0.5)
+    # The trailing arguments are the score options, off: window (-1, -1), softcap 0, no ALiBi
+    # slopes, no sinks.
+    arguments = (q, k, v, bias, True, "bottom_right", 0.5, -1, -1, 0.0, None, None)
+    torch.library.opcheck(torch.ops.tilelab.flash_attention.default, arguments)
+    out, lse = torch.ops.tilelab.flash_attention(*arguments)
     # The backward op has no autograd formula of its own (no double backward): plain tensors.
     bias = None if bias is None else bias.detach()
     torch.library.opcheck(
