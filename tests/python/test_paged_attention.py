@@ -336,6 +336,24 @@ def test_fp8_cache(fp8_name, dtype):
 
 
 @pytest.mark.parametrize("fp8_name", list(FP8))
+@pytest.mark.parametrize("head_dim", [256, 263])
+def test_every_fp8_code_widens_exactly(fp8_name, head_dim):
+    """With one visible key, out = v_scale * v exactly: a value row holding all 256 codes (the
+    vector path takes 16 at a time, the scalar tail the rest) gives each code's ml_dtypes value,
+    subnormals, zeros, the largest values, inf (e5m2) and NaN included."""
+    codes = np.arange(head_dim, dtype=np.uint32).astype(np.uint8)  # 263: codes 0-6 twice
+    value_cache = codes.view(FP8[fp8_name]).reshape(1, 1, 1, head_dim)
+    key_cache = np.zeros_like(value_cache)
+    query = np.ones((1, 1, head_dim), np.float32)
+    out = tilelab.paged_attention(query, key_cache, value_cache, np.zeros((1, 1), np.int32),
+                                  np.array([1], np.int32), np.array([0, 1], np.int32),
+                                  v_scale=1.0)
+    want = value_cache.reshape(1, 1, head_dim).astype(np.float32)
+    # NaN positions must match too. (-0 comes out +0: the accumulator starts at +0.)
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("fp8_name", list(FP8))
 def test_fp8_cache_with_options_and_split(fp8_name):
     rng = np.random.default_rng(22)
     batch = make_batch(rng, [*DECODE, (7, 700)], q_heads=8, kv_heads=2, head_dim=96,
