@@ -54,7 +54,8 @@ py::array flash_paged_attention(const py::handle& query, const py::handle& key,
                                 const py::handle& value, const py::handle& kv_cache,
                                 const py::handle& block_tables, const py::handle& mask,
                                 const py::handle& softmax_scale, const py::handle& mixed_precision,
-                                std::int64_t large_tile_size, const std::string& schedule) {
+                                std::int64_t large_tile_size, const std::string& schedule,
+                                const py::handle& skip_masked_tiles) {
   const ArrayView q = view_array(require_attention_array(query, "query"), "query");
   const ArrayView k = view_array(require_attention_array(key, "key"), "key");
   const ArrayView v = view_array(require_attention_array(value, "value"), "value");
@@ -70,6 +71,7 @@ py::array flash_paged_attention(const py::handle& query, const py::handle& key,
   options.mixed_precision = parse_bool(mixed_precision, "mixed_precision");
   options.large_tile_size = large_tile_size;
   options.schedule = parse_schedule(schedule);
+  options.skip_masked_tiles = parse_bool(skip_masked_tiles, "skip_masked_tiles");
   // (1, n_heads, seq_q, d), query's dtype.
   py::array out =
       new_array(q.owner.dtype(), {q.view.dim(0), q.view.dim(1), q.view.dim(3), q.view.dim(2)});
@@ -126,7 +128,7 @@ void register_nki_bindings(py::module_& core) {
           py::arg("value"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("mask"),
           py::kw_only(), py::arg("softmax_scale") = py::none(), py::arg("mixed_precision") = true,
           py::arg("LARGE_TILE_SZ") = 2048, py::arg("schedule") = "cpu",
-          "See tilelab.nki.flash_paged_attention.");
+          py::arg("skip_masked_tiles") = true, "See tilelab.nki.flash_paged_attention.");
   nki.def("reorder_context_mask", &reorder_context_mask, py::arg("mask"), py::arg("LARGE_TILE_SZ"),
           py::arg("block_size"), "See tilelab.nki.reorder_context_mask.");
   nki.def("reshape_and_cache", &reshape_and_cache, py::arg("key"), py::arg("value"),

@@ -156,6 +156,7 @@ class _NkiModule:
         mixed_precision: bool = True,
         LARGE_TILE_SZ: int = 2048,
         schedule: str = "cpu",
+        skip_masked_tiles: bool = True,
     ) -> np.ndarray: ...
     @staticmethod
     def reorder_context_mask(mask: np.ndarray, LARGE_TILE_SZ: int, block_size: int) -> np.ndarray: ...

@@ -95,6 +95,7 @@ def flash_paged_attention(
     LARGE_TILE_SZ: int = 2048,  # noqa: N803 (the NKI kernel's name)
     *,
     schedule: Schedule = "cpu",
+    skip_masked_tiles: bool = True,
 ) -> np.ndarray:
     """Flash paged attention forward, as vLLM's NKI kernel ``flash_paged_attention``.
 
@@ -126,6 +127,12 @@ def flash_paged_attention(
             of block_size, with LARGE_TILE_SZ / block_size a power of two.
         schedule: ``"cpu"`` (tuned for x86) or ``"tile"`` (the NeuronCore tiling); the same
             algorithm and rounding points.
+        skip_masked_tiles: the cpu schedule leaves out a (32-row query block, large tile) pair
+            whose scores are all masked when that provably changes no output bit (every row of
+            the block sees a key and the scores and values are small enough that the left-out
+            exp(-9984 - max) terms are exactly 0); otherwise it computes the pair. False computes
+            every pair, as the NKI kernel does (the same output, for comparisons and benchmarks).
+            The tile schedule always computes every pair.
 
     Constraints (the NKI kernel's): d <= 128; seq_q a multiple of 128 (of 512 above 512, of 2048
     above 4096); block_size a power of two <= 256; ``num_active_blocks * block_size`` a positive
@@ -147,6 +154,7 @@ def flash_paged_attention(
         mixed_precision=mixed_precision,
         LARGE_TILE_SZ=_require_int(LARGE_TILE_SZ, "LARGE_TILE_SZ"),
         schedule=schedule,
+        skip_masked_tiles=skip_masked_tiles,
     )
 
 

@@ -191,6 +191,23 @@ def test_masked_tiles_left_out_change_no_bit(rng, precision):
     assert error <= tolerance(args, mixed_precision, dtype, mask.shape[1])
 
 
+@pytest.mark.parametrize("mixed_precision", [True, False])
+def test_skip_masked_tiles_changes_no_bit(rng, mixed_precision):
+    # A causal batch with long contexts: most (query block, large tile) pairs are all masked.
+    requests = [(40, 1100), (1, 700), (50, 0), (20, 600), (9, 2047)]
+    args = continuous_batch(rng, requests, n_heads=4, n_kv_heads=2, head_dim=32, block_size=16,
+                            large_tile=512, dtype=np.float32)
+    call = dict(query=args["query"], key=args["key"], value=args["value"],
+                kv_cache=args["kv_cache"], block_tables=args["block_tables"],
+                mask=nki.reorder_context_mask(args["mask"], 512, 16),
+                mixed_precision=mixed_precision, LARGE_TILE_SZ=512)
+    skipping = nki.flash_paged_attention(**call)
+    every_pair = nki.flash_paged_attention(**call, skip_masked_tiles=False)
+    np.testing.assert_array_equal(skipping.view(np.uint8), every_pair.view(np.uint8))
+    with pytest.raises(TypeError, match=r"^skip_masked_tiles: expected a bool"):
+        nki.flash_paged_attention(**call, skip_masked_tiles="yes")
+
+
 def test_integer_mask_is_accepted(rng):
     args = continuous_batch(rng, [(5, 7)], n_heads=1, n_kv_heads=1, head_dim=8, block_size=8,
                             large_tile=512, dtype=np.float32)
