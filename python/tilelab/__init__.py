@@ -125,9 +125,10 @@ def flash_attention(
             combinable with ``bias`` yet. Calls with score options or fp8 k/v run on the paged
             kernel: ``implementation="generated"`` refuses them.
         k_scale, v_scale: dequantization scales of fp8 k and v (1.0 otherwise).
-        implementation: ``"automatic"`` (the generated kernel when it covers the call, else the
-            reference), ``"generated"`` (ValueError when it does not cover the call) or
-            ``"reference"``.
+        implementation: ``"automatic"`` (decode, M == 1 without a bias, on the paged kernel,
+            which reads each K/V row once for a whole GQA group; otherwise the generated kernel
+            when it covers the call, else the reference), ``"generated"`` (ValueError when it
+            does not cover the call) or ``"reference"``.
 
     Returns:
         ``out`` — a new C-contiguous ``[B, Hq, M, D]`` array of q's dtype — or ``(out, lse)`` when
@@ -282,8 +283,8 @@ def flash_attention_implementation(
 ) -> str:
     """Which implementation :func:`flash_attention` would run for these arguments with
     ``implementation="automatic"``: ``"generated"``, ``"reference"``, or ``"paged"`` (score
-    options or fp8 k/v: the paged kernel). Validates like :func:`flash_attention` and raises the
-    same errors; computes nothing."""
+    options, fp8 k/v, or decode, M == 1 without a bias: the paged kernel). Validates like
+    :func:`flash_attention` and raises the same errors; computes nothing."""
     return _core.flash_attention_implementation(
         q,
         k,

@@ -34,6 +34,10 @@ struct AttentionProblem {
   // Calls with score options or fp8 k/v run on the paged kernel (neither the generated dense
   // kernels nor the dense reference implement them).
   bool needs_paged_kernel() const { return score.any() || is_fp8(kv_dtype); }
+  // Decode (one query row per batch entry and head) without a bias: under automatic dispatch the
+  // paged kernel, which reads each K/V row once for a whole GQA group, outruns the generated
+  // kernels (measured: bench/attention/bench_flash.py's decode rows).
+  bool automatic_prefers_paged_kernel() const { return q_len == 1 && !bias; }
 };
 
 // flash_attention on the paged kernel (paged_kernel_attention), one batch entry at a time: k[b]

@@ -27,7 +27,11 @@ void flash_attention(const TensorView& q, const TensorView& k, const TensorView&
              "head_dim <= 256; use 'automatic' or 'reference'";
       return;
     case Implementation::automatic:
-      if (!detail::generated_flash_attention(problem)) detail::reference_flash_attention(problem);
+      if (problem.automatic_prefers_paged_kernel()) {
+        detail::flash_attention_on_paged_kernel(problem);
+      } else if (!detail::generated_flash_attention(problem)) {
+        detail::reference_flash_attention(problem);
+      }
       return;
   }
 }
@@ -36,7 +40,7 @@ const char* flash_attention_implementation(const TensorView& q, const TensorView
                                            const TensorView& v, const TensorView& out,
                                            const FlashAttentionOptions& options) {
   const AttentionProblem problem = detail::validate_flash_attention(q, k, v, out, options);
-  if (problem.needs_paged_kernel()) return "paged";
+  if (problem.needs_paged_kernel() || problem.automatic_prefers_paged_kernel()) return "paged";
   return detail::generated_flash_attention_covers(problem) ? "generated" : "reference";
 }
 

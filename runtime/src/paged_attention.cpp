@@ -17,20 +17,24 @@ namespace tilelab {
 namespace detail {
 
 void flash_attention_on_paged_kernel(const AttentionProblem& dense) {
-  const std::int64_t M = dense.q_len, N = dense.kv_len;
+  const std::int64_t B = dense.batch, M = dense.q_len, N = dense.kv_len;
+  // The batch as one paged problem, so that one parallel plan covers every (entry, kv head):
+  // entry b is sequence b of M query tokens, and k[b], v[b] are its one cache block of N keys.
   PagedProblem problem;
   problem.dtype = dense.dtype;
   problem.cache_dtype = dense.kv_dtype;
-  problem.num_tokens = M;
+  problem.num_tokens = B * M;
   problem.q_heads = dense.q_heads;
   problem.kv_heads = dense.kv_heads;
   problem.head_dim = dense.head_dim;
-  problem.num_blocks = 1;
+  problem.num_blocks = B;
   problem.block_size = N;
-  problem.num_seqs = 1;
-  problem.seq_lens = {N};
-  problem.query_starts = {0, M};
-  problem.block_table = {0};
+  problem.num_seqs = B;
+  problem.seq_lens.assign(B, N);
+  problem.query_starts.resize(B + 1);
+  problem.block_table.resize(B);
+  for (std::int64_t b = 0; b <= B; ++b) problem.query_starts[b] = b * M;
+  for (std::int64_t b = 0; b < B; ++b) problem.block_table[b] = static_cast<std::int32_t>(b);
   problem.max_blocks_per_seq = 1;
   problem.scale = dense.scale;
   problem.causal = dense.causal;
@@ -39,28 +43,26 @@ void flash_attention_on_paged_kernel(const AttentionProblem& dense) {
   problem.v_scale = dense.v_scale;
   // Paged positions put the queries last (N - M + row); the dense ones are row + offset.
   problem.position_shift = dense.position_offset - (N - M);
-  // Batch entry b as a one-sequence paged problem: q[b] as [M, Hq, D] tokens, k[b] and v[b] as
-  // one cache block of N keys.
-  const auto entry = [](const TensorView& view, std::int64_t b, std::initializer_list<int> dims) {
-    std::int64_t shape[4], strides[4];
+  // q, out [B, H, M, D] as tokens [B * M, H, D]: token b * M + m is at b * stride(0) + m *
+  // stride(2), so the per-sequence stride is stride(0) - M * stride(2). lse [B, H, M] likewise.
+  const auto tokens = [&](const TensorView& view, std::initializer_list<int> dims,
+                          std::int64_t& seq_stride) {
+    std::int64_t shape[3], strides[3];
     int i = 0;
     for (int dim : dims) {
-      shape[i] = dim < 0 ? 1 : view.dim(dim);
-      strides[i] = dim < 0 ? 0 : view.stride(dim);
+      shape[i] = dim == 2 ? B * M : view.dim(dim);
+      strides[i] = view.stride(dim);
       ++i;
     }
-    auto* data = static_cast<char*>(view.data()) +
-                 b * view.stride(0) * static_cast<std::int64_t>(dtype_size(view.dtype()));
-    return TensorView(data, view.dtype(), static_cast<int>(dims.size()), shape, strides);
+    seq_stride = view.stride(0) - M * view.stride(2);
+    return TensorView(view.data(), view.dtype(), static_cast<int>(dims.size()), shape, strides);
   };
-  for (std::int64_t b = 0; b < dense.batch; ++b) {
-    problem.query = entry(dense.q, b, {2, 1, 3});
-    problem.out = entry(dense.out, b, {2, 1, 3});
-    problem.key_cache = entry(dense.k, b, {-1, 1, 2, 3});
-    problem.value_cache = entry(dense.v, b, {-1, 1, 2, 3});
-    if (dense.lse) problem.lse = entry(*dense.lse, b, {2, 1});
-    paged_kernel_attention(problem);
-  }
+  problem.query = tokens(dense.q, {2, 1, 3}, problem.query_seq_stride);
+  problem.out = tokens(dense.out, {2, 1, 3}, problem.out_seq_stride);
+  if (dense.lse) problem.lse = tokens(*dense.lse, {2, 1}, problem.lse_seq_stride);
+  problem.key_cache = dense.k;
+  problem.value_cache = dense.v;
+  paged_kernel_attention(problem);
 }
 
 }  // namespace detail

@@ -358,18 +358,20 @@ WorkPlan plan_work(const PagedProblem& problem, std::int64_t folded_rows) {
   return {std::move(items), partial_slots};
 }
 
-// A packed [rows, H, D] tensor (query, out) addressed by element strides.
+// A [tokens, H, D] tensor (query, out) addressed by element strides; token t of sequence s is
+// at s * seq_stride + t * token_stride (PagedProblem::query_seq_stride).
 template <typename Storage>
 struct TokenRows {
   Storage* data;
-  std::int64_t token_stride, head_stride, dim_stride;
-  explicit TokenRows(const TensorView& view)
+  std::int64_t seq_stride, token_stride, head_stride, dim_stride;
+  TokenRows(const TensorView& view, std::int64_t sequence_stride)
       : data(static_cast<Storage*>(view.data())),
+        seq_stride(sequence_stride),
         token_stride(view.stride(0)),
         head_stride(view.stride(1)),
         dim_stride(view.stride(2)) {}
-  Storage* row(std::int64_t token, std::int64_t head) const {
-    return data + token * token_stride + head * head_stride;
+  Storage* row(std::int64_t seq, std::int64_t token, std::int64_t head) const {
+    return data + seq * seq_stride + token * token_stride + head * head_stride;
   }
 };
 
@@ -407,8 +409,8 @@ class PagedKernel {
         group_(problem.q_heads / problem.kv_heads),
         head_dim_(problem.head_dim),
         score_scale_(problem.scale * problem.k_scale),
-        query_(problem.query),
-        out_(problem.out),
+        query_(problem.query, problem.query_seq_stride),
+        out_(problem.out, problem.out_seq_stride),
         dim_(padded_dim(problem.head_dim)),
         row_bytes_(problem.key_cache.stride(3) == 1
                        ? problem.head_dim * static_cast<std::int64_t>(sizeof(CacheStorage))
@@ -468,14 +470,15 @@ class PagedKernel {
       }
       const float factor = inverse_row_sum(counted, row_sum) * p_.v_scale;
       const std::int64_t token = p_.query_starts[item.seq] + item.token_begin + r / group_;
-      QueryStorage* dst = out_.row(token, head);
+      QueryStorage* dst = out_.row(item.seq, token, head);
       for (std::int64_t d = 0; d < head_dim_; ++d) {
         dst[d * out_.dim_stride] = QueryTraits::from_float(acc[d] * factor);
       }
       if (p_.lse) {
         // As flash_attention's lse: -inf for a row no key reached, NaN for a sum of zero (only
         // -inf scores) or NaN.
-        static_cast<float*>(p_.lse->data())[token * p_.lse->stride(0) + head * p_.lse->stride(1)] =
+        static_cast<float*>(p_.lse->data())[item.seq * p_.lse_seq_stride +
+                                            token * p_.lse->stride(0) + head * p_.lse->stride(1)] =
             !counted          ? kNegativeInfinity
             : row_sum == 0.0f ? std::numeric_limits<float>::quiet_NaN()
                               : row_max + std::log(row_sum);
@@ -488,7 +491,7 @@ class PagedKernel {
     const std::int64_t rows = item.tokens * group_;
     for (std::int64_t r = 0; r < rows; ++r) {
       const QueryStorage* src =
-          query_.row(p_.query_starts[item.seq] + item.token_begin + r / group_,
+          query_.row(item.seq, p_.query_starts[item.seq] + item.token_begin + r / group_,
                      item.kv_head * group_ + r % group_);
       float* dst = &q_rows_[r * dim_];
       for (std::int64_t d = 0; d < head_dim_; ++d) {

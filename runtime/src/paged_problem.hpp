@@ -34,6 +34,10 @@ struct PagedProblem {
   // -inf for a row that saw no key.
   std::optional<TensorView> lse;
   std::int64_t split_kv = 0;
+  // Elements added per sequence to the address of a query, out and lse row: token t of
+  // sequence s is at s * seq_stride + t * stride(0). 0 for paged_attention's packed tokens; a
+  // batched dense call uses it to address q[b] without a uniform token stride across b.
+  std::int64_t query_seq_stride = 0, out_seq_stride = 0, lse_seq_stride = 0;
 
   std::int64_t q_len(std::int64_t seq) const { return query_starts[seq + 1] - query_starts[seq]; }
   // The absolute position of the sequence's first query token.

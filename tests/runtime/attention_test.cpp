@@ -230,18 +230,26 @@ void run_case(const Case& c) {
                                                      inputs.v.view(), inputs.options);
   const std::string chosen = tilelab::flash_attention_implementation(
       inputs.q.view(), inputs.k.view(), inputs.v.view(), inputs.out.view(), inputs.options);
+  // Decode without a bias runs on the paged kernel under automatic dispatch.
+  const bool decode_on_paged_kernel = c.lengths.q_len == 1 && c.bias == BiasShape::none;
+  if (decode_on_paged_kernel) {
+    INFO(describe(c));
+    REQUIRE(chosen == "paged");
+  }
+  bool generated_covers = chosen == "generated";
 #ifdef TILELAB_HAVE_KERNELS
   // Built with kernels: every case with unit innermost strides is within what they cover, so the
   // generated path cannot silently fall back to the reference.
   if (!c.kv_inner_strided) {
     INFO(describe(c));
-    REQUIRE(chosen == "generated");
+    if (!decode_on_paged_kernel) REQUIRE(chosen == "generated");
+    generated_covers = true;
   }
 #endif
   std::vector<Implementation> implementations = {Implementation::reference,
                                                  Implementation::automatic};
-  // Built without kernels, 'generated' throws; it is run whenever dispatch would pick it.
-  if (chosen == "generated") implementations.push_back(Implementation::generated);
+  // Built without kernels, 'generated' throws; it is run whenever it covers the call.
+  if (generated_covers) implementations.push_back(Implementation::generated);
 
   for (const Implementation implementation : implementations) {
     const char* name = implementation == Implementation::reference   ? "reference"

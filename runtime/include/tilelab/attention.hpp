@@ -15,7 +15,9 @@ namespace tilelab {
 enum class CausalAlignment { top_left, bottom_right };
 
 // Which implementation computes the result.
-//   automatic: the generated kernel when it covers the call, else the reference.
+//   automatic: decode (M == 1) without a bias runs on the paged kernel (paged.hpp), which reads
+//     each K/V row once for a whole GQA group; otherwise the generated kernel when it covers the
+//     call, else the reference.
 //   generated: the generated kernel; Error when the call is outside what it covers.
 //   reference: the reference implementation (OpenMP + SLEEF, fp32 accumulation).
 enum class Implementation { automatic, generated, reference };
@@ -86,8 +88,8 @@ void flash_attention(const TensorView& q, const TensorView& k, const TensorView&
                      const TensorView& out, const FlashAttentionOptions& options = {});
 
 // Which implementation flash_attention would use for these arguments under
-// Implementation::automatic ("generated", "reference", or "paged" for score options and fp8 k/v),
-// after the same validation.
+// Implementation::automatic ("generated", "reference", or "paged": score options, fp8 k/v, and
+// decode, i.e. M == 1 without a bias), after the same validation.
 const char* flash_attention_implementation(const TensorView& q, const TensorView& k,
                                            const TensorView& v, const TensorView& out,
                                            const FlashAttentionOptions& options = {});
