@@ -468,6 +468,40 @@ class Report:
             json.dump(self.to_json(), file, indent=2)
             file.write("\n")
 
+    def to_parquet(self, directory: str | os.PathLike) -> tuple[str, str]:
+        """Writes the profile tables as Parquet files into ``directory`` (created when missing;
+        files of the same name are replaced) and returns their paths:
+
+        - ``Instruction.parquet``: one row per instruction, in program order (the
+          :attr:`timeline` fields plus the DMA transfer's partitions, bytes per partition,
+          source and destination memory, HBM bytes and source location);
+        - ``DmaPacket.parquet``: one row per DMA piece, the share of one transfer that one DMA
+          engine moves (engine, queue, times, bytes, partitions, the instruction it belongs to).
+
+        Column names follow the tables of Neuron's profiler (Neuron Explorer's
+        ``Instruction.parquet`` and ``DmaPacket.parquet``) where it has an equivalent; times are
+        float64 ns. docs/profile_tables.md lists every column with its type and unit. Every
+        report of the simulate functions keeps its DMA pieces, so nothing is simulated again.
+
+        Needs pyarrow (ImportError naming it otherwise). ``directory`` naming a file is a
+        NotADirectoryError, one that cannot be written an OSError; both name ``directory``.
+        """
+        pyarrow, parquet = _import_pyarrow("Report.to_parquet")
+        target = _output_directory(directory)
+        tables = _profile_tables(pyarrow, self._handle)
+        paths = []
+        for name, table in tables.items():
+            path = os.path.join(target, f"{name}.parquet")
+            try:
+                with open(path, "wb") as file:
+                    parquet.write_table(table, file)
+            except OSError as error:
+                raise OSError(
+                    error.errno, f"directory: cannot write '{path}': {error.strerror or error}"
+                ) from error
+            paths.append(path)
+        return paths[0], paths[1]
+
     def __str__(self) -> str:
         return _core.sim_report_text(self._handle)
 
@@ -535,6 +569,146 @@ def _make_timeline(columns: dict) -> np.ndarray:
     table["wait_reason"] = np.array(columns["wait_reason_names"])[columns["wait_reason"]]
     table["on_critical_path"] = columns["on_critical_path"].astype(bool)
     return table
+
+
+# --- profile tables (Report.to_parquet) ------------------------------------------------------
+
+
+def _import_pyarrow(feature: str):
+    try:
+        import pyarrow
+        import pyarrow.compute
+        import pyarrow.parquet
+    except ImportError as error:
+        raise ImportError(f"{feature} needs pyarrow (pip install pyarrow)") from error
+    return pyarrow, pyarrow.parquet
+
+
+def _output_directory(directory: Any) -> str:
+    """`directory` as an absolute path, created when missing."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(
+            f"directory: expected a path (str or os.PathLike), got {_type_name(directory)}"
+        )
+    path = os.path.abspath(os.fspath(directory))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(f"directory: '{path}' is a file; expected a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise OSError(
+            error.errno, f"directory: cannot create '{path}': {error.strerror or error}"
+        ) from error
+    return path
+
+
+def _rank_within(keys: np.ndarray) -> np.ndarray:
+    """Per element, how many earlier elements have the same key (0, 1, 2, ... per key)."""
+    n = len(keys)
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if n else np.zeros(0, int)
+    group_start = np.repeat(first, np.diff(np.r_[first, n]))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n) - group_start
+    return rank
+
+
+def _profile_tables(pa, handle) -> dict[str, Any]:
+    """The Instruction and DmaPacket tables (pyarrow) of a run; docs/profile_tables.md."""
+    columns = _core.sim_timeline(handle)
+    n = len(columns["start_ns"])
+    is_dma = columns["is_dma"].astype(bool)
+    compute = ~is_dma
+
+    def names(table_key: str, codes: np.ndarray, null: np.ndarray | None = None):
+        """Categorical codes -> a string column (null where `null`)."""
+        indices = pa.array(codes.astype(np.int32), mask=null)
+        return pa.compute.take(pa.array(list(columns[table_key]), pa.string()), indices)
+
+    def nullable(values: np.ndarray, null: np.ndarray, type_) -> Any:
+        return pa.array(values, type=type_, mask=null)
+
+    start, issue_end, end = columns["start_ns"], columns["issue_end_ns"], columns["end_ns"]
+    transfer_start = columns["transfer_start_ns"]
+    dma_bytes = columns["dma_bytes"].astype(np.int64)
+    memory_names = list(columns["memory_names"])
+    source_is_hbm = is_dma & (columns["dma_source"] == memory_names.index("hbm"))
+    dest_is_hbm = is_dma & (columns["dma_destination"] == memory_names.index("hbm"))
+    wait_on = columns["wait_on"]
+    instruction_engines = np.array(columns["engine_names"])[columns["engine"]]
+    instruction = pa.table(
+        {
+            "id": pa.array(np.arange(n, dtype=np.int64)),
+            "engine": names("engine_names", columns["engine"]),
+            "timeline_track": pa.array(np.where(is_dma, "dma", instruction_engines)),
+            "pc": pa.array(_rank_within(columns["engine"])),
+            "opcode": names("opcode_names", columns["opcode"]),
+            "start_ts": pa.array(start),
+            "end_ts": pa.array(end),
+            "duration_ns": pa.array(end - start),
+            "issue_end_ts": pa.array(issue_end),
+            "wait_reason": names("wait_reason_names", columns["wait_reason"]),
+            "wait_on": nullable(wait_on, wait_on < 0, pa.int64()),
+            "on_critical_path": pa.array(columns["on_critical_path"].astype(bool)),
+            "is_dma": pa.array(is_dma),
+            "queue_idx": nullable(columns["dma_queue"], compute, pa.int64()),
+            "transfer_bytes": nullable(dma_bytes, compute, pa.int64()),
+            "partitions": nullable(columns["dma_partitions"], compute, pa.int64()),
+            "bytes_per_partition": nullable(
+                columns["dma_bytes_per_partition"].astype(np.int64), compute, pa.int64()
+            ),
+            "source": names("memory_names", columns["dma_source"], columns["dma_source"] < 0),
+            "dest": names(
+                "memory_names", columns["dma_destination"], columns["dma_destination"] < 0
+            ),
+            "dma_trigger_start_ts": nullable(transfer_start, compute, pa.float64()),
+            "dma_trigger_end_ts": nullable(end, compute, pa.float64()),
+            "dma_wait_time_ns": nullable(transfer_start - issue_end, compute, pa.float64()),
+            "hbm_read_bytes": pa.array(np.where(source_is_hbm, dma_bytes, 0)),
+            "hbm_write_bytes": pa.array(np.where(dest_is_hbm, dma_bytes, 0)),
+            # No built-in kernel records the source line of its instructions yet.
+            "nki_source_location": pa.nulls(n, pa.string()),
+        }
+    )
+
+    pieces = _core.sim_dma_pieces(handle)
+    owner = pieces["instruction"].astype(np.int64)
+    piece_start, piece_end = pieces["start_ns"], pieces["end_ns"]
+    piece_bytes = pieces["bytes"].astype(np.int64)
+    per_partition = columns["dma_bytes_per_partition"].astype(np.int64)[owner]
+    duration = piece_end - piece_start
+    with np.errstate(divide="ignore", invalid="ignore"):
+        throughput = np.where(duration > 0, piece_bytes / duration * 1e9, np.nan)
+    dma_packet = pa.table(
+        {
+            "id": pa.array(np.arange(len(owner), dtype=np.int64)),
+            "instruction_id": pa.array(owner),
+            "packet_idx": pa.array(_rank_within(owner)),
+            "engine_idx": pa.array(pieces["dma_engine"]),
+            "queue_idx": pa.array(pieces["queue"]),
+            "opcode": names("opcode_names", columns["opcode"][owner]),
+            "start_ts": pa.array(piece_start),
+            "end_ts": pa.array(piece_end),
+            "duration_ns": pa.array(duration),
+            "transfer_bytes": pa.array(piece_bytes),
+            "partitions": pa.array(
+                np.where(per_partition > 0, piece_bytes // np.maximum(per_partition, 1), 0)
+            ),
+            "bytes_per_partition": pa.array(per_partition),
+            "throughput": pa.array(throughput),
+            "source": names(
+                "memory_names", columns["dma_source"][owner], columns["dma_source"][owner] < 0
+            ),
+            "dest": names(
+                "memory_names",
+                columns["dma_destination"][owner],
+                columns["dma_destination"][owner] < 0,
+            ),
+            "nki_source_location": pa.nulls(len(owner), pa.string()),
+        }
+    )
+    return {"Instruction": instruction, "DmaPacket": dma_packet}
 
 
 # --- simulation entries ----------------------------------------------------------------------
