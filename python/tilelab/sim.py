@@ -1101,7 +1101,7 @@ def _column_value(value: Any) -> Any:
 
 
 class _NoProgress:
-    """The progress bar of a sweep that shows none."""
+    """The progress display of a sweep that shows none."""
 
     def update(self, count: int) -> None:
         pass
@@ -1110,31 +1110,51 @@ class _NoProgress:
         pass
 
 
-# How long a sweep with progress=None runs before its bar appears.
+class _CounterProgress:
+    """Without tqdm: a one-line counter on stderr (\\r), under the same rules as the bar."""
+
+    def __init__(self, total: int, delay: float):
+        self.total, self.delay, self.done = total, delay, 0
+        self.start = time.perf_counter()
+        self.shown = False
+
+    def update(self, count: int) -> None:
+        self.done += count
+        elapsed = time.perf_counter() - self.start
+        if elapsed < self.delay:
+            return
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        sys.stderr.write(f"\rsweep: {self.done}/{self.total} points, {rate:.0f} points/s")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+# How long a sweep with progress=None runs before its progress appears.
 _PROGRESS_DELAY_SECONDS = 2.0
 
 
 def _progress_bar(total: int, progress: bool | None):
-    """A tqdm.auto bar for a sweep of `total` points (a widget in notebooks with ipywidgets, text
-    on stderr elsewhere): shown from the start when `progress` is True, never when False, and
-    when None once the sweep has run for 2 s (tqdm's ``delay``). Without tqdm, True is an
-    ImportError and None shows nothing."""
+    """The progress display of a sweep of `total` points: a tqdm.auto bar (a widget in notebooks
+    with ipywidgets, text on stderr elsewhere), or a one-line counter on stderr when tqdm is not
+    installed. Shown from the start when `progress` is True, never when False, and when None
+    once the sweep has run for 2 s (tqdm's ``delay``)."""
     if progress is False:
         return _NoProgress()
+    delay = 0.0 if progress else _PROGRESS_DELAY_SECONDS
     try:
         from tqdm.auto import tqdm
-    except ImportError as error:
-        if progress:
-            raise ImportError(
-                "sweep(progress=True) needs tqdm (pip install tqdm); progress=None shows a bar "
-                "only when tqdm is installed"
-            ) from error
-        return _NoProgress()
+    except ImportError:
+        return _CounterProgress(total, delay)
     return tqdm(
         total=total,
         desc="sweep",
         unit=" points",
-        delay=0.0 if progress else _PROGRESS_DELAY_SECONDS,
+        delay=delay,
         file=sys.stderr,
         bar_format="{desc}: {n_fmt}/{total_fmt} points |{bar}| {elapsed}<{remaining}, {rate_fmt}",
     )
@@ -1407,8 +1427,8 @@ def sweep(
     OpenMP's thread pool does not survive ``fork``).
 
     ``progress``: a ``tqdm.auto`` bar (a widget in notebooks, text on stderr elsewhere) that
-    counts points as their chunks or tasks finish. True shows it from the start (ImportError
-    without tqdm), False never, None once the sweep has run for 2 s (nothing without tqdm).
+    counts points as their chunks or tasks finish; without tqdm, a one-line counter on stderr.
+    True shows it from the start, False never, None once the sweep has run for 2 s.
     """
     _check_executor(executor)
     base = dict(base or {})
