@@ -351,7 +351,8 @@ class Report:
     ``report.dma_gather_average_bytes_per_partition``, ...;
     :attr:`summary_fields` lists them, the same keys as :func:`sweep`'s columns). The nested
     report (schema ``tilelab.sim_report``, docs/sim_report.schema.json) is :meth:`to_json`;
-    :attr:`timeline` has one row per instruction.
+    :attr:`timeline` has one row per instruction; :meth:`to_parquet` writes the instruction and
+    DMA-piece tables as Parquet files (docs/profile_tables.md).
     """
 
     __slots__ = ("_handle", "_json", "_summary", "_timeline")
@@ -480,7 +481,8 @@ class Report:
 
         Column names follow the tables of Neuron's profiler (Neuron Explorer's
         ``Instruction.parquet`` and ``DmaPacket.parquet``) where it has an equivalent; times are
-        float64 ns. docs/profile_tables.md lists every column with its type and unit. Every
+        float64 ns. docs/profile_tables.md lists every column with its type and unit; each
+        file's metadata names the kernel, machine and parameters (``tilelab.*`` keys). Every
         report of the simulate functions keeps its DMA pieces, so nothing is simulated again.
 
         Needs pyarrow (ImportError naming it otherwise). ``directory`` naming a file is a
@@ -488,7 +490,16 @@ class Report:
         """
         pyarrow, parquet = _import_pyarrow("Report.to_parquet")
         target = _output_directory(directory)
-        tables = _profile_tables(pyarrow, self._handle)
+        # Which run the tables describe, in each file's key-value metadata.
+        run = {
+            "tilelab.kernel": self.kernel,
+            "tilelab.machine": self.machine,
+            "tilelab.parameters": json.dumps(self.parameters, sort_keys=True),
+        }
+        tables = {
+            name: table.replace_schema_metadata(run)
+            for name, table in _profile_tables(pyarrow, self._handle).items()
+        }
         paths = []
         for name, table in tables.items():
             path = os.path.join(target, f"{name}.parquet")

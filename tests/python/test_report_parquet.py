@@ -3,6 +3,7 @@ queried with DuckDB; every number is checked against the report's own timeline a
 summaries."""
 
 import collections
+import json
 import os
 import sys
 
@@ -35,6 +36,11 @@ def test_writes_two_files_named_as_neurons_tables(report, tables):
     paths, _, _ = tables
     assert [os.path.basename(p) for p in paths] == ["Instruction.parquet", "DmaPacket.parquet"]
     assert all(os.path.isabs(p) and os.path.isfile(p) for p in paths)
+    for path in paths:
+        metadata = parquet.read_schema(path).metadata
+        assert metadata[b"tilelab.kernel"].decode() == report.kernel
+        assert metadata[b"tilelab.machine"].decode() == report.machine
+        assert json.loads(metadata[b"tilelab.parameters"]) == report.parameters
     again = report.to_parquet(os.path.dirname(paths[0]))  # files are replaced
     assert again == paths
     assert parquet.read_table(again[1]).equals(tables[2])
