@@ -18,10 +18,28 @@ parquet = pytest.importorskip("pyarrow.parquet")
 SMALL = dict(prefill=[(128, 1024)], decode=[512, 300], num_heads=2, num_kv_heads=1)
 
 
-@pytest.fixture(scope="module", params=["paged_batch", "matmul"])
+def functional_report():
+    """A run on numbers (simulate_flash_paged_attention): one large tile of 16 blocks of 32."""
+    rng = np.random.default_rng(5)
+    d, seq_q, blocks, block_size = 32, 128, 16, 32
+    query = rng.standard_normal((1, 2, d, seq_q)).astype(np.float32)
+    key = rng.standard_normal((1, 1, d, seq_q)).astype(np.float32)
+    value = rng.standard_normal((1, 1, seq_q, d)).astype(np.float32)
+    kv_cache = rng.standard_normal((2, blocks, 1, block_size, d)).astype(np.float32)
+    block_tables = rng.permutation(blocks).astype(np.int32)
+    mask = np.ones((seq_q, blocks * block_size + seq_q), dtype=bool)
+    report, _ = sim.simulate_flash_paged_attention(
+        query, key, value, kv_cache, block_tables, mask, LARGE_TILE_SZ=512
+    )
+    return report
+
+
+@pytest.fixture(scope="module", params=["paged_batch", "matmul", "functional"])
 def report(request):
     if request.param == "paged_batch":
         return sim.simulate_paged_attention_batch(**SMALL)
+    if request.param == "functional":
+        return functional_report()
     return sim.simulate("matmul", {"variant": "tiled", "M": 256, "K": 256, "N": 512})
 
 
