@@ -554,8 +554,10 @@ py::dict timeline(const py::handle& handle) {
   const size_t n = run.program.instructions.size();
   std::vector<uint8_t> engine(n), opcode(n), wait_reason(n), transfer_reason(n), is_dma(n);
   std::vector<double> start(n), issue_end(n), end(n), transfer_start(n);
-  std::vector<int64_t> wait_on(n), dma_queue(n);
-  std::vector<uint64_t> dma_bytes(n);
+  std::vector<int64_t> wait_on(n), dma_queue(n), dma_partitions(n);
+  std::vector<uint64_t> dma_bytes(n), dma_bytes_per_partition(n);
+  // Memory codes (memory_names) of a DMA's source and destination; -1 for compute instructions.
+  std::vector<int8_t> dma_source(n, -1), dma_destination(n, -1);
   for (size_t i = 0; i < n; ++i) {
     const sim::Instruction& instr = run.program.instructions[i];
     const sim::InstructionTiming& t = run.timing.instructions[i];
@@ -571,8 +573,23 @@ py::dict timeline(const py::handle& handle) {
     is_dma[i] = instr.dma != sim::kNone;
     dma_queue[i] = is_dma[i] ? run.program.dmas[instr.dma].queue : -1;
     dma_bytes[i] = is_dma[i] ? run.program.dmas[instr.dma].bytes() : 0;
+    if (is_dma[i]) {
+      const sim::DmaRecord& dma = run.program.dmas[instr.dma];
+      dma_partitions[i] = dma.partitions;
+      dma_bytes_per_partition[i] = dma.bytes_per_partition;
+      // The tile side of a DMA is its operand; the HBM side has no operand (isa.hpp).
+      const auto memory_of = [&](bool is_hbm, int slot) -> int8_t {
+        if (is_hbm) return static_cast<int8_t>(sim::Memory::hbm);
+        const sim::TileRef& ref = instr.operands[size_t(slot)];
+        return ref.valid() ? static_cast<int8_t>(run.program.buffers[ref.tile].memory) : -1;
+      };
+      dma_source[i] = memory_of(dma.hbm_is_source, sim::kSrc0);
+      dma_destination[i] = memory_of(dma.hbm_is_destination, sim::kDst);
+    }
   }
-  py::list engine_names, opcode_names, reason_names;
+  py::list engine_names, opcode_names, reason_names, memory_names;
+  for (sim::Memory memory : {sim::Memory::hbm, sim::Memory::sbuf, sim::Memory::psum})
+    memory_names.append(std::string(sim::memory_name(memory)));
   for (int e = 0; e < sim::kEngineCount; ++e)
     engine_names.append(std::string(sim::engine_name(static_cast<sim::Engine>(e))));
   for (int o = 0; o < sim::kOpcodeCount; ++o)
@@ -592,10 +609,48 @@ py::dict timeline(const py::handle& handle) {
   d["is_dma"] = to_array(is_dma);
   d["dma_queue"] = to_array(dma_queue);
   d["dma_bytes"] = to_array(dma_bytes);
+  d["dma_partitions"] = to_array(dma_partitions);
+  d["dma_bytes_per_partition"] = to_array(dma_bytes_per_partition);
+  d["dma_source"] = to_array(dma_source);
+  d["dma_destination"] = to_array(dma_destination);
   d["on_critical_path"] = to_array(critical_flags(run));
   d["engine_names"] = engine_names;
   d["opcode_names"] = opcode_names;
   d["wait_reason_names"] = reason_names;
+  d["memory_names"] = memory_names;
+  return d;
+}
+
+// Column arrays of the run's DMA pieces (one row per piece: the share of one transfer that one
+// DMA engine moves), in the order the timing scheduled them.
+py::dict dma_pieces(const py::handle& handle) {
+  const SimRun& run = unwrap_run(handle, "handle");
+  const std::vector<sim::DmaPieceTiming>& pieces = run.timing.dma_pieces;
+  const bool has_dma = std::any_of(run.program.instructions.begin(), run.program.instructions.end(),
+                                   [](const sim::Instruction& i) { return i.dma != sim::kNone; });
+  // Every run the Python front end keeps records its pieces (time_program); a run without them
+  // would give an empty table that looks like a program without DMA.
+  TILELAB_CHECK(!pieces.empty() || !has_dma) << "handle: the run did not record its DMA pieces";
+  const size_t n = pieces.size();
+  std::vector<uint32_t> instruction(n);
+  std::vector<int64_t> engine(n), queue(n);
+  std::vector<uint64_t> bytes(n);
+  std::vector<double> start(n), end(n);
+  for (size_t i = 0; i < n; ++i) {
+    instruction[i] = pieces[i].instruction;
+    engine[i] = pieces[i].engine;
+    queue[i] = pieces[i].queue;
+    bytes[i] = pieces[i].bytes;
+    start[i] = pieces[i].start_ns;
+    end[i] = pieces[i].end_ns;
+  }
+  py::dict d;
+  d["instruction"] = to_array(instruction);
+  d["dma_engine"] = to_array(engine);
+  d["queue"] = to_array(queue);
+  d["bytes"] = to_array(bytes);
+  d["start_ns"] = to_array(start);
+  d["end_ns"] = to_array(end);
   return d;
 }
 
@@ -763,6 +818,9 @@ void register_sim_bindings(py::module_& core) {
       py::arg("handle"), "The run's report as a text table.");
   core.def("sim_timeline", &timeline, py::arg("handle"),
            "Per-instruction timing columns of a run.");
+  core.def("sim_dma_pieces", &dma_pieces, py::arg("handle"),
+           "Per-DMA-piece columns of a run: instruction, dma_engine, queue, bytes, start_ns, "
+           "end_ns.");
   core.def("sim_save_html", &save_html, py::arg("handle"), py::arg("path"), py::arg("comparisons"),
            py::arg("title"), py::arg("baseline_label"),
            "Writes the self-contained HTML report of a run.");

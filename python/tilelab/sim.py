@@ -11,14 +11,16 @@ NeuronCore-like tile machine, from Python or a notebook.
 - :func:`simulate_flash_paged_attention`: the arguments of
   :func:`tilelab.nki.flash_paged_attention` (NKI-layout arrays) plus machine and schedule; runs the
   tile program on the numbers and returns ``(report, output)``.
-- :func:`sweep`: many configurations of any kernel in parallel (OpenMP, GIL released) -> a
-  :class:`SweepResult` (``.to_pandas()`` for a DataFrame).
+- :func:`sweep`: many configurations of any kernel in parallel (OpenMP, GIL released; or on any
+  ``concurrent.futures`` executor, e.g. a Dask cluster) -> a :class:`SweepResult`
+  (``.to_pandas()`` for a DataFrame).
 
 Times are in ns, sizes in bytes (per partition where the name says so), rates in GB/s.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import json
@@ -349,7 +351,8 @@ class Report:
     ``report.dma_gather_average_bytes_per_partition``, ...;
     :attr:`summary_fields` lists them, the same keys as :func:`sweep`'s columns). The nested
     report (schema ``tilelab.sim_report``, docs/sim_report.schema.json) is :meth:`to_json`;
-    :attr:`timeline` has one row per instruction.
+    :attr:`timeline` has one row per instruction; :meth:`to_parquet` writes the instruction and
+    DMA-piece tables as Parquet files (docs/profile_tables.md).
     """
 
     __slots__ = ("_handle", "_json", "_summary", "_timeline")
@@ -466,6 +469,50 @@ class Report:
             json.dump(self.to_json(), file, indent=2)
             file.write("\n")
 
+    def to_parquet(self, directory: str | os.PathLike) -> tuple[str, str]:
+        """Writes the profile tables as Parquet files into ``directory`` (created when missing;
+        files of the same name are replaced) and returns their paths:
+
+        - ``Instruction.parquet``: one row per instruction, in program order (the
+          :attr:`timeline` fields plus the DMA transfer's partitions, bytes per partition,
+          source and destination memory, HBM bytes and source location);
+        - ``DmaPacket.parquet``: one row per DMA piece, the share of one transfer that one DMA
+          engine moves (engine, queue, times, bytes, partitions, the instruction it belongs to).
+
+        Column names follow the tables of Neuron's profiler (Neuron Explorer's
+        ``Instruction.parquet`` and ``DmaPacket.parquet``) where it has an equivalent; times are
+        float64 ns. docs/profile_tables.md lists every column with its type and unit; each
+        file's metadata names the kernel, machine and parameters (``tilelab.*`` keys). Every
+        report of the simulate functions keeps its DMA pieces, so nothing is simulated again.
+
+        Needs pyarrow (ImportError naming it otherwise). ``directory`` naming a file is a
+        NotADirectoryError, one that cannot be written an OSError; both name ``directory``.
+        """
+        pyarrow, parquet = _import_pyarrow("Report.to_parquet")
+        target = _output_directory(directory)
+        # Which run the tables describe, in each file's key-value metadata.
+        run = {
+            "tilelab.kernel": self.kernel,
+            "tilelab.machine": self.machine,
+            "tilelab.parameters": json.dumps(self.parameters, sort_keys=True),
+        }
+        tables = {
+            name: table.replace_schema_metadata(run)
+            for name, table in _profile_tables(pyarrow, self._handle).items()
+        }
+        paths = []
+        for name, table in tables.items():
+            path = os.path.join(target, f"{name}.parquet")
+            try:
+                with open(path, "wb") as file:
+                    parquet.write_table(table, file)
+            except OSError as error:
+                raise OSError(
+                    error.errno, f"directory: cannot write '{path}': {error.strerror or error}"
+                ) from error
+            paths.append(path)
+        return paths[0], paths[1]
+
     def __str__(self) -> str:
         return _core.sim_report_text(self._handle)
 
@@ -519,13 +566,160 @@ def _make_timeline(columns: dict) -> np.ndarray:
     is_dma = columns["is_dma"].astype(bool)
     table["unit"] = np.where(is_dma, "dma", table["engine"])
     table["opcode"] = np.array(columns["opcode_names"])[columns["opcode"]]
-    for name in ("start_ns", "issue_end_ns", "end_ns", "transfer_start_ns", "dma_queue",
-                 "dma_bytes", "wait_on"):
+    for name in (
+        "start_ns",
+        "issue_end_ns",
+        "end_ns",
+        "transfer_start_ns",
+        "dma_queue",
+        "dma_bytes",
+        "wait_on",
+    ):
         table[name] = columns[name]
     table["is_dma"] = is_dma
     table["wait_reason"] = np.array(columns["wait_reason_names"])[columns["wait_reason"]]
     table["on_critical_path"] = columns["on_critical_path"].astype(bool)
     return table
+
+
+# --- profile tables (Report.to_parquet) ------------------------------------------------------
+
+
+def _import_pyarrow(feature: str):
+    try:
+        import pyarrow
+        import pyarrow.compute
+        import pyarrow.parquet
+    except ImportError as error:
+        raise ImportError(f"{feature} needs pyarrow (pip install pyarrow)") from error
+    return pyarrow, pyarrow.parquet
+
+
+def _output_directory(directory: Any) -> str:
+    """`directory` as an absolute path, created when missing."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(
+            f"directory: expected a path (str or os.PathLike), got {_type_name(directory)}"
+        )
+    path = os.path.abspath(os.fspath(directory))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(f"directory: '{path}' is a file; expected a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise OSError(
+            error.errno, f"directory: cannot create '{path}': {error.strerror or error}"
+        ) from error
+    return path
+
+
+def _rank_within(keys: np.ndarray) -> np.ndarray:
+    """Per element, how many earlier elements have the same key (0, 1, 2, ... per key)."""
+    n = len(keys)
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if n else np.zeros(0, int)
+    group_start = np.repeat(first, np.diff(np.r_[first, n]))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n) - group_start
+    return rank
+
+
+def _profile_tables(pa, handle) -> dict[str, Any]:
+    """The Instruction and DmaPacket tables (pyarrow) of a run; docs/profile_tables.md."""
+    columns = _core.sim_timeline(handle)
+    n = len(columns["start_ns"])
+    is_dma = columns["is_dma"].astype(bool)
+    compute = ~is_dma
+
+    def names(table_key: str, codes: np.ndarray, null: np.ndarray | None = None):
+        """Categorical codes -> a string column (null where `null`)."""
+        indices = pa.array(codes.astype(np.int32), mask=null)
+        return pa.compute.take(pa.array(list(columns[table_key]), pa.string()), indices)
+
+    def nullable(values: np.ndarray, null: np.ndarray, type_) -> Any:
+        return pa.array(values, type=type_, mask=null)
+
+    start, issue_end, end = columns["start_ns"], columns["issue_end_ns"], columns["end_ns"]
+    transfer_start = columns["transfer_start_ns"]
+    dma_bytes = columns["dma_bytes"].astype(np.int64)
+    memory_names = list(columns["memory_names"])
+    source_is_hbm = is_dma & (columns["dma_source"] == memory_names.index("hbm"))
+    dest_is_hbm = is_dma & (columns["dma_destination"] == memory_names.index("hbm"))
+    wait_on = columns["wait_on"]
+    instruction_engines = np.array(columns["engine_names"])[columns["engine"]]
+    instruction = pa.table(
+        {
+            "id": pa.array(np.arange(n, dtype=np.int64)),
+            "engine": names("engine_names", columns["engine"]),
+            "timeline_track": pa.array(np.where(is_dma, "dma", instruction_engines)),
+            "pc": pa.array(_rank_within(columns["engine"])),
+            "opcode": names("opcode_names", columns["opcode"]),
+            "start_ts": pa.array(start),
+            "end_ts": pa.array(end),
+            "duration_ns": pa.array(end - start),
+            "issue_end_ts": pa.array(issue_end),
+            "wait_reason": names("wait_reason_names", columns["wait_reason"]),
+            "wait_on": nullable(wait_on, wait_on < 0, pa.int64()),
+            "on_critical_path": pa.array(columns["on_critical_path"].astype(bool)),
+            "is_dma": pa.array(is_dma),
+            "queue_idx": nullable(columns["dma_queue"], compute, pa.int64()),
+            "transfer_bytes": nullable(dma_bytes, compute, pa.int64()),
+            "partitions": nullable(columns["dma_partitions"], compute, pa.int64()),
+            "bytes_per_partition": nullable(
+                columns["dma_bytes_per_partition"].astype(np.int64), compute, pa.int64()
+            ),
+            "source": names("memory_names", columns["dma_source"], columns["dma_source"] < 0),
+            "dest": names(
+                "memory_names", columns["dma_destination"], columns["dma_destination"] < 0
+            ),
+            "dma_trigger_start_ts": nullable(transfer_start, compute, pa.float64()),
+            "dma_trigger_end_ts": nullable(end, compute, pa.float64()),
+            "dma_wait_time_ns": nullable(transfer_start - issue_end, compute, pa.float64()),
+            "hbm_read_bytes": pa.array(np.where(source_is_hbm, dma_bytes, 0)),
+            "hbm_write_bytes": pa.array(np.where(dest_is_hbm, dma_bytes, 0)),
+            # No built-in kernel records the source line of its instructions yet.
+            "nki_source_location": pa.nulls(n, pa.string()),
+        }
+    )
+
+    pieces = _core.sim_dma_pieces(handle)
+    owner = pieces["instruction"].astype(np.int64)
+    piece_start, piece_end = pieces["start_ns"], pieces["end_ns"]
+    piece_bytes = pieces["bytes"].astype(np.int64)
+    per_partition = columns["dma_bytes_per_partition"].astype(np.int64)[owner]
+    duration = piece_end - piece_start
+    with np.errstate(divide="ignore", invalid="ignore"):
+        throughput = np.where(duration > 0, piece_bytes / duration * 1e9, np.nan)
+    dma_packet = pa.table(
+        {
+            "id": pa.array(np.arange(len(owner), dtype=np.int64)),
+            "instruction_id": pa.array(owner),
+            "packet_idx": pa.array(_rank_within(owner)),
+            "engine_idx": pa.array(pieces["dma_engine"]),
+            "queue_idx": pa.array(pieces["queue"]),
+            "opcode": names("opcode_names", columns["opcode"][owner]),
+            "start_ts": pa.array(piece_start),
+            "end_ts": pa.array(piece_end),
+            "duration_ns": pa.array(duration),
+            "transfer_bytes": pa.array(piece_bytes),
+            "partitions": pa.array(
+                np.where(per_partition > 0, piece_bytes // np.maximum(per_partition, 1), 0)
+            ),
+            "bytes_per_partition": pa.array(per_partition),
+            "throughput": pa.array(throughput),
+            "source": names(
+                "memory_names", columns["dma_source"][owner], columns["dma_source"][owner] < 0
+            ),
+            "dest": names(
+                "memory_names",
+                columns["dma_destination"][owner],
+                columns["dma_destination"][owner] < 0,
+            ),
+            "nki_source_location": pa.nulls(len(owner), pa.string()),
+        }
+    )
+    return {"Instruction": instruction, "DmaPacket": dma_packet}
 
 
 # --- simulation entries ----------------------------------------------------------------------
@@ -917,20 +1111,31 @@ def _column_value(value: Any) -> Any:
     return value
 
 
-class _Progress:
-    """A one-line counter on stderr (\\r), shown once a sweep has run for `delay` seconds."""
+class _NoProgress:
+    """The progress display of a sweep that shows none."""
 
-    def __init__(self, total: int, enabled: bool | None, delay: float = 2.0):
-        self.total, self.enabled, self.delay = total, enabled, delay
+    def update(self, count: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _CounterProgress:
+    """Without tqdm: a one-line counter on stderr (\\r), under the same rules as the bar."""
+
+    def __init__(self, total: int, delay: float):
+        self.total, self.delay, self.done = total, delay, 0
         self.start = time.perf_counter()
         self.shown = False
 
-    def update(self, done: int) -> None:
+    def update(self, count: int) -> None:
+        self.done += count
         elapsed = time.perf_counter() - self.start
-        if self.enabled is False or (self.enabled is None and elapsed < self.delay):
+        if elapsed < self.delay:
             return
-        rate = done / elapsed if elapsed > 0 else 0.0
-        sys.stderr.write(f"\rsweep: {done}/{self.total} points, {rate:.0f} points/s")
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        sys.stderr.write(f"\rsweep: {self.done}/{self.total} points, {rate:.0f} points/s")
         sys.stderr.flush()
         self.shown = True
 
@@ -938,6 +1143,32 @@ class _Progress:
         if self.shown:
             sys.stderr.write("\n")
             sys.stderr.flush()
+
+
+# How long a sweep with progress=None runs before its progress appears.
+_PROGRESS_DELAY_SECONDS = 2.0
+
+
+def _progress_bar(total: int, progress: bool | None):
+    """The progress display of a sweep of `total` points: a tqdm.auto bar (a widget in notebooks
+    with ipywidgets, text on stderr elsewhere), or a one-line counter on stderr when tqdm is not
+    installed. Shown from the start when `progress` is True, never when False, and when None
+    once the sweep has run for 2 s (tqdm's ``delay``)."""
+    if progress is False:
+        return _NoProgress()
+    delay = 0.0 if progress else _PROGRESS_DELAY_SECONDS
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _CounterProgress(total, delay)
+    return tqdm(
+        total=total,
+        desc="sweep",
+        unit=" points",
+        delay=delay,
+        file=sys.stderr,
+        bar_format="{desc}: {n_fmt}/{total_fmt} points |{bar}| {elapsed}<{remaining}, {rate_fmt}",
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -987,25 +1218,119 @@ class SweepResult(list):
     to_dataframe = to_pandas
 
 
-def _run_points(
-    run_chunk, rows: list[dict[str, Any]], points: list[Any], progress: bool | None
-) -> SweepResult:
-    """Runs `points` in chunks through `run_chunk` (a _core sweep) and pairs each result with its
-    row of grid values."""
+def _sweep_chunk(
+    kernel: str | None,
+    machine_specs: list[tuple[str, list[str]]],
+    points: list[Any],
+    program_limits: tuple[int, int],
+) -> list[dict[str, float] | str]:
+    """Simulates `points` (paged-attention point dicts when `kernel` is None, else (parameters,
+    machine index) pairs of `kernel`) on tilelab's threads: per point its summary dict or the
+    reason it is invalid. Module-level, with plain arguments only, so that an executor can pickle
+    it and run it in another process; `program_limits` carries the caller's limits
+    (set_program_limits) there, so that a point is valid exactly when it is locally."""
+    previous = tuple(_core.sim_program_limits())
+    if previous != tuple(program_limits):
+        _core.sim_set_program_limits(*program_limits)
+    try:
+        if kernel is None:
+            return _core.sim_sweep(machine_specs, points)
+        return _core.sim_sweep_kernel(kernel, machine_specs, points)
+    finally:
+        if previous != tuple(program_limits):
+            _core.sim_set_program_limits(*previous)
+
+
+# Executor tasks hold at most this many points, and a sweep makes about this many tasks before
+# they grow: small sweeps spread one point per task over the workers, large ones amortize the
+# per-task cost (pickling, scheduling, loading the machines).
+_EXECUTOR_MAX_CHUNK = 64
+_EXECUTOR_TASKS = 256
+
+
+def _check_executor(executor: Any) -> None:
+    if executor is not None and not isinstance(executor, concurrent.futures.Executor):
+        hint = ""
+        if isinstance(executor, type) and issubclass(executor, concurrent.futures.Executor):
+            hint = f" (the class {executor.__name__}; pass an instance)"
+        elif hasattr(executor, "get_executor"):
+            hint = " (for a dask.distributed Client pass client.get_executor())"
+        raise TypeError(
+            "executor: expected a concurrent.futures.Executor or None, got "
+            f"{_type_name(executor)}{hint}"
+        )
+    if isinstance(executor, concurrent.futures.ProcessPoolExecutor):
+        # A forked worker inherits OpenMP's thread pool in a state it cannot use, and its first
+        # parallel loop never returns; refusing is better than hanging.
+        context = getattr(executor, "_mp_context", None)
+        if context is not None and context.get_start_method() == "fork":
+            raise ValueError(
+                "executor: a ProcessPoolExecutor with the 'fork' start method hangs in the "
+                "simulator's OpenMP loops; create it with "
+                "mp_context=multiprocessing.get_context('spawn') (or 'forkserver')"
+            )
+
+
+def _run_locally(run, points, meter) -> list[Any]:
     results: list[Any] = []
     # Each call shares its points out over the threads and runs points that differ only in their
     # seed once, so calls hold many points; they double while a call takes under a second.
     chunk = 64 * _core.num_threads()
-    meter = _Progress(len(points), progress)
+    begin = 0
+    while begin < len(points):
+        started = time.perf_counter()
+        part = run(points[begin : begin + chunk])
+        results.extend(part)
+        meter.update(len(part))
+        begin += chunk
+        if time.perf_counter() - started < 1.0:
+            chunk *= 2
+    return results
+
+
+def _run_on_executor(executor, kernel, machine_specs, limits, points, meter) -> list[Any]:
+    size = max(1, min(_EXECUTOR_MAX_CHUNK, math.ceil(len(points) / _EXECUTOR_TASKS)))
+    futures = {}
+    for begin in range(0, len(points), size):
+        chunk = points[begin : begin + size]
+        futures[executor.submit(_sweep_chunk, kernel, machine_specs, chunk, limits)] = begin
+    parts: dict[int, list[Any]] = {}
     try:
-        begin = 0
-        while begin < len(points):
-            started = time.perf_counter()
-            results.extend(run_chunk(points[begin : begin + chunk]))
-            begin += chunk
-            meter.update(len(results))
-            if time.perf_counter() - started < 1.0:
-                chunk *= 2
+        for future in concurrent.futures.as_completed(futures):
+            begin = futures[future]
+            part = future.result()  # a task's exception is raised here, with its message
+            expected = min(size, len(points) - begin)
+            if len(part) != expected:
+                raise RuntimeError(
+                    f"executor: a task returned {len(part)} results for {expected} points"
+                )
+            parts[begin] = part
+            meter.update(len(part))
+    finally:
+        for future in futures:
+            future.cancel()
+    return [result for begin in sorted(parts) for result in parts[begin]]
+
+
+def _run_points(
+    kernel: str | None,
+    machine_specs: list[tuple[str, list[str]]],
+    rows: list[dict[str, Any]],
+    points: list[Any],
+    progress: bool | None,
+    executor: concurrent.futures.Executor | None,
+) -> SweepResult:
+    """Runs `points` in chunks (here, or as tasks of `executor`) and pairs each result with its
+    row of grid values, in grid order."""
+    limits = tuple(_core.sim_program_limits())
+    meter = _progress_bar(len(points), progress)
+    try:
+        if executor is None:
+            results = _run_locally(
+                lambda chunk: _sweep_chunk(kernel, machine_specs, chunk, limits), points, meter
+            )
+        else:
+            results = _run_on_executor(executor, kernel, machine_specs, limits, points, meter)
     finally:
         meter.close()
     metric_names = next((list(r) for r in results if isinstance(r, dict)), [])
@@ -1026,7 +1351,7 @@ class _MachineTable:
 
     def index(self, base: Machine, chosen: Mapping[str, Any]) -> int:
         machine = _as_machine(chosen.get("machine", base), "grid['machine']")
-        overrides = {k[len("machine."):]: v for k, v in chosen.items() if k.startswith("machine.")}
+        overrides = {k[len("machine.") :]: v for k, v in chosen.items() if k.startswith("machine.")}
         if overrides:
             machine = machine.with_overrides(**overrides)
         spec = machine._spec()
@@ -1060,7 +1385,7 @@ def _grid_points(base: dict[str, Any], grid: dict[str, list[Any]]):
         yield chosen, settings, {key: _column_value(value) for key, value in chosen.items()}
 
 
-def _sweep_kernel(kernel, base, grid, machine, progress) -> SweepResult:
+def _sweep_kernel(kernel, base, grid, machine, progress, executor) -> SweepResult:
     known = kernels()
     if kernel not in known:
         raise ValueError(f"kernel: unknown kernel {kernel!r}; known: {', '.join(sorted(known))}")
@@ -1071,9 +1396,7 @@ def _sweep_kernel(kernel, base, grid, machine, progress) -> SweepResult:
     for chosen, settings, row in _grid_points(base, grid):
         points.append((_kernel_parameters(settings), machines.index(base_machine, chosen)))
         rows.append(row)
-    return _run_points(
-        lambda chunk: _core.sim_sweep_kernel(kernel, machines.specs, chunk), rows, points, progress
-    )
+    return _run_points(kernel, machines.specs, rows, points, progress, executor)
 
 
 def sweep(
@@ -1083,6 +1406,7 @@ def sweep(
     kernel: str | None = None,
     machine: Machine | str | None = None,
     progress: bool | None = None,
+    executor: concurrent.futures.Executor | None = None,
 ) -> SweepResult:
     """Simulates every combination of ``grid`` over ``base`` in parallel; returns a
     :class:`SweepResult` (one :class:`SweepPoint` per combination; ``.to_pandas()`` for a
@@ -1100,13 +1424,28 @@ def sweep(
 
     Points run on tilelab's OpenMP threads (:func:`tilelab.set_num_threads`) with the GIL
     released, timing only. A point whose parameters are invalid is not simulated: ``valid`` is
-    False, ``error`` the reason and its metrics NaN. ``progress``: True shows a counter on
-    stderr, False never, None once the sweep has run for 2 s.
+    False, ``error`` the reason and its metrics NaN.
+
+    ``executor``: any :class:`concurrent.futures.Executor` (a ``ProcessPoolExecutor``, a
+    ``ThreadPoolExecutor``, a Dask cluster's ``client.get_executor()``, ...) runs the points as
+    tasks of a few points each (a module-level function with plain, picklable arguments; each
+    task uses its worker's tilelab threads). The result is the local run's, in grid order,
+    invalid points included; the program size limits (:func:`set_program_limits`) go with every
+    task. An exception raised in a task is raised here and the tasks not yet started are
+    cancelled. Workers must import this tilelab, and a machine given as a JSON path must be
+    readable at that path on the workers. A ``ProcessPoolExecutor`` must use the "spawn" or
+    "forkserver" start method (ValueError for "fork", Linux's default before Python 3.14:
+    OpenMP's thread pool does not survive ``fork``).
+
+    ``progress``: a ``tqdm.auto`` bar (a widget in notebooks, text on stderr elsewhere) that
+    counts points as their chunks or tasks finish; without tqdm, a one-line counter on stderr.
+    True shows it from the start, False never, None once the sweep has run for 2 s.
     """
+    _check_executor(executor)
     base = dict(base or {})
     grid = {key: list(values) for key, values in (grid or {}).items()}
     if kernel is not None:
-        return _sweep_kernel(kernel, base, grid, machine, progress)
+        return _sweep_kernel(kernel, base, grid, machine, progress, executor)
     schedule_fields = _schedule_fields()
     allowed = set(_PROBLEM_KEYS) | set(schedule_fields) | {"schedule"}
     _check_keys(base, grid, allowed)
@@ -1115,8 +1454,7 @@ def sweep(
     base_schedule = base.pop("schedule", None) or PagedAttentionSchedule()
     if not isinstance(base_schedule, PagedAttentionSchedule):
         raise TypeError(
-            "base['schedule']: expected a PagedAttentionSchedule, got "
-            f"{_type_name(base_schedule)}"
+            f"base['schedule']: expected a PagedAttentionSchedule, got {_type_name(base_schedule)}"
         )
 
     machines = _MachineTable()
@@ -1137,4 +1475,4 @@ def sweep(
         point["machine"] = machine_index
         points.append(point)
         rows.append(row)
-    return _run_points(lambda chunk: _core.sim_sweep(machines.specs, chunk), rows, points, progress)
+    return _run_points(None, machines.specs, rows, points, progress, executor)
