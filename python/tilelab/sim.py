@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _core
-from .nki import _as_int32
+from .nki import _as_int32, _as_numpy
 
 __all__ = [
     "Machine",
@@ -996,6 +996,18 @@ def simulate_flash_paged_attention(
     The functional executor interprets every instruction: use small shapes (seconds for a
     few thousand context tokens).
     """
+    # Objects with __dlpack__ or the buffer protocol (torch tensors, ...) as numpy views.
+    query, key, value, kv_cache, block_tables, mask = (
+        _as_numpy(array, name)
+        for array, name in (
+            (query, "query"),
+            (key, "key"),
+            (value, "value"),
+            (kv_cache, "kv_cache"),
+            (block_tables, "block_tables"),
+            (mask, "mask"),
+        )
+    )
     arrays = {"query": query, "key": key, "value": value, "kv_cache": kv_cache}
     for name, array in arrays.items():
         if not isinstance(array, np.ndarray):

@@ -396,3 +396,31 @@ def test_nki_index_arrays_from_buffers_and_dlpack(rng):
     not_integers = r"^slot_mapping: expected .*integer array, got dtype float64"
     with pytest.raises(TypeError, match=not_integers):
         tilelab.nki.reshape_and_cache(key, value, kv_cache, array.array("d", [5.0, 0.0]))
+
+
+def test_paged_and_simulator_arrays_from_dlpack(rng):
+    # paged_attention's int32 index arrays and the functional simulator's tensors, through
+    # DLPack-only objects: the same results as from numpy arrays.
+    key_cache = rng.standard_normal((3, 1, 4, 8)).astype(np.float32)
+    query = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    indices = (np.array([[2, 0], [1, -1]], np.int32), np.array([6, 2], np.int32),
+               np.array([0, 2, 3], np.int32))
+    want = tilelab.paged_attention(query, key_cache, key_cache, *indices)
+    got = tilelab.paged_attention(NumpyExporter(query), key_cache, key_cache,
+                                  *(NumpyExporter(a) for a in indices))
+    np.testing.assert_array_equal(got, want)
+
+    from tilelab import sim
+
+    seq_q, d = 128, 16
+    kv_cache = rng.standard_normal((2, 4, 1, 128, d)).astype(np.float32)
+    arrays = dict(query=rng.standard_normal((1, 1, d, seq_q)).astype(np.float32),
+                  key=rng.standard_normal((1, 1, d, seq_q)).astype(np.float32),
+                  value=rng.standard_normal((1, 1, seq_q, d)).astype(np.float32),
+                  kv_cache=kv_cache, block_tables=np.array([3, 1, 0, 2, 3, 1, 0, 2], np.int32),
+                  mask=np.tril(np.ones((seq_q, 1024 + seq_q), np.int32), k=1024))
+    options = dict(LARGE_TILE_SZ=1024, mixed_precision=False)
+    _, want = sim.simulate_flash_paged_attention(**arrays, **options)
+    _, got = sim.simulate_flash_paged_attention(
+        **{name: NumpyExporter(a) for name, a in arrays.items()}, **options)
+    np.testing.assert_array_equal(got, want)
