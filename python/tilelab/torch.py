@@ -8,8 +8,8 @@ The attention is two ``torch.library`` custom ops, ``tilelab::flash_attention`` 
 the float32 log-sum-exp) and ``tilelab::flash_attention_backward`` (dq, dk, dv and the gradient of
 a float mask), with fake kernels so ``torch.compile(fullgraph=True)`` traces through them and an
 autograd formula that calls :func:`tilelab.flash_attention_backward`. Tensors reach tilelab
-without a copy (numpy views of their memory, bfloat16 as ``ml_dtypes.bfloat16``) and its outputs
-come back as tensors over the same memory.
+without a copy (read in place through DLPack) and its outputs come back as tensors over the same
+memory.
 """
 
 import math
@@ -29,17 +29,15 @@ _DTYPE_NAMES = "torch.float32, torch.float16 or torch.bfloat16"
 _ALIGNMENTS = ("top_left", "bottom_right")
 
 
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy array over the tensor's memory, same strides (no copy). numpy has no bfloat16:
-    those go through an int16 view to ``ml_dtypes.bfloat16``."""
-    tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
+def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """The tensor as tilelab takes it: read in place through DLPack (any strides, bfloat16 and
+    float8 included), which refuses a tensor that requires grad; None stays None."""
+    return None if tensor is None else tensor.detach()
 
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:
-    """A tensor over the array's memory (no copy); the inverse of :func:`_to_numpy`."""
+    """A tensor over a tilelab output array's memory (no copy). numpy has no bfloat16: those go
+    through an int16 view."""
     if array.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
@@ -64,18 +62,18 @@ def _flash_attention(
     sinks: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = tilelab.flash_attention(
-        _to_numpy(query),
-        _to_numpy(key),
-        _to_numpy(value),
+        _detached(query),
+        _detached(key),
+        _detached(value),
         causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
-        bias=None if bias is None else _to_numpy(bias),
+        bias=_detached(bias),
         return_lse=True,
         sliding_window=(window_left, window_right),
         softcap=softcap,
-        alibi_slopes=None if alibi_slopes is None else _to_numpy(alibi_slopes),
-        sinks=None if sinks is None else _to_numpy(sinks),
+        alibi_slopes=_detached(alibi_slopes),
+        sinks=_detached(sinks),
     )
     return _from_numpy(out), _from_numpy(lse)
 
@@ -104,16 +102,16 @@ def _flash_attention_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dbias); dbias is an empty float32 tensor unless compute_dbias."""
     grads = tilelab.flash_attention_backward(
-        _to_numpy(grad_out),
-        _to_numpy(query),
-        _to_numpy(key),
-        _to_numpy(value),
-        _to_numpy(out),
-        _to_numpy(lse),
+        _detached(grad_out),
+        _detached(query),
+        _detached(key),
+        _detached(value),
+        _detached(out),
+        _detached(lse),
         causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
-        bias=None if bias is None else _to_numpy(bias),
+        bias=_detached(bias),
         return_dbias=compute_dbias,
     )
     dq, dk, dv = (_from_numpy(grad) for grad in grads[:3])
@@ -137,7 +135,9 @@ def _flash_attention_backward_fake(
 
 def _setup_context(ctx, inputs, output):
     query, key, value, bias, is_causal, causal_alignment, scale, *score_options = inputs
-    if score_options != [-1, -1, 0.0, None, None]:
+    window_left, window_right, softcap, alibi_slopes, sinks = score_options
+    window = (window_left, window_right)
+    if window != (-1, -1) or softcap != 0.0 or alibi_slopes is not None or sinks is not None:
         # scaled_dot_product_attention refuses these before the op runs; this guards direct
         # calls of the op.
         raise ValueError(
@@ -441,9 +441,9 @@ def _paged_attention(
 ) -> None:
     # tilelab reads torch tensors in place through DLPack and writes out in place.
     tilelab.paged_attention(
-        query.detach(),
-        key_cache.detach(),
-        value_cache.detach(),
+        _detached(query),
+        _detached(key_cache),
+        _detached(value_cache),
         block_table,
         seq_lens,
         query_start_loc,
@@ -451,12 +451,12 @@ def _paged_attention(
         causal=causal,
         sliding_window=(window_left, window_right),
         softcap=softcap,
-        alibi_slopes=None if alibi_slopes is None else alibi_slopes.detach(),
-        sinks=None if sinks is None else sinks.detach(),
+        alibi_slopes=_detached(alibi_slopes),
+        sinks=_detached(sinks),
         k_scale=k_scale,
         v_scale=v_scale,
         split_kv="auto" if split_kv is None else split_kv,
-        out=out.detach(),
+        out=_detached(out),
     )
 
 
@@ -478,10 +478,10 @@ def _reshape_and_cache_flash(
     v_scale: float,
 ) -> None:
     tilelab.reshape_and_cache_flash(
-        key.detach(),
-        value.detach(),
-        key_cache.detach(),
-        value_cache.detach(),
+        _detached(key),
+        _detached(value),
+        _detached(key_cache),
+        _detached(value_cache),
         slot_mapping,
         k_scale,
         v_scale,
