@@ -40,8 +40,9 @@ struct AttentionProblem {
   bool automatic_prefers_paged_kernel() const { return q_len == 1 && !bias; }
 };
 
-// flash_attention on the paged kernel (paged_kernel_attention), one batch entry at a time: k[b]
-// and v[b] are a cache of one block of N keys. Handles score options, fp8 k/v and lse.
+// flash_attention on the paged kernel (paged_kernel_attention), the whole batch as one paged
+// problem: batch entry b is sequence b, and k[b], v[b] are its cache of one block of N keys.
+// Handles score options, fp8 k/v and lse.
 void flash_attention_on_paged_kernel(const AttentionProblem& problem);
 
 // Checks every argument of flash_attention (ranks, shapes, GQA divisibility, dtypes, strides,
