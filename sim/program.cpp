@@ -152,7 +152,7 @@ Tensor ProgramBuilder::hbm_tensor(const std::string& name, std::vector<int64_t> 
 }
 
 Tile ProgramBuilder::allocate_tile(const std::string& name, Memory memory, int partitions,
-                                   int64_t free_elements, DType dtype) {
+                                   int64_t free_elements, DType dtype, bool required) {
   const Machine& m = program_.machine;
   const char* kind = memory == Memory::sbuf ? "sbuf_tile" : "psum_tile";
   TILELAB_REQUIRE(partitions >= 1 && partitions <= m.partitions)
@@ -173,6 +173,10 @@ Tile ProgramBuilder::allocate_tile(const std::string& name, Memory memory, int p
   reserve_buffer_elements(name, uint64_t(partitions) * uint64_t(free_elements));
   PartitionAllocator& allocator = memory == Memory::sbuf ? sbuf_ : psum_;
   const auto address = allocator.allocate(bytes);
+  if (!address && !required) {
+    buffer_elements_ -= uint64_t(partitions) * uint64_t(free_elements);
+    return Tile{};
+  }
   if (!address) {
     // Name the live tiles, largest first, like the compiler's allocation failure.
     std::vector<const Buffer*> live;
@@ -222,6 +226,12 @@ Tile ProgramBuilder::sbuf_tile(const std::string& name, int partitions, int64_t 
 Tile ProgramBuilder::psum_tile(const std::string& name, int partitions, int64_t free_elements,
                                DType dtype) {
   return allocate_tile(name, Memory::psum, partitions, free_elements, dtype);
+}
+
+Tile ProgramBuilder::try_tile(const std::string& name, Memory memory, int partitions,
+                              int64_t free_elements, DType dtype) {
+  TILELAB_REQUIRE(memory != Memory::hbm) << "try_tile '" << name << "': tiles live in SBUF or PSUM";
+  return allocate_tile(name, memory, partitions, free_elements, dtype, false);
 }
 
 void ProgramBuilder::release(Tile tile) {

@@ -144,6 +144,10 @@ class ProgramBuilder {
   Tile sbuf_tile(const std::string& name, int partitions, int64_t free_elements, DType dtype);
   // A PSUM tile must fit one accumulation bank per partition.
   Tile psum_tile(const std::string& name, int partitions, int64_t free_elements, DType dtype);
+  // An SBUF or PSUM tile when it fits now, else Tile{kNone} (a front end that multi-buffers
+  // tiles falls back to fewer buffers instead of failing). Bad arguments still throw.
+  Tile try_tile(const std::string& name, Memory memory, int partitions, int64_t free_elements,
+                DType dtype);
   // Ends a tile's lifetime; its memory may be reused (with a dependency on its last use).
   void release(Tile tile);
   TilePool pool(const std::string& name, Memory memory, int partitions, int64_t free_elements,
@@ -206,8 +210,9 @@ class ProgramBuilder {
   Program finish();
 
  private:
+  // required = false: returns Tile{kNone} instead of throwing when the memory is full.
   Tile allocate_tile(const std::string& name, Memory memory, int partitions, int64_t free_elements,
-                     DType dtype);
+                     DType dtype, bool required = true);
   const Buffer& buffer_of(const TileRef& ref, const char* instruction, const char* operand) const;
   void check_compute_operand(const TileRef& ref, const char* instruction, const char* operand,
                              Engine engine) const;

@@ -11,6 +11,7 @@
 #include "array_view.hpp"
 #include "blocksparse_bindings.hpp"
 #include "nki_bindings.hpp"
+#include "nki_builder_bindings.hpp"
 #include "paged_bindings.hpp"
 #include "sim_bindings.hpp"
 #include "tilelab/tilelab.hpp"
@@ -257,5 +258,6 @@ PYBIND11_MODULE(_core, module) {
   register_blocksparse_bindings(module);
   register_paged_bindings(module);
   register_nki_bindings(module);
+  register_nki_builder_bindings(module);
   register_sim_bindings(module);
 }

@@ -691,6 +691,17 @@ void save_trace(const py::handle& handle, const std::string& path, size_t max_ev
 
 }  // namespace
 
+py::capsule simulate_program(sim::Program program, const std::string& kernel_name,
+                             const std::map<std::string, std::string>& parameters,
+                             bool record_dma_pieces) {
+  std::shared_ptr<SimRun> run;
+  {
+    py::gil_scoped_release release;
+    run = time_program(std::move(program), kernel_name, parameters, record_dma_pieces, 200);
+  }
+  return wrap_run(std::move(run));
+}
+
 void register_sim_bindings(py::module_& core) {
   core.def("sim_machine_presets", &sim::machine_preset_names,
            "Names of the built-in machine presets (sim/machines/*.json).");

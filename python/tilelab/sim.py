@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _core
-from .nki import _as_int32, _as_numpy
+from .nki._paged import _as_int32, _as_numpy
 
 __all__ = [
     "Machine",

@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 __all__ = [
     "MASKED_SCORE",

@@ -1,0 +1,860 @@
+"""The NKI-language tracer: runs a kernel's Python body with concrete loop indices and turns each
+nl/nisa call into instructions of the simulator's program builder (tilelab._core nki_*).
+
+Tensors are HBM tensors (kernel arguments and ``nl.ndarray(..., buffer=nl.shared_hbm)``) and
+SBUF/PSUM tiles: a partition dimension with any number of free dimensions, optionally an array
+of such tiles (``nl.par_dim`` after leading block dimensions). Indexing yields an access pattern;
+operations are deferred until their result is stored (``tile[...] = nl.exp(x)`` writes straight
+into ``tile``) or used (then into a fresh tile allocated where the operation was called).
+
+Allocation follows the compiler's rule of thumb: each declaration site (its source line and call
+stack) owns up to two buffers that it hands out in turn, so a tile declared inside a loop is
+double-buffered when the memory allows and single-buffered when it does not.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import os
+import sys
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .. import _core
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+#: Buffers a declaration site may rotate through (compiler multi-buffering).
+SITE_BUFFERS = 2
+
+# numpy dtype -> the simulator's dtype name.
+_SIM_DTYPES = {
+    np.dtype(np.float32): "fp32",
+    np.dtype(ml_dtypes.bfloat16): "bf16",
+    np.dtype(np.float16): "fp16",
+    np.dtype(ml_dtypes.float8_e4m3fn): "fp8_e4m3",
+    np.dtype(np.int32): "int32",
+    np.dtype(np.uint8): "uint8",
+    np.dtype(np.bool_): "uint8",
+}
+
+
+class NkiError(ValueError):
+    """A kernel broke an NKI rule; the message names the rule, the values and file:line."""
+
+
+def sim_dtype(dtype: Any, argument: str = "dtype") -> str:
+    try:
+        key = np.dtype(dtype)
+    except TypeError:
+        key = None
+    if key not in _SIM_DTYPES:
+        allowed = "float32, bfloat16, float16, float8_e4m3fn, int32, uint8, bool"
+        raise TypeError(f"{argument}: unsupported dtype {dtype!r}; allowed: {allowed}")
+    return _SIM_DTYPES[key]
+
+
+def np_dtype(dtype: Any) -> np.dtype:
+    sim_dtype(dtype)
+    return np.dtype(dtype)
+
+
+# --- source locations ---------------------------------------------------------------------------
+
+
+def _user_frames() -> tuple[tuple[str, int, str], ...]:
+    """The call stack in user code, innermost first: (file, line, function) of every frame
+    outside this package, up to the kernel's own frame."""
+    frames = []
+    frame = sys._getframe(1)
+    tracer = _current
+    while frame is not None:
+        code = frame.f_code
+        if tracer is not None and code is tracer.entry_code:
+            frames.append((code.co_filename, frame.f_lineno, code.co_name))
+            break
+        if not os.path.abspath(code.co_filename).startswith(_PACKAGE_DIR):
+            frames.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    return tuple(frames)
+
+
+def where() -> str:
+    """'file:line' of the innermost user frame (for messages)."""
+    frames = _user_frames()
+    if not frames:
+        return "<unknown>"
+    file, line, _ = frames[0]
+    return f"{file}:{line}"
+
+
+def fail(message: str, kind: type[Exception] = NkiError) -> Exception:
+    """An exception of `kind` whose message starts with the user's file:line."""
+    return kind(f"{where()}: {message}")
+
+
+def unsupported(name: str) -> Exception:
+    return NotImplementedError(f"{where()}: {name} is not supported by tilelab.nki yet")
+
+
+# --- the tracer ---------------------------------------------------------------------------------
+
+
+_current: Tracer | None = None
+
+
+def tracer() -> Tracer:
+    if _current is None:
+        raise RuntimeError(
+            "NKI language calls run only inside a kernel traced by tilelab.nki.simulate_kernel "
+            "or tilelab.nki.profile_kernel"
+        )
+    return _current
+
+
+class Tracer:
+    def __init__(self, name: str, machine_source: str, machine_overrides: list[str]):
+        self.builder = _core.nki_builder(machine_source, machine_overrides, name)
+        self.machine = _core.nki_machine_facts(self.builder)
+        self.entry_code = None  # the kernel function's code object
+        self.hbm: dict[str, HbmTensor] = {}
+        self.sites: dict[Any, list] = {}  # site key -> [tile ids, next]
+        self.shared_outputs: dict[Any, HbmTensor] = {}
+        self.pending: Deferred | None = None
+        self.program_id: tuple[int, ...] = (0,)
+        self.grid: tuple[int, ...] = (1,)
+        self.instance_starts: list[int] = []
+        self._source_ids: dict[Any, int] = {}
+        self._tile_counter = 0
+
+    # -- sources
+    def set_source(self) -> None:
+        """Instructions emitted next carry the user's current source line."""
+        setter = getattr(_core, "nki_add_source", None)
+        if setter is None:
+            return
+        frames = _user_frames()
+        caller = -1
+        for file, line, function in reversed(frames):
+            key = (file, line, function, caller)
+            source = self._source_ids.get(key)
+            if source is None:
+                text = linecache.getline(file, line).strip()
+                source = setter(self.builder, file, line, function, text, caller)
+                self._source_ids[key] = source
+            caller = source
+        _core.nki_set_source(self.builder, caller)
+
+    # -- calls into the builder, with the user's file:line on errors
+    def emit(self, function: str, *args) -> Any:
+        self.set_source()
+        try:
+            return getattr(_core, function)(self.builder, *args)
+        except (ValueError, TypeError) as error:
+            raise fail(str(error), type(error) if type(error) is TypeError else NkiError) from None
+
+    def flush(self, keep: Deferred | None = None) -> None:
+        """Materializes the pending deferred operation (its result was kept in a variable)."""
+        pending = self.pending
+        if pending is not None and pending is not keep:
+            self.pending = None
+            pending.materialize()
+
+    # -- tiles
+    def allocate(
+        self, memory: str, partitions: int, free_elements: int, dtype: np.dtype, site: tuple
+    ) -> int:
+        """A tile for a declaration at `site`: a new buffer while the site has fewer than
+        SITE_BUFFERS and memory allows, else the site's buffers in turn."""
+        key = (site, memory, partitions, free_elements, dtype)
+        entry = self.sites.get(key)
+        if entry is None:
+            entry = self.sites[key] = [[], 0]
+        tiles = entry[0]
+        if len(tiles) < SITE_BUFFERS:
+            file, line, _ = site[0] if site else ("kernel", 0, "")
+            name = f"{os.path.basename(file)}:{line}"
+            self._tile_counter += 1
+            tile = self.emit(
+                "nki_tile", name, memory, partitions, free_elements, sim_dtype(dtype), not tiles
+            )
+            if tile >= 0:
+                tiles.append(tile)
+                entry[1] = len(tiles) - 1
+                return tile
+        entry[1] = (entry[1] + 1) % len(tiles)
+        return tiles[entry[1]]
+
+    def hbm_tensor(
+        self, name: str, shape: tuple[int, ...], dtype: np.dtype, kind: str
+    ) -> HbmTensor:
+        if name in self.hbm:
+            raise fail(f"an HBM tensor named '{name}' exists already")
+        for extent in shape:
+            if not isinstance(extent, (int, np.integer)) or extent < 1:
+                raise fail(f"HBM tensor '{name}': shape {shape} must be positive integers")
+        tensor_id = self.emit("nki_hbm_tensor", name, [int(s) for s in shape], sim_dtype(dtype))
+        tensor = HbmTensor(self, name, tensor_id, tuple(int(s) for s in shape), dtype, kind)
+        self.hbm[name] = tensor
+        return tensor
+
+
+# --- index expressions --------------------------------------------------------------------------
+
+
+class Arange:
+    """Values 0..n-1 along output axis `axis` of `ndim` (nl.arange, nl.mgrid)."""
+
+    __slots__ = ("axis", "n", "ndim")
+
+    def __init__(self, n: int, axis: int | None = None, ndim: int = 1):
+        self.n, self.axis, self.ndim = n, axis, ndim
+
+
+class IndexExpr:
+    """start + step * arange: an affine index over one output axis."""
+
+    __slots__ = ("arange", "start", "step")
+
+    def __init__(self, start: int, step: int, arange: Arange):
+        self.start, self.step, self.arange = start, step, arange
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        a = self.arange
+        if a.axis is None:
+            return (a.n,)
+        return tuple(a.n if i == a.axis else 1 for i in range(a.ndim))
+
+    def __getitem__(self, key) -> IndexExpr:
+        if not isinstance(key, tuple):
+            key = (key,)
+        if self.arange.ndim != 1 or self.arange.axis not in (None, 0):
+            raise fail("only a 1-D nl.arange may be reshaped with [:, None] or [None, :]")
+        axes = [i for i, k in enumerate(key) if isinstance(k, slice)]
+        if len(axes) != 1 or any(k is not None and not isinstance(k, slice) for k in key):
+            raise fail(f"an nl.arange index may be broadcast with None only, got {key!r}")
+        return IndexExpr(self.start, self.step, Arange(self.arange.n, axes[0], len(key)))
+
+    def _affine(self, other, sign: int = 1) -> IndexExpr:
+        if isinstance(other, (int, np.integer)):
+            return IndexExpr(self.start + sign * int(other), self.step, self.arange)
+        raise fail(
+            "index expressions may add integers only (one nl.arange per index)", NotImplementedError
+        )
+
+    def __add__(self, other):
+        return self._affine(other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return self._affine(other, -1)
+
+    def __rsub__(self, other):
+        return IndexExpr(int(other) - self.start, -self.step, self.arange)
+
+    def __mul__(self, other):
+        if isinstance(other, (int, np.integer)):
+            return IndexExpr(self.start * int(other), self.step * int(other), self.arange)
+        raise fail("index expressions may be multiplied by integers only", NotImplementedError)
+
+    __rmul__ = __mul__
+
+    def _mask(self, op: str, other) -> Any:
+        raise fail(
+            f"mask expressions ({op}) are not supported by tilelab.nki yet", NotImplementedError
+        )
+
+    def __lt__(self, other):
+        return self._mask("<", other)
+
+    def __le__(self, other):
+        return self._mask("<=", other)
+
+    def __gt__(self, other):
+        return self._mask(">", other)
+
+    def __ge__(self, other):
+        return self._mask(">=", other)
+
+
+def arange(*args) -> IndexExpr:
+    if len(args) == 1:
+        start, stop = 0, args[0]
+    elif len(args) == 2:
+        start, stop = args
+    else:
+        raise fail(f"nl.arange takes (stop) or (start, stop), got {args!r}", TypeError)
+    return IndexExpr(int(start), 1, Arange(int(stop) - int(start)))
+
+
+class MGrid:
+    """The result of nl.mgrid[0:a, 0:b]: .p (partition) and .x (first free) index expressions."""
+
+    def __init__(self, exprs: tuple[IndexExpr, ...]):
+        self.exprs = exprs
+
+    def __iter__(self):
+        return iter(self.exprs)
+
+    def __getattr__(self, name: str):
+        axes = {"p": 0, "x": 1, "y": 2, "z": 3}
+        if name in axes and axes[name] < len(self.exprs):
+            return self.exprs[axes[name]]
+        raise AttributeError(name)
+
+
+class _MGridFactory:
+    def __getitem__(self, key) -> MGrid:
+        if not isinstance(key, tuple):
+            key = (key,)
+        exprs = []
+        for axis, k in enumerate(key):
+            if not isinstance(k, slice) or (k.step not in (None, 1)):
+                raise fail(f"nl.mgrid takes unit-step slices, got {k!r}", TypeError)
+            start = 0 if k.start is None else int(k.start)
+            exprs.append(IndexExpr(start, 1, Arange(int(k.stop) - start, axis, len(key))))
+        return MGrid(tuple(exprs))
+
+
+mgrid = _MGridFactory()
+
+
+class DynSlice:
+    """nl.ds(start, size)."""
+
+    __slots__ = ("size", "start")
+
+    def __init__(self, start: int, size: int):
+        self.start, self.size = int(start), int(size)
+
+
+# An axis of an access: (tensor dim, start, count, step, ordering key).
+def _resolve(shape: tuple[int, ...], key, what: str) -> tuple[list[int], list[tuple]]:
+    """Per tensor dim its fixed start (int) and the output axes [(dim, start, count, step)] in
+    output order, for an index `key` of a tensor of `shape`."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    if any(k is Ellipsis for k in key):
+        i = next(i for i, k in enumerate(key) if k is Ellipsis)
+        fill = len(shape) - (len(key) - 1)
+        key = key[:i] + (slice(None),) * fill + key[i + 1 :]
+    if len(key) > len(shape):
+        raise fail(f"{what}: {len(key)} indices for a tensor of rank {len(shape)}", IndexError)
+    key = key + (slice(None),) * (len(shape) - len(key))
+    starts = [0] * len(shape)
+    axes = []
+    explicit = True
+    for dim, (k, extent) in enumerate(zip(key, shape, strict=False)):
+        if isinstance(k, DynSlice):
+            k = slice(k.start, k.start + k.size)
+        if isinstance(k, (int, np.integer)):
+            k = int(k)
+            if not 0 <= k < extent:
+                raise fail(
+                    f"{what}: index {k} out of range for dim {dim} of size {extent}", IndexError
+                )
+            starts[dim] = k
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(extent)
+            if step <= 0:
+                raise fail(f"{what}: slices need a positive step, got {k!r}", IndexError)
+            if (k.start is not None and not 0 <= k.start <= extent) or (
+                k.stop is not None and not 0 <= k.stop <= extent
+            ):
+                raise fail(
+                    f"{what}: slice {k.start}:{k.stop} out of range for dim {dim} of size {extent}",
+                    IndexError,
+                )
+            count = len(range(start, stop, step))
+            if count == 0:
+                raise fail(f"{what}: empty slice {k!r} on dim {dim}", IndexError)
+            starts[dim] = start
+            axes.append((dim, start, count, step, None))
+            explicit = False
+        elif isinstance(k, IndexExpr):
+            a = k.arange
+            last = k.start + k.step * (a.n - 1)
+            if min(k.start, last) < 0 or max(k.start, last) >= extent:
+                raise fail(
+                    f"{what}: index expression covers {min(k.start, last)}.."
+                    f"{max(k.start, last)}, out of range for dim {dim} of size {extent}",
+                    IndexError,
+                )
+            if k.step < 0:
+                raise fail(f"{what}: negative index steps are not supported", NotImplementedError)
+            starts[dim] = k.start
+            if a.axis is None:
+                explicit = False
+            axes.append((dim, k.start, a.n, k.step, a.axis))
+        elif hasattr(k, "shape") and hasattr(k, "base"):
+            raise fail(
+                f"{what}: indirect (tile) indices are not supported by tilelab.nki yet",
+                NotImplementedError,
+            )
+        else:
+            raise fail(f"{what}: unsupported index {k!r} on dim {dim}", TypeError)
+    if explicit and axes:
+        axes.sort(key=lambda axis: axis[4])
+    return starts, [axis[:4] for axis in axes]
+
+
+def merge_dims(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(count, stride) dims, outermost first, with unit dims dropped and mergeable neighbours
+    merged (outer stride == inner count * inner stride)."""
+    out: list[tuple[int, int]] = []
+    for count, stride in dims:
+        if count == 1:
+            continue
+        if out and out[-1][1] == count * stride:
+            out[-1] = (out[-1][0] * count, stride)
+        else:
+            out.append((count, stride))
+    return out
+
+
+# --- tensors ------------------------------------------------------------------------------------
+
+
+class HbmTensor:
+    """An HBM tensor: a kernel argument, an output or a private scratch tensor."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        name: str,
+        tensor_id: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        kind: str,
+    ):
+        self.tracer, self.name, self.id = tracer, name, tensor_id
+        self.shape, self.dtype, self.kind = shape, np.dtype(dtype), kind
+        self.strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+        self.offset = 0
+        self.buffer = "shared_hbm" if kind != "private" else "hbm"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def reshape(self, shape) -> HbmTensor:
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if math.prod(shape) != math.prod(self.shape):
+            raise fail(
+                f"reshape of '{self.name}': {self.shape} has {math.prod(self.shape)} "
+                f"elements, {shape} has {math.prod(shape)}"
+            )
+        view = object.__new__(HbmTensor)
+        view.__dict__.update(self.__dict__)
+        view.shape = shape
+        view.strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+        return view
+
+    def __getitem__(self, key) -> HbmAccess:
+        starts, axes = _resolve(self.shape, key, f"'{self.name}'")
+        offset = self.offset + sum(s * st for s, st in zip(starts, self.strides, strict=False))
+        dims = [(count, step * self.strides[dim]) for dim, _, count, step in axes]
+        return HbmAccess(self, offset, dims)
+
+    def __setitem__(self, key, value) -> None:
+        from .language import store
+
+        store(self[key], value)
+
+    def __repr__(self) -> str:
+        return f"HbmTensor('{self.name}', shape={self.shape}, dtype={self.dtype})"
+
+
+class HbmAccess:
+    """An access pattern into an HBM tensor: element offset and (count, stride) dims; the first
+    dim becomes the partition dim of a tile it is loaded into."""
+
+    def __init__(self, tensor: HbmTensor, offset: int, dims: list[tuple[int, int]]):
+        self.tensor, self.offset, self.dims = tensor, offset, dims
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(count for count, _ in self.dims) or (1,)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.tensor.dtype
+
+    def pattern(self, what: str) -> tuple:
+        dims = self.dims or [(1, 1)]
+        partitions, partition_stride = dims[0]
+        free = merge_dims(dims[1:]) or [(1, 1)]
+        if len(free) > 3:
+            raise fail(
+                f"{what}: an HBM access with {len(free)} free dimensions that do not "
+                "merge (at most 3)",
+                NotImplementedError,
+            )
+        return (self.tensor.id, self.offset, partition_stride, partitions, free)
+
+
+class Tile:
+    """An SBUF or PSUM tensor: `blocks` leading dims (an array of tiles), a partition dim and
+    free dims. One builder buffer holds all blocks side by side on the free axis."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        tile_id: int,
+        memory: str,
+        dtype: np.dtype,
+        blocks: tuple[int, ...],
+        partitions: int,
+        free: tuple[int, ...],
+    ):
+        self.tracer, self.id, self.memory, self.dtype = tracer, tile_id, memory, np.dtype(dtype)
+        self.blocks, self.partitions, self.free = blocks, partitions, free
+        self.free_size = math.prod(free)
+        self.pending_zero = False  # PSUM nl.zeros not yet materialized (a matmul overwrites)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.blocks, self.partitions, *self.free)
+
+    @property
+    def buffer(self) -> str:
+        return self.memory
+
+    def whole(self) -> TileAccess:
+        return self[...]
+
+    def __getitem__(self, key) -> TileAccess:
+        if not isinstance(key, tuple):
+            key = (key,)
+        if key == (Ellipsis,) and not self.blocks:
+            return TileAccess(
+                self,
+                0,
+                self.partitions,
+                0,
+                [
+                    (f, s)
+                    for f, s in zip(
+                        self.free,
+                        [math.prod(self.free[i + 1 :]) for i in range(len(self.free))],
+                        strict=False,
+                    )
+                ],
+            )
+        nb = len(self.blocks)
+        if nb:
+            lead = key[:nb]
+            if any(k is Ellipsis for k in lead) or len(key) < nb:
+                raise fail(
+                    f"a tile array of shape {self.shape} is indexed with its {nb} leading "
+                    "block indices (integers) first",
+                    IndexError,
+                )
+            block = 0
+            for k, extent in zip(lead, self.blocks, strict=False):
+                if not isinstance(k, (int, np.integer)):
+                    raise fail(
+                        f"block indices of a tile array must be integers, got {k!r}",
+                        NotImplementedError,
+                    )
+                if not 0 <= int(k) < extent:
+                    raise fail(f"block index {k} out of range for size {extent}", IndexError)
+                block = block * extent + int(k)
+            key = key[nb:]
+            base = block * self.free_size
+        else:
+            base = 0
+        shape = (self.partitions, *self.free)
+        starts, axes = _resolve(shape, key, "tile")
+        strides = (0, *tuple(math.prod(self.free[i + 1 :]) for i in range(len(self.free))))
+        offset = base + sum(s * st for s, st in zip(starts[1:], strides[1:], strict=False))
+        partition_axes = [a for a in axes if a[0] == 0]
+        if axes and axes[0][0] != 0 and partition_axes:
+            raise fail(
+                "the partition dimension must be the first dimension of a tile access",
+                NotImplementedError,
+            )
+        if partition_axes:
+            _, p0, pcount, pstep = partition_axes[0]
+            if pstep != 1:
+                raise fail(
+                    f"partition dimension access with step {pstep}: partitions cannot be strided",
+                    NkiError,
+                )
+        else:
+            p0, pcount = starts[0], 1
+        dims = [(count, step * strides[dim]) for dim, _, count, step in axes if dim != 0]
+        return TileAccess(self, p0, pcount, offset, dims)
+
+    def __setitem__(self, key, value) -> None:
+        assign(self[key], value)
+
+    def __iadd__(self, other):
+        accumulate(self.whole(), other, "add")
+        return self
+
+    def __isub__(self, other):
+        accumulate(self.whole(), other, "subtract")
+        return self
+
+    def __imul__(self, other):
+        accumulate(self.whole(), other, "multiply")
+        return self
+
+    def reshape(self, shape) -> Tile:
+        shape = tuple(int(s) for s in shape)
+        if self.blocks or shape[0] != self.partitions or math.prod(shape[1:]) != self.free_size:
+            raise fail(
+                f"tile reshape from {self.shape} to {shape}: the partition dim must stay "
+                "and the free size must match"
+            )
+        view = object.__new__(Tile)
+        view.__dict__.update(self.__dict__)
+        view.free = shape[1:]
+        return view
+
+    def __repr__(self) -> str:
+        return f"Tile({self.memory}, shape={self.shape}, dtype={self.dtype})"
+
+
+class TileAccess:
+    """Partitions [p0, p0 + partitions) and a free access pattern (offset, (count, stride)...)
+    of a tile."""
+
+    __slots__ = ("dims", "just_updated", "offset", "p0", "partitions", "tile")
+
+    def __init__(
+        self, tile: Tile, p0: int, partitions: int, offset: int, dims: list[tuple[int, int]]
+    ):
+        self.tile, self.p0, self.partitions = tile, p0, partitions
+        self.offset, self.dims = offset, dims
+        self.just_updated = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.partitions, *tuple(count for count, _ in self.dims))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.tile.dtype
+
+    @property
+    def memory(self) -> str:
+        return self.tile.memory
+
+    @property
+    def free_size(self) -> int:
+        return math.prod(count for count, _ in self.dims)
+
+    def ref(self) -> tuple:
+        """The builder's tile view: one free dimension."""
+        merged = merge_dims(self.dims)
+        if len(merged) > 1:
+            raise fail(
+                f"a tile access of shape {self.shape} whose free dimensions do not merge "
+                f"into one strided run ({merged}) is not supported by tilelab.nki yet",
+                NotImplementedError,
+            )
+        count, stride = merged[0] if merged else (1, 1)
+        return (self.tile.id, self.p0, self.partitions, self.offset, count, stride)
+
+    def covers_tile(self) -> bool:
+        return (
+            self.p0 == 0
+            and self.partitions == self.tile.partitions
+            and self.offset == 0
+            and self.free_size == self.tile.free_size * math.prod(self.tile.blocks)
+        )
+
+    def __getitem__(self, key) -> TileAccess:
+        if key == Ellipsis or key == (Ellipsis,):
+            return self
+        raise fail(
+            "indexing an indexed tile again is not supported; index the tile once",
+            NotImplementedError,
+        )
+
+    def __setitem__(self, key, value) -> None:
+        assign(self[key], value)
+
+    def __iadd__(self, other):
+        accumulate(self, other, "add")
+        self.just_updated = True
+        return self
+
+    def __isub__(self, other):
+        accumulate(self, other, "subtract")
+        self.just_updated = True
+        return self
+
+    def __imul__(self, other):
+        accumulate(self, other, "multiply")
+        self.just_updated = True
+        return self
+
+
+# Arithmetic operators of tiles and accesses are the nl functions (language.py binds them).
+
+
+# --- deferred operations ------------------------------------------------------------------------
+
+
+class Deferred:
+    """An operation whose destination is not known yet: `emit(dst)` writes it into a TileAccess.
+    `memory` is where a fresh result tile lives (psum for TensorE results)."""
+
+    __slots__ = ("dtype", "emit_into", "memory", "name", "shape", "site")
+
+    def __init__(
+        self, name: str, emit_into, shape: tuple[int, ...], dtype: np.dtype, memory: str = "sbuf"
+    ):
+        t = tracer()
+        t.flush()
+        self.name, self.emit_into, self.shape = name, emit_into, tuple(shape)
+        self.dtype, self.memory = np.dtype(dtype), memory
+        self.site = _user_frames()
+        t.pending = self
+
+    def emit(self, dst: TileAccess) -> None:
+        t = tracer()
+        if t.pending is self:
+            t.pending = None
+        t.flush()
+        if self.memory != "psum":  # TensorE results handle a pending PSUM zero fill themselves
+            prepare_write(dst)
+        self.emit_into(dst)
+
+    def materialize(self) -> TileAccess:
+        t = tracer()
+        if t.pending is self:
+            t.pending = None
+        t.flush()
+        dst = new_tile(self.shape, self.dtype, self.memory, self.site).whole()
+        self.emit_into(dst)
+        return dst
+
+
+def new_tile(
+    shape: tuple[int, ...], dtype: np.dtype, memory: str, site: tuple, blocks: int = 0
+) -> Tile:
+    """A tile of `shape` (partition dim at index `blocks`) from the site's buffers."""
+    t = tracer()
+    shape = tuple(int(s) for s in shape)
+    if len(shape) <= blocks:
+        raise fail(f"tile shape {shape} has no partition dimension")
+    partitions = shape[blocks]
+    if partitions > t.machine["partitions"]:
+        raise fail(
+            f"partition dimension {partitions} exceeds pmax = {t.machine['partitions']} "
+            "(the partition dimension is the first dimension of a tile, or the one "
+            "marked with nl.par_dim)"
+        )
+    free = shape[blocks + 1 :] or (1,)
+    total = math.prod(shape[:blocks]) * math.prod(free)
+    if (
+        memory == "psum"
+        and np.dtype(dtype).itemsize * total > t.machine["psum_bank_bytes_per_partition"]
+    ):
+        raise fail(
+            f"a PSUM tile of shape {shape} {np.dtype(dtype).name} needs "
+            f"{np.dtype(dtype).itemsize * total} B per partition; a PSUM tile must fit "
+            f"one bank ({t.machine['psum_bank_bytes_per_partition']} B)"
+        )
+    tile_id = t.allocate(memory, partitions, total, np.dtype(dtype), site)
+    return Tile(t, tile_id, memory, dtype, shape[:blocks], partitions, free)
+
+
+def as_access(value, what: str) -> TileAccess:
+    """A tile operand: a TileAccess, a Tile (whole) or a deferred result (materialized)."""
+    if isinstance(value, TileAccess):
+        return value
+    if isinstance(value, Tile):
+        return value.whole()
+    if isinstance(value, Deferred):
+        return value.materialize()
+    if isinstance(value, HbmTensor | HbmAccess):
+        raise fail(
+            f"{what}: an HBM tensor cannot be an operand of a compute instruction; "
+            "nl.load it into SBUF first"
+        )
+    raise fail(f"{what}: expected a tile, got {type(value).__name__}", TypeError)
+
+
+def prepare_write(dst: TileAccess) -> None:
+    """Before a write that is not a matmul overwrite: a pending PSUM zero fill becomes real."""
+    tile = dst.tile
+    if tile.pending_zero:
+        tile.pending_zero = False
+        tile.tracer.emit("nki_memset", tile.whole().ref(), 0.0, "vector")
+
+
+def materialize_zero(access: TileAccess) -> None:
+    if access.tile.pending_zero:
+        prepare_write(access)
+
+
+def assign(dst: TileAccess, value) -> None:
+    """dst[...] = value."""
+    t = tracer()
+    if (
+        isinstance(value, TileAccess)
+        and value.just_updated
+        and value.tile is dst.tile
+        and (value.offset, value.p0) == (dst.offset, dst.p0)
+    ):
+        value.just_updated = False  # the setitem of `tile[...] += x`: already written
+        return
+    if isinstance(value, Deferred):
+        check_shape(dst, value.shape, value.name)
+        value.emit(dst)
+        return
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        t.flush()
+        prepare_write(dst)
+        t.emit("nki_memset", dst.ref(), float(value), "vector")
+        return
+    src = as_access(value, "assignment")
+    check_shape(dst, src.shape, "assignment")
+    t.flush()
+    materialize_zero(src)
+    prepare_write(dst)
+    t.emit("nki_tensor_copy", dst.ref(), src.ref(), "vector")
+
+
+def check_shape(dst: TileAccess, shape: tuple[int, ...], what: str) -> None:
+    if dst.partitions != shape[0] or dst.free_size != math.prod(shape[1:]):
+        raise fail(
+            f"{what}: result of shape {tuple(shape)} assigned to a tile region of shape {dst.shape}"
+        )
+
+
+def accumulate(dst: TileAccess, value, op: str) -> None:
+    """dst op= value: a matmul accumulates in PSUM, anything else is a vector instruction."""
+    from .language import _is_matmul
+
+    t = tracer()
+    if isinstance(value, Deferred) and _is_matmul(value) and op == "add":
+        check_shape(dst, value.shape, value.name)
+        if t.pending is value:
+            t.pending = None
+        t.flush()
+        value.emit_into(dst, accumulate=True)
+        return
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        t.flush()
+        materialize_zero(dst)
+        t.emit(
+            "nki_tensor_scalar", dst.ref(), dst.ref(), op, float(value), "bypass", None, "vector"
+        )
+        return
+    src = as_access(value, f"{op}=")
+    check_shape(dst, src.shape, f"{op}=")
+    t.flush()
+    materialize_zero(dst)
+    materialize_zero(src)
+    t.emit("nki_tensor_tensor", dst.ref(), dst.ref(), src.ref(), op)

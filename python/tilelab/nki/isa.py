@@ -1,0 +1,298 @@
+"""tilelab.nki.isa (``nisa``): NKI instructions, each on the engine the NKI documentation names
+and timed with its cost formula (../docs/sim_cost_model.md).
+
+Names follow ``neuronxcc.nki.isa``. An instruction tilelab does not implement raises
+NotImplementedError naming it and the kernel's file:line when it is called.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from . import _trace
+from . import language as nl
+from ._trace import Deferred, TileAccess, as_access, fail, materialize_zero, tracer, unsupported
+
+
+class nc_version(enum.IntEnum):  # noqa: N801 - the NKI name
+    gen2 = 2
+    gen3 = 3
+
+
+class engine(enum.Enum):  # noqa: N801 - the NKI name
+    unknown = "unknown"
+    tensor = "tensor"
+    vector = "vector"
+    scalar = "scalar"
+    gpsimd = "gpsimd"
+
+
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
+
+
+def get_nc_version() -> nc_version:
+    """The NeuronCore generation of the machine the kernel is traced for (trn1: gen2,
+    trn2: gen3)."""
+    return nc_version(tracer().machine["nc_version"])
+
+
+def _engine_name(value, default: str, allowed: tuple[str, ...], what: str) -> str:
+    name = (
+        default
+        if value in (None, engine.unknown)
+        else (value.value if isinstance(value, engine) else str(value))
+    )
+    if name not in allowed:
+        raise fail(f"{what}: engine {name} cannot run it; allowed: {', '.join(allowed)}")
+    return name
+
+
+def nc_matmul(
+    stationary,
+    moving,
+    *,
+    is_stationary_onezero: bool = False,
+    is_moving_onezero: bool = False,
+    mask=None,
+    **kwargs,
+) -> Deferred:
+    """PSUM[M, N] = stationary[K, M]^T @ moving[K, N] on TensorE."""
+    nl._no_mask(mask, "nisa.nc_matmul")
+    if kwargs:
+        raise unsupported(f"nisa.nc_matmul({', '.join(kwargs)}=...)")
+    return nl._matmul(
+        "nisa.nc_matmul",
+        as_access(stationary, "nisa.nc_matmul stationary"),
+        as_access(moving, "nisa.nc_matmul moving"),
+    )
+
+
+def nc_transpose(data, *, engine=None, mask=None, dtype=None, **kwargs) -> Deferred:
+    """data[P, F] -> [F, P]: through the PE array into PSUM (the vector-engine 32x32 transpose
+    is not modelled)."""
+    nl._no_mask(mask, "nisa.nc_transpose")
+    _engine_name(engine, "tensor", ("tensor",), "nisa.nc_transpose")
+    return nl.transpose(data, dtype=dtype, **kwargs)
+
+
+def activation(
+    op,
+    data,
+    *,
+    bias=None,
+    scale=1.0,
+    reduce_op=None,
+    reduce_res=None,
+    dtype=None,
+    mask=None,
+    **kwargs,
+) -> Deferred:
+    """op(data * scale + bias) on ScalarE; scale is a number or a [P, 1] tile, bias a [P, 1]
+    tile; with reduce_res, the free-axis sum of the result is written to that [P, 1] tile."""
+    nl._no_mask(mask, "nisa.activation")
+    if kwargs:
+        raise unsupported(f"nisa.activation({', '.join(kwargs)}=...)")
+    func = _activation_name(op)
+    src = as_access(data, "nisa.activation data")
+    bias_access = None if bias is None else as_access(bias, "nisa.activation bias")
+    scale_operand = (
+        float(scale) if nl._is_scalar(scale) else as_access(scale, "nisa.activation scale")
+    )
+    reduce_access = None
+    if reduce_res is not None:
+        if reduce_op is not None and nl.alu_name(reduce_op, "nisa.activation reduce_op") != "add":
+            raise unsupported("nisa.activation(reduce_op other than np.add)")
+        reduce_access = as_access(reduce_res, "nisa.activation reduce_res")
+
+    def emit(dst: TileAccess) -> None:
+        for operand in (src, bias_access, scale_operand, reduce_access):
+            if isinstance(operand, TileAccess):
+                materialize_zero(operand)
+        tracer().emit(
+            "nki_activation",
+            dst.ref(),
+            src.ref(),
+            func,
+            scale_operand if isinstance(scale_operand, float) else scale_operand.ref(),
+            None if bias_access is None else bias_access.ref(),
+            None if reduce_access is None else reduce_access.ref(),
+        )
+
+    return Deferred("nisa.activation", emit, src.shape, src.dtype if dtype is None else dtype)
+
+
+def activation_reduce(
+    op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, dtype=None, mask=None, **kwargs
+) -> Deferred:
+    return activation(
+        op,
+        data,
+        bias=bias,
+        scale=scale,
+        reduce_op=reduce_op,
+        reduce_res=reduce_res,
+        dtype=dtype,
+        mask=mask,
+        **kwargs,
+    )
+
+
+_ACTIVATIONS = {
+    "exp": "exp",
+    "log": "log",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "relu": "relu",
+    "square": "square",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "reciprocal": "reciprocal",
+    "abs": "abs",
+    "absolute": "abs",
+    "copy": "copy",
+    "identity": "copy",
+}
+
+
+def _activation_name(op) -> str:
+    name = getattr(op, "activation", None) or getattr(op, "__name__", None) or str(op)
+    if name in _ACTIVATIONS:
+        return _ACTIVATIONS[name]
+    raise fail(
+        f"nisa.activation: op {op!r} is not supported; allowed: {', '.join(sorted(_ACTIVATIONS))}",
+        NotImplementedError,
+    )
+
+
+def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwargs) -> Deferred:
+    nl._no_mask(mask, "nisa.tensor_tensor")
+    _engine_name(engine, "vector", ("vector",), "nisa.tensor_tensor")
+    a = as_access(data1, "nisa.tensor_tensor data1")
+    b = as_access(data2, "nisa.tensor_tensor data2")
+    if a.partitions != b.partitions or a.free_size != b.free_size:
+        raise fail(f"nisa.tensor_tensor: operand shapes {a.shape} and {b.shape} differ")
+    alu = nl.alu_name(op, "nisa.tensor_tensor")
+
+    def emit(dst: TileAccess) -> None:
+        materialize_zero(a)
+        materialize_zero(b)
+        tracer().emit("nki_tensor_tensor", dst.ref(), a.ref(), b.ref(), alu)
+
+    return Deferred(
+        "nisa.tensor_tensor",
+        emit,
+        a.shape,
+        nl._promote(a.dtype, b.dtype) if dtype is None else dtype,
+    )
+
+
+def tensor_scalar(
+    data,
+    op0,
+    operand0,
+    *,
+    reverse0: bool = False,
+    op1=None,
+    operand1=None,
+    reverse1: bool = False,
+    dtype=None,
+    mask=None,
+    engine=None,
+    **kwargs,
+) -> Deferred:
+    """(data op0 operand0) op1 operand1; operands are numbers or [P, 1] tiles."""
+    nl._no_mask(mask, "nisa.tensor_scalar")
+    if kwargs:
+        raise unsupported(f"nisa.tensor_scalar({', '.join(kwargs)}=...)")
+    if reverse0 or reverse1:
+        raise unsupported("nisa.tensor_scalar(reverse0/reverse1=True)")
+    name = _engine_name(engine, "vector", ("vector", "scalar", "gpsimd"), "nisa.tensor_scalar")
+    src = as_access(data, "nisa.tensor_scalar data")
+    alu0 = nl.alu_name(op0, "nisa.tensor_scalar op0")
+    alu1 = "bypass" if op1 is None else nl.alu_name(op1, "nisa.tensor_scalar op1")
+    return nl._tensor_scalar("nisa.tensor_scalar", src, alu0, operand0, alu1, operand1, dtype, name)
+
+
+def tensor_reduce(
+    op, data, axis, *, negate: bool = False, keepdims: bool = False, dtype=None, mask=None, **kwargs
+) -> Deferred:
+    nl._no_mask(mask, "nisa.tensor_reduce")
+    alu = nl.alu_name(op, "nisa.tensor_reduce")
+    if alu not in ("add", "max", "min"):
+        raise unsupported(f"nisa.tensor_reduce(op={op!r})")
+    return nl._reduce("tensor_reduce", alu, negate)(data, axis, dtype=dtype, keepdims=keepdims)
+
+
+def tensor_copy(src, *, dtype=None, mask=None, engine=None, **kwargs) -> Deferred:
+    nl._no_mask(mask, "nisa.tensor_copy")
+    name = _engine_name(engine, "vector", ("vector", "scalar", "gpsimd"), "nisa.tensor_copy")
+    access = as_access(src, "nisa.tensor_copy")
+
+    def emit(dst: TileAccess) -> None:
+        materialize_zero(access)
+        tracer().emit("nki_tensor_copy", dst.ref(), access.ref(), name)
+
+    return Deferred(
+        "nisa.tensor_copy", emit, access.shape, access.dtype if dtype is None else dtype
+    )
+
+
+def memset(shape, value, dtype, *, mask=None, engine=None, **kwargs) -> Deferred:
+    nl._no_mask(mask, "nisa.memset")
+    name = _engine_name(engine, "vector", ("vector", "gpsimd"), "nisa.memset")
+    shape = tuple(int(s) for s in shape)
+
+    def emit(dst: TileAccess) -> None:
+        tracer().emit("nki_memset", dst.ref(), float(value), name)
+
+    return Deferred("nisa.memset", emit, shape, _trace.np_dtype(dtype))
+
+
+def iota(expr, dtype, *, mask=None, **kwargs) -> Deferred:
+    """dst[p, f] = the value of an affine index expression of nl.arange / nl.mgrid terms:
+    base + partition_step * p + free_step * f, on GpSimd."""
+    nl._no_mask(mask, "nisa.iota")
+    terms = _affine_terms(expr)
+    base = terms.pop("const", 0)
+    unknown = set(terms) - {0, 1}
+    if unknown:
+        raise fail(
+            "nisa.iota: the expression may vary along a partition and one free axis",
+            NotImplementedError,
+        )
+    counts = terms.get("counts", {})
+    partitions = counts.get(0, 1)
+    free = counts.get(1, 1)
+
+    def emit(dst: TileAccess) -> None:
+        tracer().emit("nki_iota", dst.ref(), int(base), int(terms.get(0, 0)), int(terms.get(1, 0)))
+
+    return Deferred("nisa.iota", emit, (partitions, free), _trace.np_dtype(dtype))
+
+
+def _affine_terms(expr) -> dict[Any, Any]:
+    if isinstance(expr, _trace.IndexExpr):
+        axis = expr.arange.axis or 0
+        return {"const": expr.start, axis: expr.step, "counts": {axis: expr.arange.n}}
+    if isinstance(expr, (int, np.integer)):
+        return {"const": int(expr), "counts": {}}
+    raise fail(f"nisa.iota: expected an index expression, got {type(expr).__name__}", TypeError)
+
+
+def __getattr__(name: str) -> Any:
+    """Any other name of neuronxcc.nki.isa: an instruction tilelab does not implement yet."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+
+    def not_implemented(*args, **kwargs):
+        raise unsupported(f"nisa.{name}")
+
+    not_implemented.__name__ = name
+    return not_implemented
