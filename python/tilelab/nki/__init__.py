@@ -99,6 +99,10 @@ class Launch:
             raise ValueError(f"grid: expected positive integers, got {grid!r}")
         self.kernel, self.grid = kernel, tuple(int(g) for g in grid)
 
+    def __call__(self, *args, **kwargs):
+        """Runs the launch on numbers, like :func:`simulate_kernel`."""
+        return simulate_kernel(self, *args, **kwargs)
+
 
 def jit(func=None, **options):
     """Marks an NKI kernel (``@nki.jit`` or ``@nki.jit(mode=...)``; options are accepted and
@@ -164,10 +168,7 @@ def _trace_kernel(launch: Launch, args, kwargs, machine, functional: bool) -> _T
                 shape, dtype = array.shape, array.dtype
                 if functional:
                     inputs[name] = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
-            try:
-                dtype = _trace.np_dtype(dtype)
-            except TypeError as error:
-                raise TypeError(f"{name}: {error}") from None
+            dtype = _trace.np_dtype(dtype, name)
             call[name] = tracer.hbm_tensor(name, tuple(shape) or (1,), dtype, "input")
         tracer.entry_code = func.__code__
         result = None

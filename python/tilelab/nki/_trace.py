@@ -53,16 +53,20 @@ def sim_dtype(dtype: Any, argument: str = "dtype") -> str:
         key = None
     if key not in _SIM_DTYPES:
         allowed = "float32, bfloat16, float16, float8_e4m3fn, int32, uint8, bool"
-        raise TypeError(f"{argument}: unsupported dtype {dtype!r}; allowed: {allowed}")
+        shown = key.name if key is not None else repr(dtype)
+        raise TypeError(f"{argument}: unsupported dtype {shown}; allowed: {allowed}")
     return _SIM_DTYPES[key]
 
 
-def np_dtype(dtype: Any) -> np.dtype:
-    sim_dtype(dtype)
+def np_dtype(dtype: Any, argument: str = "dtype") -> np.dtype:
+    sim_dtype(dtype, argument)
     return np.dtype(dtype)
 
 
 # --- source locations ---------------------------------------------------------------------------
+
+
+_IN_PACKAGE: dict[Any, bool] = {}  # code object -> defined in tilelab.nki
 
 
 def _user_frames() -> tuple[tuple[str, int, str], ...]:
@@ -70,14 +74,17 @@ def _user_frames() -> tuple[tuple[str, int, str], ...]:
     outside this package, up to the kernel's own frame."""
     frames = []
     frame = sys._getframe(1)
-    tracer = _current
+    entry = _current.entry_code if _current is not None else None
     while frame is not None:
         code = frame.f_code
-        if tracer is not None and code is tracer.entry_code:
+        inside = _IN_PACKAGE.get(code)
+        if inside is None:
+            inside = os.path.abspath(code.co_filename).startswith(_PACKAGE_DIR)
+            _IN_PACKAGE[code] = inside
+        if not inside:
             frames.append((code.co_filename, frame.f_lineno, code.co_name))
-            break
-        if not os.path.abspath(code.co_filename).startswith(_PACKAGE_DIR):
-            frames.append((code.co_filename, frame.f_lineno, code.co_name))
+            if code is entry:
+                break
         frame = frame.f_back
     return tuple(frames)
 
@@ -128,33 +135,42 @@ class Tracer:
         self.grid: tuple[int, ...] = (1,)
         self.instance_starts: list[int] = []
         self._source_ids: dict[Any, int] = {}
+        self._source_frames: tuple | None = None
+        # While a deferred operation is emitted: its call site, to which its instructions belong.
+        self.site_override: tuple | None = None
         self._tile_counter = 0
 
     # -- sources
-    def set_source(self) -> None:
-        """Instructions emitted next carry the user's current source line."""
-        setter = getattr(_core, "nki_add_source", None)
-        if setter is None:
+    def set_source(self, frames: tuple) -> None:
+        """Instructions emitted next carry the user's source line `frames[0]`, called from
+        the rest of `frames`."""
+        if frames == self._source_frames:
             return
-        frames = _user_frames()
+        self._source_frames = frames
+        add_source = getattr(_core, "nki_add_source", None)
+        if add_source is None:
+            return
         caller = -1
         for file, line, function in reversed(frames):
             key = (file, line, function, caller)
             source = self._source_ids.get(key)
             if source is None:
                 text = linecache.getline(file, line).strip()
-                source = setter(self.builder, file, line, function, text, caller)
+                source = add_source(self.builder, file, line, function, text, caller)
                 self._source_ids[key] = source
             caller = source
         _core.nki_set_source(self.builder, caller)
 
     # -- calls into the builder, with the user's file:line on errors
     def emit(self, function: str, *args) -> Any:
-        self.set_source()
+        frames = self.site_override or _user_frames()
+        self.set_source(frames)
         try:
             return getattr(_core, function)(self.builder, *args)
         except (ValueError, TypeError) as error:
-            raise fail(str(error), type(error) if type(error) is TypeError else NkiError) from None
+            kind = TypeError if type(error) is TypeError else NkiError
+            location = f"{frames[0][0]}:{frames[0][1]}" if frames else "<unknown>"
+            raise kind(f"{location}: {error}") from None
 
     def flush(self, keep: Deferred | None = None) -> None:
         """Materializes the pending deferred operation (its result was kept in a variable)."""
@@ -727,7 +743,15 @@ class Deferred:
         t.flush()
         if self.memory != "psum":  # TensorE results handle a pending PSUM zero fill themselves
             prepare_write(dst)
-        self.emit_into(dst)
+        self.emit_at_site(dst)
+
+    def emit_at_site(self, dst: TileAccess, **options) -> None:
+        t = tracer()
+        outer, t.site_override = t.site_override, self.site
+        try:
+            self.emit_into(dst, **options)
+        finally:
+            t.site_override = outer
 
     def materialize(self) -> TileAccess:
         t = tracer()
@@ -735,7 +759,7 @@ class Deferred:
             t.pending = None
         t.flush()
         dst = new_tile(self.shape, self.dtype, self.memory, self.site).whole()
-        self.emit_into(dst)
+        self.emit_at_site(dst)
         return dst
 
 
@@ -843,7 +867,7 @@ def accumulate(dst: TileAccess, value, op: str) -> None:
         if t.pending is value:
             t.pending = None
         t.flush()
-        value.emit_into(dst, accumulate=True)
+        value.emit_at_site(dst, accumulate=True)
         return
     if isinstance(value, (int, float, np.integer, np.floating)):
         t.flush()

@@ -224,6 +224,7 @@ def _no_mask(mask, op: str) -> None:
 
 
 def load(src, *, mask=None, dtype=None, **kwargs) -> Deferred:
+    tracer()  # outside a traced kernel: RuntimeError
     _no_mask(mask, "nl.load")
     if kwargs:
         raise unsupported(f"nl.load({', '.join(kwargs)}=...)")
@@ -249,6 +250,7 @@ def load(src, *, mask=None, dtype=None, **kwargs) -> Deferred:
 
 
 def store(dst, value, *, mask=None, **kwargs) -> None:
+    tracer()  # outside a traced kernel: RuntimeError
     _no_mask(mask, "nl.store")
     if kwargs:
         raise unsupported(f"nl.store({', '.join(kwargs)}=...)")

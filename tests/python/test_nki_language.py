@@ -1,0 +1,410 @@
+"""tilelab.nki's NKI-language front end: kernels written with nl/nisa, traced into the simulator,
+against fp64 numpy references; the matmul tutorial kernels against the C++ matmul kernel's
+timing; the NKI rules and unsupported operations as errors naming file:line."""
+
+import importlib.util
+import linecache
+import pathlib
+import re
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tilelab.nki as tn
+from tilelab import sim
+from tilelab.nki import isa as nisa
+from tilelab.nki import language as nl
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "nki"
+
+
+def load_example(name: str):
+    tn.install_neuronxcc_alias()
+    spec = importlib.util.spec_from_file_location(f"nki_example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def matmul_examples():
+    return load_example("matmul")
+
+
+def assert_names_line(error: BaseException, *words: str) -> None:
+    """The message starts with this file:line, and that line contains each of `words`."""
+    match = re.match(r"(.+?):(\d+): ", str(error))
+    assert match, f"no file:line in: {error}"
+    file, line = match.group(1), int(match.group(2))
+    assert pathlib.Path(file).name == pathlib.Path(__file__).name, str(error)
+    text = linecache.getline(file, line)
+    for word in words:
+        assert word in text, f"line {line} ({text.strip()!r}) lacks {word!r}: {error}"
+
+
+# --- the matmul tutorial ------------------------------------------------------------------------
+
+VARIANTS = {
+    "tiled": "matmul_tiled",
+    "hoist_load": "matmul_hoist_load",
+    "block_free": "matmul_block_free",
+    "fully_optimized": "matmul_fully_optimized",
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_matmul_tutorial_outputs(matmul_examples, rng, variant, dtype):
+    kernel = getattr(matmul_examples, VARIANTS[variant])
+    k, m, n = (256, 256, 1024)
+    kwargs = {}
+    if variant == "fully_optimized":
+        kwargs = dict(BLOCK_TILES_M=2, BLOCK_TILES_N=1, BLOCK_TILES_K=2)
+        k, m, n = 512, 256, 1024
+    lhs_t = rng.standard_normal((k, m)).astype(dtype)
+    rhs = rng.standard_normal((k, n)).astype(dtype)
+    out = tn.simulate_kernel(kernel, lhs_t, rhs, **kwargs)
+    assert out.dtype == np.dtype(dtype) and out.shape == (m, n)
+    reference = lhs_t.astype(np.float64).T @ rhs.astype(np.float64)
+    # bf16 results are rounded once at the end (and fully_optimized accumulates in bf16 SBUF).
+    tolerance = 1e-5 if dtype == np.float32 else (0.05 if variant == "fully_optimized" else 0.01)
+    np.testing.assert_allclose(
+        out.astype(np.float64), reference, atol=tolerance * np.abs(reference).max()
+    )
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_matmul_tutorial_times_equal_the_cpp_kernel(matmul_examples, variant):
+    """Same loop nests, same buffering: the traced program is timed exactly as the C++ kernel."""
+    k, m, n = (2048, 4096, 2048)
+    kernel = getattr(matmul_examples, VARIANTS[variant])
+    _, report = tn.profile_kernel(
+        kernel, tn.tensor((k, m), nl.bfloat16), tn.tensor((k, n), nl.bfloat16), functional=False
+    )
+    reference = sim.simulate("matmul", {"variant": variant, "M": m, "K": k, "N": n})
+    assert report.total_time_ns == pytest.approx(reference.total_time_ns, rel=0.01)
+    ours = {e["name"]: e["instruction_count"] for e in report.engines}
+    theirs = {e["name"]: e["instruction_count"] for e in reference.engines}
+    if variant == "fully_optimized":
+        # The tutorial zeroes result_tiles with one nl.zeros; the C++ kernel with one memset per
+        # M block, per N block.
+        assert ours["vector"] == theirs["vector"] - (m // 2048 - 1) * (n // 1024)
+        ours["vector"] = theirs["vector"]
+        assert report.total_time_ns == pytest.approx(reference.total_time_ns, rel=1e-3)
+    else:
+        assert report.total_time_ns == reference.total_time_ns
+    assert ours == theirs
+    assert report.kernel == VARIANTS[variant]
+    assert report.parameters["lhsT"] == f"bf16[{k},{m}]"
+
+
+# --- element-wise, reductions, transposes -------------------------------------------------------
+
+
+@tn.jit
+def elementwise_kernel(x, y, s):
+    out = nl.ndarray((9, x.shape[0], x.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    a = nl.load(x)
+    b = nl.load(y)
+    col = nl.load(s)  # [P, 1]
+    nl.store(out[0], value=nl.exp(a))
+    nl.store(out[1], value=nl.add(a, b))
+    nl.store(out[2], value=a * 3.0 - b)
+    nl.store(out[3], value=nl.maximum(a, b))
+    nl.store(out[4], value=nl.multiply(a, col))
+    t = nisa.tensor_scalar(a, np.subtract, col, op1=np.multiply, operand1=0.5)
+    nl.store(out[5], value=t)
+    act = nisa.activation(op=nl.tanh, data=a, bias=col, scale=2.0)
+    nl.store(out[6], value=act)
+    nl.store(out[7], value=nl.where(b, a, -1.0))
+    buffer = nl.ndarray((x.shape[0], x.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    buffer[...] = nl.reciprocal(b)
+    buffer[...] += a
+    nl.store(out[8], value=buffer)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_elementwise(rng, dtype):
+    p, f = 96, 40
+    x = rng.uniform(-2, 2, (p, f)).astype(dtype)
+    y = rng.uniform(0.5, 2, (p, f)).astype(dtype)
+    y[::7, ::3] = 0  # where() takes its else branch; reciprocal gives inf
+    s = rng.uniform(-1, 1, (p, 1)).astype(dtype)
+    with np.errstate(divide="ignore"):
+        out = tn.simulate_kernel(elementwise_kernel, x, y, s)
+        a, b, c = (v.astype(np.float64) for v in (x, y, s))
+        expected = [
+            np.exp(a),
+            a + b,
+            a * 3 - b,
+            np.maximum(a, b),
+            a * c,
+            (a - c) * 0.5,
+            np.tanh(2 * a + c),
+            np.where(b != 0, a, -1.0),
+            1 / b + a,
+        ]
+    # Results are rounded to the input dtype where the kernel keeps it (nl.exp(bf16) is bf16).
+    rtol = 1e-5 if dtype == np.float32 else 1e-2
+    for i, want in enumerate(expected):
+        np.testing.assert_allclose(out[i], want, rtol=rtol, atol=rtol, err_msg=f"output {i}")
+
+
+@tn.jit
+def reduce_kernel(x):
+    p, _ = x.shape
+    out = nl.ndarray((p, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    a = nl.load(x)
+    nl.store(out[:, 0:1], value=nl.max(a, axis=1))
+    nl.store(out[:, 1:2], value=nl.sum(a, axis=1))
+    nl.store(out[:, 2:3], value=nl.mean(a, axis=1))
+    nl.store(out[:, 3:4], value=nisa.tensor_reduce(np.add, a, axis=1, negate=True))
+    return out
+
+
+def test_reductions(rng):
+    x = rng.standard_normal((128, 300)).astype(np.float32)
+    out = tn.simulate_kernel(reduce_kernel, x)
+    expected = np.stack([x.max(1), x.sum(1), x.mean(1), -x.sum(1)], axis=1)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
+@tn.jit
+def transpose_kernel(x, y):
+    p, f = x.shape
+    t_out = nl.ndarray((f, p), dtype=x.dtype, buffer=nl.shared_hbm)
+    mm_out = nl.ndarray((p, y.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    a = nl.load(x)
+    nl.store(t_out, value=nl.copy(nisa.nc_transpose(a)))
+    # transpose_x=False: the compiler transposes a (through PSUM) before the matmul.
+    nl.store(mm_out, value=nl.matmul(nl.load(x[:, 0 : y.shape[0]]), nl.load(y)))
+    return t_out, mm_out
+
+
+def test_transposes(rng):
+    x = rng.standard_normal((64, 100)).astype(np.float32)
+    y = rng.standard_normal((100, 72)).astype(np.float32)
+    t, product = tn.simulate_kernel(transpose_kernel, x, y)
+    np.testing.assert_array_equal(t, x.T)
+    np.testing.assert_allclose(product, x.astype(np.float64) @ y, rtol=1e-4, atol=1e-3)
+
+
+@tn.jit
+def psum_zero_kernel(x):
+    out = nl.ndarray((x.shape[0], 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.zeros((x.shape[0], 8), nl.float32, buffer=nl.psum)
+    nl.store(out, value=nl.copy(acc))  # never written by a matmul: the zeros are real
+    return out
+
+
+def test_psum_zeros_read_before_any_matmul():
+    out = tn.simulate_kernel(psum_zero_kernel, np.ones((16, 4), np.float32))
+    np.testing.assert_array_equal(out, 0)
+
+
+def test_nan_and_inf_propagate(rng):
+    x = rng.uniform(-1, 1, (32, 16)).astype(np.float32)
+    y = np.ones((32, 16), np.float32)
+    s = np.zeros((32, 1), np.float32)
+    x[3, 4], x[5, 6] = np.nan, np.inf
+    with np.errstate(invalid="ignore"):
+        out = tn.simulate_kernel(elementwise_kernel, x, y, s)
+    assert np.isnan(out[0, 3, 4]) and out[0, 5, 6] == np.inf  # exp
+    assert np.isnan(out[1, 3, 4]) and out[1, 5, 6] == np.inf  # add
+
+
+# --- the SPMD grid ------------------------------------------------------------------------------
+
+
+@tn.jit
+def grid_kernel(x):
+    rows, cols = x.shape
+    out = nl.ndarray((rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    i, j = nl.program_id(0), nl.program_id(1)
+    h, w = rows // nl.num_programs(0), cols // nl.num_programs(1)
+    tile = nl.load(x[i * h : (i + 1) * h, j * w : (j + 1) * w])
+    nl.store(out[i * h : (i + 1) * h, j * w : (j + 1) * w], value=tile * float(1 + i + 10 * j))
+    return out
+
+
+def test_spmd_grid(rng):
+    x = rng.standard_normal((64, 48)).astype(np.float32)
+    out = tn.simulate_kernel(grid_kernel[2, 3], x)
+    scale = np.ones_like(x)
+    for i in range(2):
+        for j in range(3):
+            scale[i * 32 : (i + 1) * 32, j * 16 : (j + 1) * 16] = 1 + i + 10 * j
+    np.testing.assert_allclose(out, x * scale, rtol=1e-6)
+    _, report = tn.profile_kernel(grid_kernel[2, 3], x)
+    assert report.parameters["grid"] == "2,3"
+    assert report.instruction_count == 6 * 3  # load, multiply, store per instance
+
+
+def test_calling_a_kernel_runs_it(rng):
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    np.testing.assert_allclose(grid_kernel[1, 1](x), x, rtol=1e-6)
+    np.testing.assert_allclose(grid_kernel[2, 1](x), x * np.repeat([[1], [2]], 4, 0), rtol=1e-6)
+    np.testing.assert_allclose(version_kernel(x), 2 * x, rtol=1e-6)
+
+
+# --- machines and aliases -----------------------------------------------------------------------
+
+
+@tn.jit
+def version_kernel(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    value = float(nisa.get_nc_version())
+    nl.store(out, value=nl.load(x) * value)
+    return out
+
+
+@pytest.mark.parametrize(("machine", "version"), [("trn1", 2), ("trn2", 3)])
+def test_nc_version_follows_the_machine(machine, version):
+    out, _ = tn.profile_kernel(version_kernel, np.ones((4, 4), np.float32), machine=machine)
+    np.testing.assert_array_equal(out, version)
+    assert nisa.nc_version.gen2 == 2 and nisa.nc_version.gen3 == 3
+
+
+def test_neuronxcc_alias():
+    tn.install_neuronxcc_alias()
+    tn.install_neuronxcc_alias()  # idempotent
+    import neuronxcc.nki.isa as aliased_isa
+    import neuronxcc.nki.language as aliased_language
+    from neuronxcc import nki
+
+    assert nki is tn and aliased_language is nl and aliased_isa is nisa
+    assert nki.jit is tn.jit
+
+
+# --- NKI rules and unsupported operations -------------------------------------------------------
+
+
+@tn.jit
+def too_many_partitions(x):
+    t = nl.ndarray((129, 4), dtype=nl.float32, buffer=nl.sbuf)
+    t[...] = 0.0
+    return None
+
+
+@tn.jit
+def psum_too_large(x):
+    acc = nl.zeros((128, 513), nl.float32, buffer=nl.psum)
+    return acc
+
+
+@tn.jit
+def moving_too_wide(x, y):
+    a = nl.load(x)
+    b = nl.load(y)
+    nl.copy(nisa.nc_matmul(a, b))
+    return None
+
+
+@tn.jit
+def stationary_too_wide(x, y):
+    a = nl.load(x)
+    b = nl.load(y)
+    product = nisa.nc_matmul(a, b)
+    nl.copy(product)
+    return None
+
+
+@tn.jit
+def sbuf_overflow(x):
+    big = nl.ndarray((128, 60000), dtype=nl.float32, buffer=nl.sbuf)
+    big[...] = 0.0
+    return None
+
+
+@tn.jit
+def writes_its_input(x):
+    nl.store(x, value=nl.load(x))
+    return None
+
+
+@tn.jit
+def unsupported_op(x):
+    a = nl.load(x)
+    nl.gelu_apprx_tanh(a)
+    return None
+
+
+@tn.jit
+def masked_load(x):
+    i = nl.arange(4)[:, None]
+    nl.load(x, mask=(i < 2))
+    return None
+
+
+@tn.jit
+def out_of_range_index(x):
+    nl.load(x[0:9, :])
+    return None
+
+
+def test_partition_dimension_limit():
+    with pytest.raises(tn.NkiError, match="pmax") as error:
+        tn.simulate_kernel(too_many_partitions, np.ones((4, 4), np.float32))
+    assert_names_line(error.value, "129")
+
+
+def test_psum_tile_fits_one_bank():
+    with pytest.raises(tn.NkiError, match="one bank") as error:
+        tn.simulate_kernel(psum_too_large, np.ones((4, 4), np.float32))
+    assert_names_line(error.value, "nl.zeros")
+
+
+def test_matmul_limits():
+    x = np.ones((128, 128), np.float32)
+    with pytest.raises(tn.NkiError, match="gemm_moving_fmax") as error:
+        tn.simulate_kernel(moving_too_wide, x, np.ones((128, 513), np.float32))
+    assert_names_line(error.value, "nc_matmul")
+    with pytest.raises(tn.NkiError, match="gemm_stationary_fmax") as error:
+        tn.simulate_kernel(stationary_too_wide, np.ones((128, 129), np.float32), x)
+    assert_names_line(error.value, "nc_matmul")
+
+
+def test_sbuf_capacity():
+    with pytest.raises(tn.NkiError, match="SBUF allocation failed") as error:
+        tn.simulate_kernel(sbuf_overflow, np.ones((4, 4), np.float32))
+    assert_names_line(error.value, "nl.ndarray")
+
+
+def test_kernel_inputs_are_read_only():
+    with pytest.raises(tn.NkiError, match="kernel input") as error:
+        tn.simulate_kernel(writes_its_input, np.ones((4, 4), np.float32))
+    assert_names_line(error.value, "nl.store")
+
+
+def test_unsupported_operations_name_themselves_and_the_line():
+    with pytest.raises(NotImplementedError, match=r"nl\.gelu_apprx_tanh") as error:
+        tn.simulate_kernel(unsupported_op, np.ones((4, 4), np.float32))
+    assert_names_line(error.value, "gelu_apprx_tanh")
+    with pytest.raises(NotImplementedError) as error:
+        tn.simulate_kernel(masked_load, np.ones((4, 4), np.float32))
+    assert_names_line(error.value, "mask")
+
+
+def test_index_out_of_range():
+    with pytest.raises(IndexError, match="out of range") as error:
+        tn.simulate_kernel(out_of_range_index, np.ones((4, 4), np.float32))
+    assert_names_line(error.value, "0:9")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="TensorSpec has no data"):
+        tn.simulate_kernel(grid_kernel, tn.tensor((4, 4), nl.float32))
+    with pytest.raises(TypeError, match="x: unsupported dtype int64"):
+        tn.simulate_kernel(grid_kernel, np.ones((4, 4), np.int64))
+    with pytest.raises(TypeError, match="grid_kernel"):
+        tn.simulate_kernel(grid_kernel, np.ones((4, 4), np.float32), np.ones(3))
+    with pytest.raises(ValueError, match="grid"):
+        grid_kernel[0]
+    with pytest.raises(TypeError, match="kernel"):
+        tn.simulate_kernel("not a kernel")
+    with pytest.raises(RuntimeError, match="only inside a kernel"):
+        nl.load(None)
