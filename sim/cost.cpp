@@ -32,7 +32,7 @@ double stride_factor(const Program& p, const Machine& m, const Instruction& inst
 }
 
 bool contiguous(const TileRef& ref) {
-  return ref.free_stride == 1 || ref.free_count <= 1;
+  return ref.free_count <= 1 || ref.contiguous();
 }
 
 // NC-v3 VectorE perf modes for copies and tensor_scalar (AR3): 4x for 16-bit SBUF->SBUF

@@ -193,16 +193,12 @@ void FunctionalExecutor::store(uint32_t buffer, uint64_t index, float value) {
 
 float FunctionalExecutor::load(const TileRef& ref, uint32_t p, uint32_t j) const {
   const Buffer& b = program_.buffers[ref.tile];
-  return load(ref.tile, uint64_t(ref.partition_start + p) * b.free_elements + ref.free_offset +
-                            uint64_t(j) * uint64_t(ref.free_stride));
+  return load(ref.tile, uint64_t(ref.partition_start + p) * b.free_elements + ref.free_element(j));
 }
 
 void FunctionalExecutor::store(const TileRef& ref, uint32_t p, uint32_t j, float value) {
   const Buffer& b = program_.buffers[ref.tile];
-  store(ref.tile,
-        uint64_t(ref.partition_start + p) * b.free_elements + ref.free_offset +
-            uint64_t(j) * uint64_t(ref.free_stride),
-        value);
+  store(ref.tile, uint64_t(ref.partition_start + p) * b.free_elements + ref.free_element(j), value);
 }
 
 void FunctionalExecutor::run() {
@@ -377,8 +373,8 @@ void FunctionalExecutor::execute(const Instruction& instr) {
           const auto value = static_cast<int32_t>(base + int64_t(p) * instr.extra + j * free_step);
           const Buffer& b = program_.buffers[dst.tile];
           if (b.dtype == DType::int32)
-            ints_[dst.tile][uint64_t(dst.partition_start + p) * b.free_elements + dst.free_offset +
-                            uint64_t(j) * uint64_t(dst.free_stride)] = value;
+            ints_[dst.tile][uint64_t(dst.partition_start + p) * b.free_elements +
+                            dst.free_element(j)] = value;
           else
             store(dst, p, j, static_cast<float>(value));
         }

@@ -54,8 +54,11 @@ enum class ActFunc : uint8_t {
   abs
 };
 
-// A view of an SBUF/PSUM tile: a contiguous partition range and a 1-D free access pattern in
-// elements of the tile's dtype. A free stride of 0 broadcasts one element along the free axis.
+// A view of an SBUF/PSUM tile: a contiguous partition range and a free access pattern of one or
+// two levels, in elements of the tile's dtype. free_count counts all free elements. One level
+// (inner_count == 0): element j is at free_offset + j * free_stride. Two levels: element j is at
+//   free_offset + (j / inner_count) * outer_stride + (j % inner_count) * free_stride,
+// and free_count is a multiple of inner_count. A stride of 0 broadcasts along that level.
 struct TileRef {
   uint32_t tile = kNone;
   uint16_t partition_start = 0;
@@ -63,8 +66,31 @@ struct TileRef {
   uint32_t free_offset = 0;
   uint32_t free_count = 0;
   int32_t free_stride = 1;
+  uint32_t inner_count = 0;
+  int32_t outer_stride = 0;
 
   bool valid() const { return tile != kNone; }
+  bool two_level() const { return inner_count != 0 && inner_count < free_count; }
+  // Offset within a partition of free element j.
+  uint64_t free_element(uint32_t j) const {
+    if (!two_level()) return free_offset + uint64_t(j) * uint64_t(free_stride);
+    return free_offset + uint64_t(j / inner_count) * uint64_t(outer_stride) +
+           uint64_t(j % inner_count) * uint64_t(free_stride);
+  }
+  // The largest offset the view touches (strides are non-negative).
+  uint64_t last_free_element() const {
+    if (free_count == 0) return free_offset;
+    if (!two_level()) return free_offset + uint64_t(free_count - 1) * uint64_t(free_stride);
+    return free_offset + uint64_t(free_count / inner_count - 1) * uint64_t(outer_stride) +
+           uint64_t(inner_count - 1) * uint64_t(free_stride);
+  }
+  // Elements of each contiguous run (1 when the innermost stride is not 1).
+  uint32_t contiguous_run() const {
+    if (free_stride != 1) return free_count <= 1 ? free_count : 1;
+    if (!two_level() || uint32_t(outer_stride) == inner_count) return free_count;
+    return inner_count;
+  }
+  bool contiguous() const { return contiguous_run() == free_count; }
 };
 
 // Operand slots of an Instruction.

@@ -30,7 +30,7 @@ int64_t contiguous_run_elements(const HbmPattern& p) {
 }
 
 int64_t contiguous_run_elements(const TileRef& ref) {
-  return ref.free_stride == 1 ? ref.free_count : 1;
+  return ref.free_stride == 1 ? ref.contiguous_run() : 1;
 }
 
 }  // namespace
@@ -46,9 +46,11 @@ std::string Program::describe(const TileRef& ref) const {
   const Buffer& b = buffers[ref.tile];
   std::ostringstream out;
   out << b.name << "[" << ref.partition_start << ":" << ref.partition_start + ref.partition_count
-      << ", " << ref.free_offset << ":"
-      << ref.free_offset + (ref.free_count == 0 ? 0 : (ref.free_count - 1) * ref.free_stride + 1);
+      << ", " << ref.free_offset << ":" << ref.last_free_element() + (ref.free_count ? 1 : 0);
   if (ref.free_stride != 1) out << ":" << ref.free_stride;
+  if (ref.two_level())
+    out << " as " << ref.free_count / ref.inner_count << "x" << ref.inner_count << " (outer stride "
+        << ref.outer_stride << ")";
   out << "] " << dtype_name(b.dtype) << " " << memory_name(b.memory);
   return out.str();
 }
@@ -303,6 +305,27 @@ TileRef ProgramBuilder::view(Tile tile, int p0, int partitions, int64_t offset, 
   r.free_offset = static_cast<uint32_t>(offset);
   r.free_count = static_cast<uint32_t>(count);
   r.free_stride = static_cast<int32_t>(stride);
+  return r;
+}
+
+TileRef ProgramBuilder::view(Tile tile, int p0, int partitions, int64_t offset, int64_t outer_count,
+                             int64_t outer_stride, int64_t inner_count,
+                             int64_t inner_stride) const {
+  TileRef r = view(tile, p0, partitions, offset, inner_count, inner_stride);
+  const Buffer& b = program_.buffers[tile.id];
+  TILELAB_REQUIRE(outer_count >= 1 && outer_count * inner_count <= UINT32_MAX)
+      << "view of '" << b.name << "': outer count must be >= 1 and the element count below 2^32, "
+      << "got " << outer_count << " x " << inner_count;
+  TILELAB_REQUIRE(outer_stride >= 0 && outer_stride <= INT32_MAX)
+      << "view of '" << b.name << "': outer stride must be in [0, 2^31), got " << outer_stride;
+  r.free_count = static_cast<uint32_t>(outer_count * inner_count);
+  if (outer_count > 1) {
+    r.inner_count = static_cast<uint32_t>(inner_count);
+    r.outer_stride = static_cast<int32_t>(outer_stride);
+  }
+  TILELAB_REQUIRE(r.last_free_element() < b.free_elements)
+      << "view of '" << b.name << "': reaches free element " << r.last_free_element()
+      << ", outside the tile's [0, " << b.free_elements << ")";
   return r;
 }
 
@@ -724,7 +747,7 @@ void ProgramBuilder::matmul(const TileRef& dst, const TileRef& stationary, const
       << "matmul: dst must be [" << stationary.free_count << ", " << moving.free_count
       << "] (stationary free x moving free), got [" << dst.partition_count << ", " << dst.free_count
       << "]";
-  TILELAB_REQUIRE(dst.free_stride == 1) << "matmul: dst must be contiguous in PSUM";
+  TILELAB_REQUIRE(dst.contiguous()) << "matmul: dst must be contiguous in PSUM";
   check_compute_operand(dst, "matmul", "dst", Engine::tensor);
   const int64_t first_byte = d.address + int64_t(dst.free_offset) * 4;
   const int64_t last_byte = first_byte + int64_t(dst.free_count) * 4 - 1;

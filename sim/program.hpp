@@ -160,6 +160,11 @@ class ProgramBuilder {
   // Partition range [p0, p0 + partitions) and free elements offset + i * stride, i < count.
   TileRef view(Tile tile, int p0, int partitions, int64_t offset, int64_t count,
                int64_t stride = 1) const;
+  // Two levels: free element (o, i) at offset + o * outer_stride + i * inner_stride, o <
+  // outer_count, i < inner_count (e.g. columns [c0, c0 + n) of every row of a [P, rows, cols]
+  // tile).
+  TileRef view(Tile tile, int p0, int partitions, int64_t offset, int64_t outer_count,
+               int64_t outer_stride, int64_t inner_count, int64_t inner_stride) const;
   // Rows [row0, row0 + rows) on partitions and columns [col0, col0 + cols) on the free axis of a
   // 2-D tensor (or the last two dims, with the leading index `batch`).
   HbmPattern hbm_rows(Tensor tensor, int64_t row0, int64_t rows, int64_t col0, int64_t cols,

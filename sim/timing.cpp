@@ -55,8 +55,7 @@ std::vector<BufferFacts> buffer_facts(const Program& p) {
 
 Region tile_region(const std::vector<BufferFacts>& facts, const TileRef& ref, bool write) {
   const int size = facts[ref.tile].element_size;
-  const uint64_t last = uint64_t(ref.free_offset) +
-                        uint64_t(ref.free_count - 1) * uint64_t(std::max(ref.free_stride, 0));
+  const uint64_t last = ref.last_free_element();
   return Region{ref.tile,
                 ref.partition_start,
                 uint32_t(ref.partition_start) + ref.partition_count,

@@ -28,7 +28,6 @@ namespace {
 constexpr const char* kBuilderCapsuleName = "tilelab.nki_builder";
 constexpr const char* kProgramCapsuleName = "tilelab.nki_program";
 
-using TileTuple = std::tuple<uint32_t, int, int, int64_t, int64_t, int64_t>;
 using HbmTuple =
     std::tuple<uint32_t, int64_t, int64_t, int, std::vector<std::pair<int64_t, int64_t>>>;
 
@@ -77,25 +76,23 @@ std::shared_ptr<sim::Program>& program_of(const py::capsule& handle) {
   return program;
 }
 
-sim::TileRef tile_ref(const TileTuple& t) {
-  const auto [tile, p0, partitions, offset, count, stride] = t;
-  TILELAB_REQUIRE(p0 >= 0 && partitions >= 0 && partitions <= UINT16_MAX && offset >= 0 &&
-                  count >= 0 && count <= UINT32_MAX && offset <= UINT32_MAX &&
-                  stride >= INT32_MIN && stride <= INT32_MAX)
-      << "tile view: out of range (" << p0 << ", " << partitions << ", " << offset << ", " << count
-      << ", " << stride << ")";
-  sim::TileRef r;
-  r.tile = tile;
-  r.partition_start = static_cast<uint16_t>(p0);
-  r.partition_count = static_cast<uint16_t>(partitions);
-  r.free_offset = static_cast<uint32_t>(offset);
-  r.free_count = static_cast<uint32_t>(count);
-  r.free_stride = static_cast<int32_t>(stride);
-  return r;
+// A checked view: (tile, p0, partitions, offset, count, stride) or, for two levels,
+// (tile, p0, partitions, offset, outer_count, outer_stride, inner_count, inner_stride).
+sim::TileRef tile_ref(const sim::ProgramBuilder& b, const py::handle& value) {
+  const auto t = value.cast<py::tuple>();
+  TILELAB_REQUIRE(t.size() == 6 || t.size() == 8)
+      << "tile view: expected a tuple of 6 or 8 integers, got " << t.size();
+  const sim::Tile tile{t[0].cast<uint32_t>()};
+  const int p0 = t[1].cast<int>(), partitions = t[2].cast<int>();
+  const auto offset = t[3].cast<int64_t>();
+  if (t.size() == 6)
+    return b.view(tile, p0, partitions, offset, t[4].cast<int64_t>(), t[5].cast<int64_t>());
+  return b.view(tile, p0, partitions, offset, t[4].cast<int64_t>(), t[5].cast<int64_t>(),
+                t[6].cast<int64_t>(), t[7].cast<int64_t>());
 }
 
-sim::TileRef optional_ref(const std::optional<TileTuple>& t) {
-  return t ? tile_ref(*t) : sim::TileRef{};
+sim::TileRef optional_ref(const sim::ProgramBuilder& b, const py::object& t) {
+  return t.is_none() ? sim::TileRef{} : tile_ref(b, t);
 }
 
 sim::HbmPattern hbm_pattern(sim::ProgramBuilder& b, const HbmTuple& t) {
@@ -104,10 +101,9 @@ sim::HbmPattern hbm_pattern(sim::ProgramBuilder& b, const HbmTuple& t) {
 }
 
 // A scalar operand: a float constant or a [P, 1] tile view.
-sim::Scalar scalar_of(const py::handle& value) {
+sim::Scalar scalar_of(const sim::ProgramBuilder& b, const py::handle& value) {
   if (value.is_none()) return {};
-  if (py::isinstance<py::tuple>(value))
-    return sim::Scalar::per_partition(tile_ref(value.cast<TileTuple>()));
+  if (py::isinstance<py::tuple>(value)) return sim::Scalar::per_partition(tile_ref(b, value));
   return sim::Scalar::constant(value.cast<float>());
 }
 
@@ -198,22 +194,23 @@ void register_nki_builder_bindings(py::module_& core) {
       "nki_hbm_tensor",
       [](const py::capsule& h, const std::string& name, std::vector<int64_t> shape,
          const std::string& dtype) {
-        return builder_of(h).hbm_tensor(name, std::move(shape), dtype_of(dtype)).id;
+        sim::ProgramBuilder& builder = builder_of(h);
+        return builder.hbm_tensor(name, std::move(shape), dtype_of(dtype)).id;
       },
       py::arg("builder"), py::arg("name"), py::arg("shape"), py::arg("dtype"));
   core.def(
       "nki_tile",
       [](const py::capsule& h, const std::string& name, const std::string& memory, int partitions,
          int64_t free_elements, const std::string& dtype, bool required) -> int64_t {
-        sim::ProgramBuilder& b = builder_of(h);
+        sim::ProgramBuilder& builder = builder_of(h);
         const sim::Memory m = memory_of(memory);
         const sim::DType d = dtype_of(dtype);
         if (required) {
-          return (m == sim::Memory::psum ? b.psum_tile(name, partitions, free_elements, d)
-                                         : b.sbuf_tile(name, partitions, free_elements, d))
+          return (m == sim::Memory::psum ? builder.psum_tile(name, partitions, free_elements, d)
+                                         : builder.sbuf_tile(name, partitions, free_elements, d))
               .id;
         }
-        const sim::Tile t = b.try_tile(name, m, partitions, free_elements, d);
+        const sim::Tile t = builder.try_tile(name, m, partitions, free_elements, d);
         return t.id == sim::kNone ? -1 : static_cast<int64_t>(t.id);
       },
       py::arg("builder"), py::arg("name"), py::arg("memory"), py::arg("partitions"),
@@ -223,108 +220,125 @@ void register_nki_builder_bindings(py::module_& core) {
       "nki_dma",
       [](const py::capsule& h, const py::object& dst, const py::object& src,
          const std::string& trigger, int queue) {
-        sim::ProgramBuilder& b = builder_of(h);
+        sim::ProgramBuilder& builder = builder_of(h);
         const sim::DmaOptions o = dma_options(trigger, queue);
         const bool dst_hbm = py::len(dst) == 5, src_hbm = py::len(src) == 5;
         TILELAB_REQUIRE(!(dst_hbm && src_hbm)) << "dma: HBM to HBM copies are not supported";
         if (src_hbm)
-          b.dma_copy(tile_ref(dst.cast<TileTuple>()), hbm_pattern(b, src.cast<HbmTuple>()), o);
+          builder.dma_copy(tile_ref(builder, dst), hbm_pattern(builder, src.cast<HbmTuple>()), o);
         else if (dst_hbm)
-          b.dma_copy(hbm_pattern(b, dst.cast<HbmTuple>()), tile_ref(src.cast<TileTuple>()), o);
+          builder.dma_copy(hbm_pattern(builder, dst.cast<HbmTuple>()), tile_ref(builder, src), o);
         else
-          b.dma_copy(tile_ref(dst.cast<TileTuple>()), tile_ref(src.cast<TileTuple>()), o);
+          builder.dma_copy(tile_ref(builder, dst), tile_ref(builder, src), o);
       },
       py::arg("builder"), py::arg("dst"), py::arg("src"), py::arg("trigger"), py::arg("queue"));
   core.def(
       "nki_dma_gather",
-      [](const py::capsule& h, const TileTuple& dst, uint32_t tensor, int64_t batch,
-         const TileTuple& index, int64_t col0) {
-        builder_of(h).dma_gather(tile_ref(dst), sim::Tensor{tensor}, batch, tile_ref(index), col0);
+      [](const py::capsule& h, const py::object& dst, uint32_t tensor, int64_t batch,
+         const py::object& index, int64_t col0) {
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.dma_gather(tile_ref(builder, dst), sim::Tensor{tensor}, batch,
+                           tile_ref(builder, index), col0);
       },
       py::arg("builder"), py::arg("dst"), py::arg("tensor"), py::arg("batch"), py::arg("index"),
       py::arg("col0"));
   core.def(
       "nki_matmul",
-      [](const py::capsule& h, const TileTuple& dst, const TileTuple& stationary,
-         const TileTuple& moving, bool accumulate) {
-        builder_of(h).matmul(tile_ref(dst), tile_ref(stationary), tile_ref(moving), accumulate);
+      [](const py::capsule& h, const py::object& dst, const py::object& stationary,
+         const py::object& moving, bool accumulate) {
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.matmul(tile_ref(builder, dst), tile_ref(builder, stationary),
+                       tile_ref(builder, moving), accumulate);
       },
       py::arg("builder"), py::arg("dst"), py::arg("stationary"), py::arg("moving"),
       py::arg("accumulate"));
   core.def(
       "nki_pe_transpose",
-      [](const py::capsule& h, const TileTuple& dst, const TileTuple& src) {
-        builder_of(h).pe_transpose(tile_ref(dst), tile_ref(src));
+      [](const py::capsule& h, const py::object& dst, const py::object& src) {
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.pe_transpose(tile_ref(builder, dst), tile_ref(builder, src));
       },
       py::arg("builder"), py::arg("dst"), py::arg("src"));
   core.def(
       "nki_activation",
-      [](const py::capsule& h, const TileTuple& dst, const TileTuple& src, const std::string& func,
-         const py::object& scale, const std::optional<TileTuple>& bias,
-         const std::optional<TileTuple>& reduce_result) {
+      [](const py::capsule& h, const py::object& dst, const py::object& src,
+         const std::string& func, const py::object& scale, const py::object& bias,
+         const py::object& reduce_result) {
+        sim::ProgramBuilder& builder = builder_of(h);
         sim::ActivationOptions o;
-        const sim::Scalar s = scalar_of(scale.is_none() ? py::float_(1.0) : scale);
+        const sim::Scalar s = scalar_of(builder, scale.is_none() ? py::float_(1.0) : scale);
         o.scale = s.value;
         o.scale_tile = s.tile;
-        o.bias = optional_ref(bias);
-        o.reduce_result = optional_ref(reduce_result);
-        builder_of(h).activation(tile_ref(dst), tile_ref(src), act_func_of(func), o);
+        o.bias = optional_ref(builder, bias);
+        o.reduce_result = optional_ref(builder, reduce_result);
+        builder.activation(tile_ref(builder, dst), tile_ref(builder, src), act_func_of(func), o);
       },
       py::arg("builder"), py::arg("dst"), py::arg("src"), py::arg("func"), py::arg("scale"),
       py::arg("bias"), py::arg("reduce_result"));
   core.def(
       "nki_tensor_tensor",
-      [](const py::capsule& h, const TileTuple& dst, const TileTuple& a, const TileTuple& b,
+      [](const py::capsule& h, const py::object& dst, const py::object& a, const py::object& b,
          const std::string& op) {
-        builder_of(h).tensor_tensor(tile_ref(dst), tile_ref(a), tile_ref(b), alu_op_of(op));
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.tensor_tensor(tile_ref(builder, dst), tile_ref(builder, a), tile_ref(builder, b),
+                              alu_op_of(op));
       },
       py::arg("builder"), py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"));
   core.def(
       "nki_tensor_scalar",
-      [](const py::capsule& h, const TileTuple& dst, const TileTuple& src, const std::string& op0,
+      [](const py::capsule& h, const py::object& dst, const py::object& src, const std::string& op0,
          const py::object& s0, const std::string& op1, const py::object& s1,
          const std::string& engine) {
-        builder_of(h).tensor_scalar(tile_ref(dst), tile_ref(src), alu_op_of(op0), scalar_of(s0),
-                                    alu_op_of(op1), scalar_of(s1), engine_of(engine));
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.tensor_scalar(tile_ref(builder, dst), tile_ref(builder, src), alu_op_of(op0),
+                              scalar_of(builder, s0), alu_op_of(op1), scalar_of(builder, s1),
+                              engine_of(engine));
       },
       py::arg("builder"), py::arg("dst"), py::arg("src"), py::arg("op0"), py::arg("scalar0"),
       py::arg("op1"), py::arg("scalar1"), py::arg("engine"));
   core.def(
       "nki_tensor_reduce",
-      [](const py::capsule& h, const TileTuple& dst, const TileTuple& src, const std::string& op,
+      [](const py::capsule& h, const py::object& dst, const py::object& src, const std::string& op,
          bool negate) {
-        builder_of(h).tensor_reduce(tile_ref(dst), tile_ref(src), alu_op_of(op), negate);
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.tensor_reduce(tile_ref(builder, dst), tile_ref(builder, src), alu_op_of(op),
+                              negate);
       },
       py::arg("builder"), py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("negate"));
   core.def(
       "nki_tensor_copy",
-      [](const py::capsule& h, const TileTuple& dst, const TileTuple& src,
+      [](const py::capsule& h, const py::object& dst, const py::object& src,
          const std::string& engine) {
-        builder_of(h).tensor_copy(tile_ref(dst), tile_ref(src), engine_of(engine));
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.tensor_copy(tile_ref(builder, dst), tile_ref(builder, src), engine_of(engine));
       },
       py::arg("builder"), py::arg("dst"), py::arg("src"), py::arg("engine"));
   core.def(
       "nki_select",
-      [](const py::capsule& h, const TileTuple& dst, const TileTuple& condition, const TileTuple& x,
-         const py::object& y) {
+      [](const py::capsule& h, const py::object& dst, const py::object& condition,
+         const py::object& x, const py::object& y) {
+        sim::ProgramBuilder& builder = builder_of(h);
         sim::Scalar s;
         if (py::isinstance<py::tuple>(y))
-          s.tile = tile_ref(y.cast<TileTuple>());
+          s.tile = tile_ref(builder, y);
         else
           s.value = y.cast<float>();
-        builder_of(h).select(tile_ref(dst), tile_ref(condition), tile_ref(x), s);
+        builder.select(tile_ref(builder, dst), tile_ref(builder, condition), tile_ref(builder, x),
+                       s);
       },
       py::arg("builder"), py::arg("dst"), py::arg("condition"), py::arg("x"), py::arg("y"));
   core.def(
       "nki_memset",
-      [](const py::capsule& h, const TileTuple& dst, float value, const std::string& engine) {
-        builder_of(h).memset(tile_ref(dst), value, engine_of(engine));
+      [](const py::capsule& h, const py::object& dst, float value, const std::string& engine) {
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.memset(tile_ref(builder, dst), value, engine_of(engine));
       },
       py::arg("builder"), py::arg("dst"), py::arg("value"), py::arg("engine"));
   core.def(
       "nki_iota",
-      [](const py::capsule& h, const TileTuple& dst, int base, int partition_step, int free_step) {
-        builder_of(h).iota(tile_ref(dst), base, partition_step, free_step);
+      [](const py::capsule& h, const py::object& dst, int base, int partition_step, int free_step) {
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.iota(tile_ref(builder, dst), base, partition_step, free_step);
       },
       py::arg("builder"), py::arg("dst"), py::arg("base"), py::arg("partition_step"),
       py::arg("free_step"));

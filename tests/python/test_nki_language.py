@@ -408,3 +408,34 @@ def test_bad_arguments():
         tn.simulate_kernel("not a kernel")
     with pytest.raises(RuntimeError, match="only inside a kernel"):
         nl.load(None)
+
+
+# --- tiles with several free dimensions ---------------------------------------------------------
+
+
+@tn.jit
+def free_dims_kernel(x):
+    p, rows, cols = x.shape
+    out = nl.ndarray((p, rows, cols // 2), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((p, rows, cols), dtype=x.dtype, buffer=nl.sbuf)
+    t[...] = nl.load(x)
+    half = nl.ndarray((p, rows, cols // 2), dtype=x.dtype, buffer=nl.sbuf)
+    half[...] = nl.exp(t[:, :, 1 : cols // 2 + 1])  # two free levels: rows x a run of columns
+    nl.store(out, value=half)
+    return out
+
+
+@tn.jit
+def three_levels_kernel(x):
+    t = nl.load(x)
+    nl.exp(t[:, 0:2, 0:2, 0:2])
+    return None
+
+
+def test_tiles_with_several_free_dimensions(rng):
+    x = rng.uniform(-1, 1, (16, 3, 10)).astype(np.float32)
+    out = tn.simulate_kernel(free_dims_kernel, x)
+    np.testing.assert_allclose(out, np.exp(x[:, :, 1:6].astype(np.float64)), rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="3 strided levels") as error:
+        tn.simulate_kernel(three_levels_kernel, np.ones((4, 3, 3, 3), np.float32))
+    assert_names_line(error.value, "0:2, 0:2, 0:2")

@@ -90,8 +90,9 @@ def _user_frames() -> tuple[tuple[str, int, str], ...]:
 
 
 def where() -> str:
-    """'file:line' of the innermost user frame (for messages)."""
-    frames = _user_frames()
+    """'file:line' of the innermost user frame, or of the deferred operation being emitted
+    (for messages)."""
+    frames = (_current.site_override if _current is not None else None) or _user_frames()
     if not frames:
         return "<unknown>"
     file, line, _ = frames[0]
@@ -668,13 +669,26 @@ class TileAccess:
         return math.prod(count for count, _ in self.dims)
 
     def ref(self) -> tuple:
-        """The builder's tile view: one free dimension."""
+        """The builder's tile view: one free level, or two (outer, inner)."""
         merged = merge_dims(self.dims)
-        if len(merged) > 1:
+        if len(merged) > 2:
             raise fail(
-                f"a tile access of shape {self.shape} whose free dimensions do not merge "
-                f"into one strided run ({merged}) is not supported by tilelab.nki yet",
+                f"a tile access of shape {self.shape} whose free dimensions merge into "
+                f"{len(merged)} strided levels {merged} (at most 2) is not supported by "
+                "tilelab.nki yet",
                 NotImplementedError,
+            )
+        if len(merged) == 2:
+            (outer_count, outer_stride), (inner_count, inner_stride) = merged
+            return (
+                self.tile.id,
+                self.p0,
+                self.partitions,
+                self.offset,
+                outer_count,
+                outer_stride,
+                inner_count,
+                inner_stride,
             )
         count, stride = merged[0] if merged else (1, 1)
         return (self.tile.id, self.p0, self.partitions, self.offset, count, stride)
@@ -724,7 +738,7 @@ class Deferred:
     """An operation whose destination is not known yet: `emit(dst)` writes it into a TileAccess.
     `memory` is where a fresh result tile lives (psum for TensorE results)."""
 
-    __slots__ = ("dtype", "emit_into", "memory", "name", "shape", "site")
+    __slots__ = ("dtype", "emit_into", "memory", "name", "result", "shape", "site")
 
     def __init__(
         self, name: str, emit_into, shape: tuple[int, ...], dtype: np.dtype, memory: str = "sbuf"
@@ -734,9 +748,17 @@ class Deferred:
         self.name, self.emit_into, self.shape = name, emit_into, tuple(shape)
         self.dtype, self.memory = np.dtype(dtype), memory
         self.site = _user_frames()
+        self.result: TileAccess | None = None  # the fresh tile it was materialized into
         t.pending = self
 
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
     def emit(self, dst: TileAccess) -> None:
+        if self.result is not None:  # used already: copy its result
+            assign(dst, self.result)
+            return
         t = tracer()
         if t.pending is self:
             t.pending = None
@@ -754,13 +776,20 @@ class Deferred:
             t.site_override = outer
 
     def materialize(self) -> TileAccess:
+        """The result in a fresh tile allocated at the operation's site (once)."""
+        if self.result is not None:
+            return self.result
         t = tracer()
         if t.pending is self:
             t.pending = None
         t.flush()
         dst = new_tile(self.shape, self.dtype, self.memory, self.site).whole()
         self.emit_at_site(dst)
+        self.result = dst
         return dst
+
+    def __getitem__(self, key) -> TileAccess:
+        return self.materialize().tile[key]
 
 
 def new_tile(
@@ -862,7 +891,7 @@ def accumulate(dst: TileAccess, value, op: str) -> None:
     from .language import _is_matmul
 
     t = tracer()
-    if isinstance(value, Deferred) and _is_matmul(value) and op == "add":
+    if isinstance(value, Deferred) and _is_matmul(value) and op == "add" and value.result is None:
         check_shape(dst, value.shape, value.name)
         if t.pending is value:
             t.pending = None
