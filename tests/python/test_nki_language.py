@@ -334,9 +334,10 @@ def unsupported_op(x):
 
 
 @tn.jit
-def masked_load(x):
+def masked_matmul(x):
     i = nl.arange(4)[:, None]
-    nl.load(x, mask=(i < 2))
+    a = nl.load(x)
+    nl.copy(nl.matmul(a, a, transpose_x=True, mask=(i < 2)))
     return None
 
 
@@ -385,7 +386,7 @@ def test_unsupported_operations_name_themselves_and_the_line():
         tn.simulate_kernel(unsupported_op, np.ones((4, 4), np.float32))
     assert_names_line(error.value, "gelu_apprx_tanh")
     with pytest.raises(NotImplementedError) as error:
-        tn.simulate_kernel(masked_load, np.ones((4, 4), np.float32))
+        tn.simulate_kernel(masked_matmul, np.ones((4, 4), np.float32))
     assert_names_line(error.value, "mask")
 
 
@@ -393,6 +394,9 @@ def test_index_out_of_range():
     with pytest.raises(IndexError, match="out of range") as error:
         tn.simulate_kernel(out_of_range_index, np.ones((4, 4), np.float32))
     assert_names_line(error.value, "0:9")
+    with pytest.raises(IndexError, match=r"covers 0\.\.127, out of range") as error:
+        tn.simulate_kernel(masked_tiles, np.ones((100, 8), np.float32), use_mask=False)
+    assert_names_line(error.value, "nl.load")
 
 
 def test_bad_arguments():
@@ -439,3 +443,51 @@ def test_tiles_with_several_free_dimensions(rng):
     with pytest.raises(NotImplementedError, match="3 strided levels") as error:
         tn.simulate_kernel(three_levels_kernel, np.ones((4, 3, 3, 3), np.float32))
     assert_names_line(error.value, "0:2, 0:2, 0:2")
+
+
+# --- masks --------------------------------------------------------------------------------------
+
+
+@tn.jit
+def masked_tiles(x, use_mask=True):
+    """exp(x) * 2 over [128, 64] tiles of any shape: masks cut the ragged edges."""
+    rows, cols = x.shape
+    out = nl.ndarray((rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    i_p = nl.arange(128)[:, None]
+    i_f = nl.arange(64)[None, :]
+    for r in nl.affine_range((rows + 127) // 128):
+        for c in nl.affine_range((cols + 63) // 64):
+            keep = (r * 128 + i_p < rows) & (c * 64 + i_f < cols) if use_mask else None
+            t = nl.load(x[r * 128 + i_p, c * 64 + i_f], mask=keep)
+            e = nl.exp(t, mask=keep)
+            doubled = nl.multiply(e, 2.0, mask=keep)
+            nl.store(out[r * 128 + i_p, c * 64 + i_f], value=doubled, mask=keep)
+    return out
+
+
+@pytest.mark.parametrize("shape", [(100, 70), (128, 64), (300, 5), (1, 1), (129, 65)])
+def test_masks_cut_ragged_tiles(rng, shape):
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    out, report = tn.profile_kernel(masked_tiles, x)
+    np.testing.assert_allclose(out, 2 * np.exp(x.astype(np.float64)), rtol=1e-6)
+    tiles = -(-shape[0] // 128) * -(-shape[1] // 64)
+    assert report.instruction_count == 4 * tiles
+    # The DMA moves only the kept elements.
+    assert report.hbm_read_bytes == report.hbm_write_bytes == x.nbytes
+
+
+@tn.jit
+def fully_masked(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    i_p = nl.arange(x.shape[0])[:, None]
+    t = nl.load(x)
+    nl.store(out, value=t)
+    nl.store(out, value=nl.exp(t, mask=(i_p < 0)), mask=(i_p < 0))  # emits nothing
+    return out
+
+
+def test_an_empty_mask_emits_nothing():
+    x = np.full((8, 4), 3.0, np.float32)
+    out, report = tn.profile_kernel(fully_masked, x)
+    np.testing.assert_array_equal(out, x)
+    assert report.instruction_count == 2

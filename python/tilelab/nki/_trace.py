@@ -139,6 +139,8 @@ class Tracer:
         self._source_frames: tuple | None = None
         # While a deferred operation is emitted: its call site, to which its instructions belong.
         self.site_override: tuple | None = None
+        # While an operation with mask= is emitted: the mask its operand views are cut to.
+        self.mask: Mask | None = None
         self._tile_counter = 0
 
     # -- sources
@@ -281,10 +283,27 @@ class IndexExpr:
 
     __rmul__ = __mul__
 
-    def _mask(self, op: str, other) -> Any:
-        raise fail(
-            f"mask expressions ({op}) are not supported by tilelab.nki yet", NotImplementedError
-        )
+    def _mask(self, op: str, other) -> Mask:
+        if not isinstance(other, (int, np.integer)):
+            raise fail(
+                f"mask expressions compare an index with an integer; {op} with "
+                f"{type(other).__name__} is not supported by tilelab.nki yet",
+                NotImplementedError,
+            )
+        if self.step <= 0:
+            raise fail("mask expressions need a positive index step", NotImplementedError)
+        # start + step * a OP bound, as a range of a.
+        bound = int(other) - self.start
+        lo, hi = 0, self.arange.n
+        if op == "<":
+            hi = -(-bound // self.step)
+        elif op == "<=":
+            hi = bound // self.step + 1
+        elif op == ">":
+            lo = bound // self.step + 1
+        else:
+            lo = -(-bound // self.step)
+        return Mask({id(self.arange): (self.arange, max(lo, 0), min(hi, self.arange.n))})
 
     def __lt__(self, other):
         return self._mask("<", other)
@@ -297,6 +316,88 @@ class IndexExpr:
 
     def __ge__(self, other):
         return self._mask(">=", other)
+
+
+class Mask:
+    """A conjunction of index ranges (the affine predicates NKI allows in mask=): per nl.arange,
+    the values [lo, hi) it may take. An operation with a mask acts on that sub-rectangle only;
+    an empty one emits nothing, as the compiler does."""
+
+    __slots__ = ("ranges",)
+
+    def __init__(self, ranges: dict[int, tuple[Arange, int, int]]):
+        self.ranges = ranges
+
+    def __and__(self, other: Mask) -> Mask:
+        if not isinstance(other, Mask):
+            raise fail("masks combine with & only", TypeError)
+        ranges = dict(self.ranges)
+        for key, (a, lo, hi) in other.ranges.items():
+            if key in ranges:
+                _, lo0, hi0 = ranges[key]
+                lo, hi = max(lo, lo0), min(hi, hi0)
+            ranges[key] = (a, lo, hi)
+        return Mask(ranges)
+
+    __rand__ = __and__
+
+    def __bool__(self) -> bool:
+        raise fail("a mask is not a Python bool; pass it as mask=", TypeError)
+
+    def axis_range(self, arange: Arange | None, axis: int, count: int) -> tuple[int, int] | None:
+        """The kept range of an access axis made by `arange` (or, when the access does not say,
+        at output position `axis` with the arange's extent)."""
+        for a, lo, hi in self.ranges.values():
+            if a is arange or (arange is None and a.axis == axis and a.n == count):
+                return lo, hi
+        return None
+
+
+def as_mask(mask) -> Mask | None:
+    if mask is None or isinstance(mask, Mask):
+        return mask
+    raise fail(f"mask: expected an index predicate such as (i_p < n), got {mask!r}", TypeError)
+
+
+def _masked(
+    offset: int,
+    dims: list[tuple[int, int]],
+    aranges: tuple,
+    limits: tuple,
+    what: str,
+    first_axis: int = 0,
+) -> tuple[int, list[tuple[int, int]]]:
+    """(offset, dims) cut to the current mask's ranges (MaskedOutError when nothing is left), with
+    the index range of every index-expression axis checked against its dim."""
+    mask = _current.mask if _current is not None else None
+    out = []
+    for k, (count, stride) in enumerate(dims):
+        limit = limits[k] if k < len(limits) else None
+        if mask is not None:
+            kept = mask.axis_range(aranges[k] if k < len(aranges) else None, first_axis + k, count)
+            if kept is not None and count > 1:
+                lo, hi = kept[0], min(kept[1], count)
+                if hi <= lo:
+                    raise MaskedOutError
+                offset += lo * stride
+                count = hi - lo
+                if limit is not None:
+                    limit = (limit[0] + lo * limit[1], limit[1], limit[2])
+        if limit is not None:
+            first, step, extent = limit
+            last = first + step * (count - 1)
+            if first < 0 or last >= extent:
+                raise fail(
+                    f"{what}: index expression covers {first}..{last}, out of range for a "
+                    f"dimension of size {extent} (mask= may exclude the rest)",
+                    IndexError,
+                )
+        out.append((count, stride))
+    return offset, out
+
+
+class MaskedOutError(Exception):
+    """The mask leaves nothing: the instruction is not emitted."""
 
 
 def arange(*args) -> IndexExpr:
@@ -352,8 +453,10 @@ class DynSlice:
 
 # An axis of an access: (tensor dim, start, count, step, ordering key).
 def _resolve(shape: tuple[int, ...], key, what: str) -> tuple[list[int], list[tuple]]:
-    """Per tensor dim its fixed start (int) and the output axes [(dim, start, count, step)] in
-    output order, for an index `key` of a tensor of `shape`."""
+    """Per tensor dim its fixed start (int) and the output axes [(dim, start, count, step,
+    arange or None, limit)] in output order, for an index `key` of a tensor of `shape`. An
+    index expression's axis has a limit (first index, index step, dim extent), checked when the
+    access is used (after mask= has cut it); other indices are checked here."""
     if not isinstance(key, tuple):
         key = (key,)
     if any(k is Ellipsis for k in key):
@@ -391,23 +494,17 @@ def _resolve(shape: tuple[int, ...], key, what: str) -> tuple[list[int], list[tu
             if count == 0:
                 raise fail(f"{what}: empty slice {k!r} on dim {dim}", IndexError)
             starts[dim] = start
-            axes.append((dim, start, count, step, None))
+            axes.append((dim, start, count, step, None, None, None))
             explicit = False
         elif isinstance(k, IndexExpr):
+            # The range is checked when the access is used, after mask= has cut it.
             a = k.arange
-            last = k.start + k.step * (a.n - 1)
-            if min(k.start, last) < 0 or max(k.start, last) >= extent:
-                raise fail(
-                    f"{what}: index expression covers {min(k.start, last)}.."
-                    f"{max(k.start, last)}, out of range for dim {dim} of size {extent}",
-                    IndexError,
-                )
             if k.step < 0:
                 raise fail(f"{what}: negative index steps are not supported", NotImplementedError)
             starts[dim] = k.start
             if a.axis is None:
                 explicit = False
-            axes.append((dim, k.start, a.n, k.step, a.axis))
+            axes.append((dim, k.start, a.n, k.step, a.axis, a, (k.start, k.step, extent)))
         elif hasattr(k, "shape") and hasattr(k, "base"):
             raise fail(
                 f"{what}: indirect (tile) indices are not supported by tilelab.nki yet",
@@ -417,7 +514,7 @@ def _resolve(shape: tuple[int, ...], key, what: str) -> tuple[list[int], list[tu
             raise fail(f"{what}: unsupported index {k!r} on dim {dim}", TypeError)
     if explicit and axes:
         axes.sort(key=lambda axis: axis[4])
-    return starts, [axis[:4] for axis in axes]
+    return starts, [(*axis[:4], axis[5], axis[6]) for axis in axes]
 
 
 def merge_dims(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -475,8 +572,10 @@ class HbmTensor:
     def __getitem__(self, key) -> HbmAccess:
         starts, axes = _resolve(self.shape, key, f"'{self.name}'")
         offset = self.offset + sum(s * st for s, st in zip(starts, self.strides, strict=False))
-        dims = [(count, step * self.strides[dim]) for dim, _, count, step in axes]
-        return HbmAccess(self, offset, dims)
+        dims = [(count, step * self.strides[dim]) for dim, _, count, step, _, _ in axes]
+        return HbmAccess(
+            self, offset, dims, tuple(axis[4] for axis in axes), tuple(axis[5] for axis in axes)
+        )
 
     def __setitem__(self, key, value) -> None:
         from .language import store
@@ -491,8 +590,16 @@ class HbmAccess:
     """An access pattern into an HBM tensor: element offset and (count, stride) dims; the first
     dim becomes the partition dim of a tile it is loaded into."""
 
-    def __init__(self, tensor: HbmTensor, offset: int, dims: list[tuple[int, int]]):
+    def __init__(
+        self,
+        tensor: HbmTensor,
+        offset: int,
+        dims: list[tuple[int, int]],
+        aranges: tuple = (),
+        limits: tuple = (),
+    ):
         self.tensor, self.offset, self.dims = tensor, offset, dims
+        self.aranges, self.limits = aranges, limits
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -503,7 +610,9 @@ class HbmAccess:
         return self.tensor.dtype
 
     def pattern(self, what: str) -> tuple:
-        dims = self.dims or [(1, 1)]
+        offset, dims = _masked(
+            self.offset, self.dims or [(1, 1)], self.aranges, self.limits, f"'{self.tensor.name}'"
+        )
         partitions, partition_stride = dims[0]
         free = merge_dims(dims[1:]) or [(1, 1)]
         if len(free) > 3:
@@ -512,7 +621,7 @@ class HbmAccess:
                 "merge (at most 3)",
                 NotImplementedError,
             )
-        return (self.tensor.id, self.offset, partition_stride, partitions, free)
+        return (self.tensor.id, offset, partition_stride, partitions, free)
 
 
 class Tile:
@@ -597,7 +706,7 @@ class Tile:
                 NotImplementedError,
             )
         if partition_axes:
-            _, p0, pcount, pstep = partition_axes[0]
+            _, p0, pcount, pstep, _, _ = partition_axes[0]
             if pstep != 1:
                 raise fail(
                     f"partition dimension access with step {pstep}: partitions cannot be strided",
@@ -605,8 +714,11 @@ class Tile:
                 )
         else:
             p0, pcount = starts[0], 1
-        dims = [(count, step * strides[dim]) for dim, _, count, step in axes if dim != 0]
-        return TileAccess(self, p0, pcount, offset, dims)
+        dims = [(count, step * strides[dim]) for dim, _, count, step, _, _ in axes if dim != 0]
+        partition = partition_axes[0] if partition_axes else (0, p0, 1, 1, None, None)
+        aranges = (partition[4], *(axis[4] for axis in axes if axis[0] != 0))
+        limits = (partition[5], *(axis[5] for axis in axes if axis[0] != 0))
+        return TileAccess(self, p0, pcount, offset, dims, aranges, limits)
 
     def __setitem__(self, key, value) -> None:
         assign(self[key], value)
@@ -643,13 +755,31 @@ class TileAccess:
     """Partitions [p0, p0 + partitions) and a free access pattern (offset, (count, stride)...)
     of a tile."""
 
-    __slots__ = ("dims", "just_updated", "offset", "p0", "partitions", "tile")
+    __slots__ = (
+        "aranges",
+        "dims",
+        "just_updated",
+        "limits",
+        "offset",
+        "p0",
+        "partitions",
+        "tile",
+    )
 
     def __init__(
-        self, tile: Tile, p0: int, partitions: int, offset: int, dims: list[tuple[int, int]]
+        self,
+        tile: Tile,
+        p0: int,
+        partitions: int,
+        offset: int,
+        dims: list[tuple[int, int]],
+        aranges: tuple = (),
+        limits: tuple = (),
     ):
         self.tile, self.p0, self.partitions = tile, p0, partitions
         self.offset, self.dims = offset, dims
+        # Per output axis (partition first): its nl.arange and range limit, if any.
+        self.aranges, self.limits = aranges, limits
         self.just_updated = False
 
     @property
@@ -669,8 +799,19 @@ class TileAccess:
         return math.prod(count for count, _ in self.dims)
 
     def ref(self) -> tuple:
-        """The builder's tile view: one free level, or two (outer, inner)."""
-        merged = merge_dims(self.dims)
+        """The builder's tile view: one free level, or two (outer, inner); under a mask, its
+        kept sub-rectangle."""
+        p0, partitions = self.p0, self.partitions
+        offset, dims = self.offset, self.dims
+        if self.limits or (_current is not None and _current.mask is not None):
+            skipped, ((partitions, _),) = _masked(
+                0, [(partitions, 1)], self.aranges[:1], self.limits[:1], "tile"
+            )
+            p0 += skipped
+            offset, dims = _masked(
+                offset, dims, self.aranges[1:], self.limits[1:], "tile", first_axis=1
+            )
+        merged = merge_dims(dims)
         if len(merged) > 2:
             raise fail(
                 f"a tile access of shape {self.shape} whose free dimensions merge into "
@@ -682,16 +823,16 @@ class TileAccess:
             (outer_count, outer_stride), (inner_count, inner_stride) = merged
             return (
                 self.tile.id,
-                self.p0,
-                self.partitions,
-                self.offset,
+                p0,
+                partitions,
+                offset,
                 outer_count,
                 outer_stride,
                 inner_count,
                 inner_stride,
             )
         count, stride = merged[0] if merged else (1, 1)
-        return (self.tile.id, self.p0, self.partitions, self.offset, count, stride)
+        return (self.tile.id, p0, partitions, offset, count, stride)
 
     def covers_tile(self) -> bool:
         return (
@@ -738,15 +879,22 @@ class Deferred:
     """An operation whose destination is not known yet: `emit(dst)` writes it into a TileAccess.
     `memory` is where a fresh result tile lives (psum for TensorE results)."""
 
-    __slots__ = ("dtype", "emit_into", "memory", "name", "result", "shape", "site")
+    __slots__ = ("dtype", "emit_into", "mask", "memory", "name", "result", "shape", "site")
 
     def __init__(
-        self, name: str, emit_into, shape: tuple[int, ...], dtype: np.dtype, memory: str = "sbuf"
+        self,
+        name: str,
+        emit_into,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        memory: str = "sbuf",
+        mask=None,
     ):
         t = tracer()
         t.flush()
         self.name, self.emit_into, self.shape = name, emit_into, tuple(shape)
         self.dtype, self.memory = np.dtype(dtype), memory
+        self.mask = as_mask(mask)
         self.site = _user_frames()
         self.result: TileAccess | None = None  # the fresh tile it was materialized into
         t.pending = self
@@ -770,10 +918,13 @@ class Deferred:
     def emit_at_site(self, dst: TileAccess, **options) -> None:
         t = tracer()
         outer, t.site_override = t.site_override, self.site
+        outer_mask, t.mask = t.mask, self.mask
         try:
             self.emit_into(dst, **options)
+        except MaskedOutError:
+            pass
         finally:
-            t.site_override = outer
+            t.site_override, t.mask = outer, outer_mask
 
     def materialize(self) -> TileAccess:
         """The result in a fresh tile allocated at the operation's site (once)."""
@@ -839,11 +990,17 @@ def as_access(value, what: str) -> TileAccess:
 
 
 def prepare_write(dst: TileAccess) -> None:
-    """Before a write that is not a matmul overwrite: a pending PSUM zero fill becomes real."""
+    """Before a write that is not a matmul overwrite: a pending PSUM zero fill becomes real
+    (over the whole tile, whatever mask the write has)."""
     tile = dst.tile
     if tile.pending_zero:
         tile.pending_zero = False
-        tile.tracer.emit("nki_memset", tile.whole().ref(), 0.0, "vector")
+        t = tile.tracer
+        outer, t.mask = t.mask, None
+        try:
+            t.emit("nki_memset", tile.whole().ref(), 0.0, "vector")
+        finally:
+            t.mask = outer
 
 
 def materialize_zero(access: TileAccess) -> None:

@@ -96,7 +96,6 @@ def activation(
 ) -> Deferred:
     """op(data * scale + bias) on ScalarE; scale is a number or a [P, 1] tile, bias a [P, 1]
     tile; with reduce_res, the free-axis sum of the result is written to that [P, 1] tile."""
-    nl._no_mask(mask, "nisa.activation")
     if kwargs:
         raise unsupported(f"nisa.activation({', '.join(kwargs)}=...)")
     func = _activation_name(op)
@@ -125,7 +124,9 @@ def activation(
             None if reduce_access is None else reduce_access.ref(),
         )
 
-    return Deferred("nisa.activation", emit, src.shape, src.dtype if dtype is None else dtype)
+    return Deferred(
+        "nisa.activation", emit, src.shape, src.dtype if dtype is None else dtype, mask=mask
+    )
 
 
 def activation_reduce(
@@ -172,7 +173,6 @@ def _activation_name(op) -> str:
 
 
 def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwargs) -> Deferred:
-    nl._no_mask(mask, "nisa.tensor_tensor")
     _engine_name(engine, "vector", ("vector",), "nisa.tensor_tensor")
     a = as_access(data1, "nisa.tensor_tensor data1")
     b = as_access(data2, "nisa.tensor_tensor data2")
@@ -190,6 +190,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwa
         emit,
         a.shape,
         nl._promote(a.dtype, b.dtype) if dtype is None else dtype,
+        mask=mask,
     )
 
 
@@ -208,7 +209,6 @@ def tensor_scalar(
     **kwargs,
 ) -> Deferred:
     """(data op0 operand0) op1 operand1; operands are numbers or [P, 1] tiles."""
-    nl._no_mask(mask, "nisa.tensor_scalar")
     if kwargs:
         raise unsupported(f"nisa.tensor_scalar({', '.join(kwargs)}=...)")
     if reverse0 or reverse1:
@@ -217,21 +217,23 @@ def tensor_scalar(
     src = as_access(data, "nisa.tensor_scalar data")
     alu0 = nl.alu_name(op0, "nisa.tensor_scalar op0")
     alu1 = "bypass" if op1 is None else nl.alu_name(op1, "nisa.tensor_scalar op1")
-    return nl._tensor_scalar("nisa.tensor_scalar", src, alu0, operand0, alu1, operand1, dtype, name)
+    return nl._tensor_scalar(
+        "nisa.tensor_scalar", src, alu0, operand0, alu1, operand1, dtype, name, mask=mask
+    )
 
 
 def tensor_reduce(
     op, data, axis, *, negate: bool = False, keepdims: bool = False, dtype=None, mask=None, **kwargs
 ) -> Deferred:
-    nl._no_mask(mask, "nisa.tensor_reduce")
     alu = nl.alu_name(op, "nisa.tensor_reduce")
     if alu not in ("add", "max", "min"):
         raise unsupported(f"nisa.tensor_reduce(op={op!r})")
-    return nl._reduce("tensor_reduce", alu, negate)(data, axis, dtype=dtype, keepdims=keepdims)
+    return nl._reduce("tensor_reduce", alu, negate)(
+        data, axis, dtype=dtype, keepdims=keepdims, mask=mask
+    )
 
 
 def tensor_copy(src, *, dtype=None, mask=None, engine=None, **kwargs) -> Deferred:
-    nl._no_mask(mask, "nisa.tensor_copy")
     name = _engine_name(engine, "vector", ("vector", "scalar", "gpsimd"), "nisa.tensor_copy")
     access = as_access(src, "nisa.tensor_copy")
 
@@ -240,25 +242,23 @@ def tensor_copy(src, *, dtype=None, mask=None, engine=None, **kwargs) -> Deferre
         tracer().emit("nki_tensor_copy", dst.ref(), access.ref(), name)
 
     return Deferred(
-        "nisa.tensor_copy", emit, access.shape, access.dtype if dtype is None else dtype
+        "nisa.tensor_copy", emit, access.shape, access.dtype if dtype is None else dtype, mask=mask
     )
 
 
 def memset(shape, value, dtype, *, mask=None, engine=None, **kwargs) -> Deferred:
-    nl._no_mask(mask, "nisa.memset")
     name = _engine_name(engine, "vector", ("vector", "gpsimd"), "nisa.memset")
     shape = tuple(int(s) for s in shape)
 
     def emit(dst: TileAccess) -> None:
         tracer().emit("nki_memset", dst.ref(), float(value), name)
 
-    return Deferred("nisa.memset", emit, shape, _trace.np_dtype(dtype))
+    return Deferred("nisa.memset", emit, shape, _trace.np_dtype(dtype), mask=mask)
 
 
 def iota(expr, dtype, *, mask=None, **kwargs) -> Deferred:
     """dst[p, f] = the value of an affine index expression of nl.arange / nl.mgrid terms:
     base + partition_step * p + free_step * f, on GpSimd."""
-    nl._no_mask(mask, "nisa.iota")
     terms = _affine_terms(expr)
     base = terms.pop("const", 0)
     unknown = set(terms) - {0, 1}
@@ -274,7 +274,7 @@ def iota(expr, dtype, *, mask=None, **kwargs) -> Deferred:
     def emit(dst: TileAccess) -> None:
         tracer().emit("nki_iota", dst.ref(), int(base), int(terms.get(0, 0)), int(terms.get(1, 0)))
 
-    return Deferred("nisa.iota", emit, (partitions, free), _trace.np_dtype(dtype))
+    return Deferred("nisa.iota", emit, (partitions, free), _trace.np_dtype(dtype), mask=mask)
 
 
 def _affine_terms(expr) -> dict[Any, Any]:

@@ -225,7 +225,6 @@ def _no_mask(mask, op: str) -> None:
 
 def load(src, *, mask=None, dtype=None, **kwargs) -> Deferred:
     tracer()  # outside a traced kernel: RuntimeError
-    _no_mask(mask, "nl.load")
     if kwargs:
         raise unsupported(f"nl.load({', '.join(kwargs)}=...)")
     if isinstance(src, HbmTensor):
@@ -240,18 +239,16 @@ def load(src, *, mask=None, dtype=None, **kwargs) -> Deferred:
             f"nl.load: the first (partition) dimension of the access is {src.shape[0]}, "
             f"more than pmax = {t.machine['partitions']}"
         )
-    pattern = src.pattern("nl.load")
 
     def emit(dst: TileAccess) -> None:
-        tracer().emit("nki_dma", dst.ref(), pattern, "sync", -1)
+        tracer().emit("nki_dma", dst.ref(), src.pattern("nl.load"), "sync", -1)
 
     shape = src.shape if len(src.shape) > 1 else (src.shape[0], 1)
-    return Deferred("nl.load", emit, shape, src.dtype if dtype is None else dtype)
+    return Deferred("nl.load", emit, shape, src.dtype if dtype is None else dtype, mask=mask)
 
 
 def store(dst, value, *, mask=None, **kwargs) -> None:
     tracer()  # outside a traced kernel: RuntimeError
-    _no_mask(mask, "nl.store")
     if kwargs:
         raise unsupported(f"nl.store({', '.join(kwargs)}=...)")
     if isinstance(dst, HbmTensor):
@@ -276,7 +273,13 @@ def store(dst, value, *, mask=None, **kwargs) -> None:
     t = tracer()
     t.flush()
     materialize_zero(src)
-    t.emit("nki_dma", dst.pattern("nl.store"), src.ref(), "sync", -1)
+    outer, t.mask = t.mask, _trace.as_mask(mask)
+    try:
+        t.emit("nki_dma", dst.pattern("nl.store"), src.ref(), "sync", -1)
+    except _trace.MaskedOutError:
+        pass
+    finally:
+        t.mask = outer
 
 
 def _copy_into_new(src: TileAccess, dtype) -> TileAccess:
@@ -287,7 +290,6 @@ def _copy_into_new(src: TileAccess, dtype) -> TileAccess:
 
 
 def copy(src, *, dtype=None, mask=None, **kwargs) -> Deferred:
-    _no_mask(mask, "nl.copy")
     if kwargs:
         raise unsupported(f"nl.copy({', '.join(kwargs)}=...)")
     src = as_access(src, "nl.copy")
@@ -296,7 +298,7 @@ def copy(src, *, dtype=None, mask=None, **kwargs) -> Deferred:
         materialize_zero(src)
         tracer().emit("nki_tensor_copy", dst.ref(), src.ref(), "vector")
 
-    return Deferred("nl.copy", emit, src.shape, src.dtype if dtype is None else dtype)
+    return Deferred("nl.copy", emit, src.shape, src.dtype if dtype is None else dtype, mask=mask)
 
 
 # --- TensorE ------------------------------------------------------------------------------------
@@ -428,7 +430,7 @@ def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
     return a if a.itemsize >= b.itemsize else b
 
 
-def _binary(name: str, op: str, x, y, dtype) -> Deferred:
+def _binary(name: str, op: str, x, y, dtype, mask=None) -> Deferred:
     if _is_scalar(x) and _is_scalar(y):
         raise fail(f"nl.{name}: at least one operand must be a tile", TypeError)
     reverse = _is_scalar(x)
@@ -439,16 +441,18 @@ def _binary(name: str, op: str, x, y, dtype) -> Deferred:
         if reverse and op in ("subtract", "divide"):
             # s - a = (a * -1) + s; s / a needs a reciprocal first.
             if op == "subtract":
-                return _tensor_scalar(f"nl.{name}", a, "multiply", -1.0, "add", float(y), dtype)
+                return _tensor_scalar(
+                    f"nl.{name}", a, "multiply", -1.0, "add", float(y), dtype, mask=mask
+                )
             raise unsupported(f"nl.{name}(scalar, tile)")
-        return _tensor_scalar(f"nl.{name}", a, op, float(y), "bypass", None, dtype)
+        return _tensor_scalar(f"nl.{name}", a, op, float(y), "bypass", None, dtype, mask=mask)
     b = as_access(y, f"nl.{name}")
     if reverse:
         a, b = b, a
     if b.free_size == 1 and a.free_size > 1 and b.partitions == a.partitions:
-        return _tensor_scalar(f"nl.{name}", a, op, b, "bypass", None, dtype)
+        return _tensor_scalar(f"nl.{name}", a, op, b, "bypass", None, dtype, mask=mask)
     if a.free_size == 1 and b.free_size > 1 and op in ("add", "multiply", "max", "min"):
-        return _tensor_scalar(f"nl.{name}", b, op, a, "bypass", None, dtype)
+        return _tensor_scalar(f"nl.{name}", b, op, a, "bypass", None, dtype, mask=mask)
     if a.shape != b.shape and (a.partitions != b.partitions or a.free_size != b.free_size):
         raise fail(f"nl.{name}: operand shapes {a.shape} and {b.shape} differ")
     out_dtype = _promote(a.dtype, b.dtype) if dtype is None else dtype
@@ -458,7 +462,7 @@ def _binary(name: str, op: str, x, y, dtype) -> Deferred:
         materialize_zero(b)
         tracer().emit("nki_tensor_tensor", dst.ref(), a.ref(), b.ref(), op)
 
-    return Deferred(f"nl.{name}", emit, a.shape, out_dtype)
+    return Deferred(f"nl.{name}", emit, a.shape, out_dtype, mask=mask)
 
 
 def _scalar_operand(s):
@@ -471,7 +475,7 @@ def _scalar_operand(s):
 
 
 def _tensor_scalar(
-    name: str, a: TileAccess, op0: str, s0, op1: str, s1, dtype, engine: str = "vector"
+    name: str, a: TileAccess, op0: str, s0, op1: str, s1, dtype, engine: str = "vector", mask=None
 ) -> Deferred:
     s0, s1 = _scalar_operand(s0), _scalar_operand(s1)
 
@@ -490,48 +494,40 @@ def _tensor_scalar(
             engine,
         )
 
-    return Deferred(name, emit, a.shape, a.dtype if dtype is None else dtype)
+    return Deferred(name, emit, a.shape, a.dtype if dtype is None else dtype, mask=mask)
 
 
 def add(x, y, *, dtype=None, mask=None, **kwargs) -> Deferred:
-    _no_mask(mask, "nl.add")
-    return _binary("add", "add", x, y, dtype)
+    return _binary("add", "add", x, y, dtype, mask=mask)
 
 
 def subtract(x, y, *, dtype=None, mask=None, **kwargs) -> Deferred:
-    _no_mask(mask, "nl.subtract")
-    return _binary("subtract", "subtract", x, y, dtype)
+    return _binary("subtract", "subtract", x, y, dtype, mask=mask)
 
 
 def multiply(x, y, *, dtype=None, mask=None, **kwargs) -> Deferred:
-    _no_mask(mask, "nl.multiply")
-    return _binary("multiply", "multiply", x, y, dtype)
+    return _binary("multiply", "multiply", x, y, dtype, mask=mask)
 
 
 def divide(x, y, *, dtype=None, mask=None, **kwargs) -> Deferred:
-    _no_mask(mask, "nl.divide")
-    return _binary("divide", "divide", x, y, dtype)
+    return _binary("divide", "divide", x, y, dtype, mask=mask)
 
 
 def maximum(x, y, *, dtype=None, mask=None, **kwargs) -> Deferred:
-    _no_mask(mask, "nl.maximum")
-    return _binary("maximum", "max", x, y, dtype)
+    return _binary("maximum", "max", x, y, dtype, mask=mask)
 
 
 def minimum(x, y, *, dtype=None, mask=None, **kwargs) -> Deferred:
-    _no_mask(mask, "nl.minimum")
-    return _binary("minimum", "min", x, y, dtype)
+    return _binary("minimum", "min", x, y, dtype, mask=mask)
 
 
 def negative(x, *, dtype=None, mask=None, **kwargs) -> Deferred:
-    _no_mask(mask, "nl.negative")
     a = as_access(x, "nl.negative")
-    return _tensor_scalar("nl.negative", a, "multiply", -1.0, "bypass", None, dtype)
+    return _tensor_scalar("nl.negative", a, "multiply", -1.0, "bypass", None, dtype, mask=mask)
 
 
 def _activation(name: str, func: str):
     def unary(x, *, dtype=None, mask=None, **kwargs) -> Deferred:
-        _no_mask(mask, f"nl.{name}")
         if kwargs:
             raise unsupported(f"nl.{name}({', '.join(kwargs)}=...)")
         src = as_access(x, f"nl.{name}")
@@ -540,7 +536,9 @@ def _activation(name: str, func: str):
             materialize_zero(src)
             tracer().emit("nki_activation", dst.ref(), src.ref(), func, 1.0, None, None)
 
-        return Deferred(f"nl.{name}", emit, src.shape, src.dtype if dtype is None else dtype)
+        return Deferred(
+            f"nl.{name}", emit, src.shape, src.dtype if dtype is None else dtype, mask=mask
+        )
 
     unary.__name__ = name
     unary.__qualname__ = name
@@ -563,7 +561,6 @@ identity = _activation("identity", "copy")
 
 def _reduce(name: str, op: str, negate: bool = False, mean: bool = False):
     def reduce(x, axis, *, dtype=None, keepdims: bool = False, mask=None, **kwargs) -> Deferred:
-        _no_mask(mask, f"nl.{name}")
         if kwargs:
             raise unsupported(f"nl.{name}({', '.join(kwargs)}=...)")
         src = as_access(x, f"nl.{name}")
@@ -593,7 +590,7 @@ def _reduce(name: str, op: str, negate: bool = False, mean: bool = False):
                 )
 
         shape = (src.partitions,) + ((1,) * len(free_axes) if keepdims else (1,))
-        return Deferred(f"nl.{name}", emit, shape, src.dtype if dtype is None else dtype)
+        return Deferred(f"nl.{name}", emit, shape, src.dtype if dtype is None else dtype, mask=mask)
 
     reduce.__name__ = name
     return reduce
@@ -606,7 +603,6 @@ mean = _reduce("mean", "add", mean=True)
 
 
 def where(condition, x, y, *, dtype=None, mask=None, **kwargs) -> Deferred:
-    _no_mask(mask, "nl.where")
     cond = as_access(condition, "nl.where condition")
     a = as_access(x, "nl.where x")
     other = float(y) if _is_scalar(y) else as_access(y, "nl.where y")
@@ -620,7 +616,7 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs) -> Deferred:
             other if isinstance(other, float) else other.ref(),
         )
 
-    return Deferred("nl.where", emit, a.shape, a.dtype if dtype is None else dtype)
+    return Deferred("nl.where", emit, a.shape, a.dtype if dtype is None else dtype, mask=mask)
 
 
 def device_print(prefix: str, x, **kwargs) -> None:
