@@ -622,6 +622,15 @@ void ProgramBuilder::dma_gather(const TileRef& dst, Tensor tensor, int64_t batch
 void ProgramBuilder::gather_rows(const TileRef& dst, Tensor tensor, int64_t row_offset,
                                  int64_t rows, int64_t cols, const TileRef& index, int64_t col0,
                                  DmaOptions options) {
+  TILELAB_REQUIRE(tensor.id < program_.buffers.size() &&
+                  program_.buffers[tensor.id].memory == Memory::hbm)
+      << "dma_gather: source is not an HBM tensor";
+  TILELAB_REQUIRE(rows >= 1 && cols >= 1 && row_offset >= 0 &&
+                  (row_offset + rows) * cols <=
+                      static_cast<int64_t>(program_.buffers[tensor.id].free_elements))
+      << "dma_gather of '" << program_.buffers[tensor.id].name << "': rows [" << row_offset << ", "
+      << row_offset + rows << ") of " << cols << " elements outside the tensor's "
+      << program_.buffers[tensor.id].free_elements << " elements";
   const Buffer& dst_buffer = buffer_of(dst, "dma_gather", "dst");
   TILELAB_REQUIRE(dst_buffer.memory == Memory::sbuf)
       << "dma_gather: dst '" << dst_buffer.name << "' must be in SBUF";

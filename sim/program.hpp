@@ -185,6 +185,10 @@ class ProgramBuilder {
   // dst[p, f] = tensor[batch, index[p], col0 + f], e.g. kv_cache[0 or 1, row, :].
   void dma_gather(const TileRef& dst, Tensor tensor, int64_t batch, const TileRef& index,
                   int64_t col0, DmaOptions options = {});
+  // The general form: the tensor seen as rows of `cols` elements from row `row_offset` on,
+  // dst[p, f] = row (row_offset + index[p]), column col0 + f, with index[p] < rows.
+  void gather_rows(const TileRef& dst, Tensor tensor, int64_t row_offset, int64_t rows,
+                   int64_t cols, const TileRef& index, int64_t col0, DmaOptions options = {});
   // dst[f, p] = src[p, f] on the DMA engines (NC-v3 only).
   void dma_transpose(const TileRef& dst, const HbmPattern& src, DmaOptions options = {});
   void dma_transpose(const TileRef& dst, const TileRef& src, DmaOptions options = {});
@@ -232,8 +236,6 @@ class ProgramBuilder {
                 const TileRef& dst, const TileRef& src);
   void dma_between_hbm_and_tile(const TileRef& tile, const HbmPattern& hbm, bool hbm_is_source,
                                 const DmaOptions& options);
-  void gather_rows(const TileRef& dst, Tensor tensor, int64_t row_offset, int64_t rows,
-                   int64_t cols, const TileRef& index, int64_t col0, DmaOptions options);
   void require_engine(Opcode opcode, Engine engine) const;
   void push(const Instruction& instr);
   // Counts `elements` more buffer elements against the limit before a buffer is added.

@@ -234,14 +234,15 @@ void register_nki_builder_bindings(py::module_& core) {
       py::arg("builder"), py::arg("dst"), py::arg("src"), py::arg("trigger"), py::arg("queue"));
   core.def(
       "nki_dma_gather",
-      [](const py::capsule& h, const py::object& dst, uint32_t tensor, int64_t batch,
-         const py::object& index, int64_t col0) {
+      [](const py::capsule& h, const py::object& dst, uint32_t tensor, int64_t row_offset,
+         int64_t rows, int64_t cols, const py::object& index, int64_t col0) {
         sim::ProgramBuilder& builder = builder_of(h);
-        builder.dma_gather(tile_ref(builder, dst), sim::Tensor{tensor}, batch,
-                           tile_ref(builder, index), col0);
+        builder.gather_rows(tile_ref(builder, dst), sim::Tensor{tensor}, row_offset, rows, cols,
+                            tile_ref(builder, index), col0);
       },
-      py::arg("builder"), py::arg("dst"), py::arg("tensor"), py::arg("batch"), py::arg("index"),
-      py::arg("col0"));
+      py::arg("builder"), py::arg("dst"), py::arg("tensor"), py::arg("row_offset"), py::arg("rows"),
+      py::arg("cols"), py::arg("index"), py::arg("col0"),
+      "dst[p, f] = tensor row (row_offset + index[p]) of `cols` elements, column col0 + f.");
   core.def(
       "nki_matmul",
       [](const py::capsule& h, const py::object& dst, const py::object& stationary,

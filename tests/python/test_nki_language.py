@@ -491,3 +491,40 @@ def test_an_empty_mask_emits_nothing():
     out, report = tn.profile_kernel(fully_masked, x)
     np.testing.assert_array_equal(out, x)
     assert report.instruction_count == 2
+
+
+# --- indirect loads -----------------------------------------------------------------------------
+
+
+@tn.jit
+def gather_kernel(table, ids, cache):
+    p = ids.shape[0]
+    rows_out = nl.ndarray((p, 6), dtype=table.dtype, buffer=nl.shared_hbm)
+    cache_out = nl.ndarray((p, cache.shape[2]), dtype=cache.dtype, buffer=nl.shared_hbm)
+    index = nl.load(ids)  # int32 [P, 1]
+    nl.store(rows_out, value=nl.load(table[index, 2:8]))
+    i_f = nl.arange(cache.shape[2])[None, :]
+    nl.store(cache_out, value=nl.load(cache[1, index, i_f]))
+    return rows_out, cache_out
+
+
+def test_indirect_loads_gather_rows(rng):
+    table = rng.standard_normal((50, 10)).astype(np.float32)
+    cache = rng.standard_normal((2, 50, 16)).astype(ml_dtypes.bfloat16)
+    ids = rng.integers(0, 50, (96, 1)).astype(np.int32)
+    (rows, cached), report = tn.profile_kernel(gather_kernel, table, ids, cache)
+    np.testing.assert_array_equal(rows, table[ids[:, 0], 2:8])
+    np.testing.assert_array_equal(cached, cache[1, ids[:, 0], :])
+    gathers = [k for k in report.dma_by_kind if k["kind"] == "dma_gather"]
+    assert gathers and gathers[0]["transfers"] == 2
+
+
+def test_indirect_index_out_of_range_is_an_error(rng):
+    table = np.zeros((50, 10), np.float32)
+    cache = np.zeros((2, 50, 16), np.float32)
+    ids = np.full((8, 1), 50, np.int32)
+    with pytest.raises(ValueError, match="holds row 50"):
+        tn.simulate_kernel(gather_kernel, table, ids, cache)
+    with pytest.raises(tn.NkiError, match="int32") as error:
+        tn.simulate_kernel(gather_kernel, table, ids.astype(np.float32), cache)
+    assert_names_line(error.value, "table[index")

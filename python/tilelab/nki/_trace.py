@@ -570,12 +570,49 @@ class HbmTensor:
         return view
 
     def __getitem__(self, key) -> HbmAccess:
+        key = key if isinstance(key, tuple) else (key,)
+        indirect = [d for d, k in enumerate(key) if isinstance(k, (TileAccess, Tile, Deferred))]
+        if indirect:
+            return self._indirect(key, indirect)
         starts, axes = _resolve(self.shape, key, f"'{self.name}'")
         offset = self.offset + sum(s * st for s, st in zip(starts, self.strides, strict=False))
         dims = [(count, step * self.strides[dim]) for dim, _, count, step, _, _ in axes]
         return HbmAccess(
             self, offset, dims, tuple(axis[4] for axis in axes), tuple(axis[5] for axis in axes)
         )
+
+    def _indirect(self, key: tuple, dims: list[int]) -> HbmAccess:
+        """tensor[..., index_tile, cols]: row index[p] of dim `d` lands on partition p (a gather
+        on the DMA engines with software descriptors)."""
+        what = f"'{self.name}'"
+        if len(dims) > 1:
+            raise fail(f"{what}: one indirect index per access is supported", NotImplementedError)
+        d = dims[0]
+        index = as_access(key[d], f"{what} indirect index")
+        if index.free_size != 1 or index.dtype != np.dtype(np.int32):
+            raise fail(
+                f"{what}: an indirect index is an int32 [P, 1] tile, got {index.dtype.name} of "
+                f"shape {index.shape}"
+            )
+        starts, axes = _resolve(self.shape, (*key[:d], 0, *key[d + 1 :]), what)
+        if any(axis[0] < d for axis in axes):
+            raise fail(
+                f"{what}: the indices before an indirect index must be integers",
+                NotImplementedError,
+            )
+        cols = self.strides[d]
+        base = self.offset + sum(s * st for s, st in zip(starts[:d], self.strides[:d], strict=True))
+        col0 = sum(s * st for s, st in zip(starts[d + 1 :], self.strides[d + 1 :], strict=True))
+        dims = [(count, step * self.strides[dim]) for dim, _, count, step, _, _ in axes]
+        access = HbmAccess(
+            self,
+            col0,
+            dims,
+            (None, *(axis[4] for axis in axes)),
+            (None, *(axis[5] for axis in axes)),
+        )
+        access.indirect = (index, base // cols, self.shape[d], cols)
+        return access
 
     def __setitem__(self, key, value) -> None:
         from .language import store
@@ -600,10 +637,27 @@ class HbmAccess:
     ):
         self.tensor, self.offset, self.dims = tensor, offset, dims
         self.aranges, self.limits = aranges, limits
+        # A gather: (index access, first row, rows, elements per row); offset and dims are then
+        # the column offset and the column dims within a row.
+        self.indirect: tuple | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.indirect is not None:
+            return (self.indirect[0].partitions, *(count for count, _ in self.dims))
         return tuple(count for count, _ in self.dims) or (1,)
+
+    def gather(self, what: str) -> tuple:
+        """(row_offset, rows, cols, index view, col0) of a gather, cut to the current mask."""
+        index, row_offset, rows, cols = self.indirect
+        col0, dims = _masked(self.offset, self.dims, self.aranges[1:], self.limits[1:], what, 1)
+        merged = merge_dims(dims)
+        if len(merged) > 1 or (merged and merged[0][1] != 1):
+            raise fail(
+                f"{what}: the columns of a gathered row must be one contiguous run, got {merged}",
+                NotImplementedError,
+            )
+        return row_offset, rows, cols, index.ref(), col0
 
     @property
     def dtype(self) -> np.dtype:

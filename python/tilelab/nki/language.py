@@ -241,7 +241,13 @@ def load(src, *, mask=None, dtype=None, **kwargs) -> Deferred:
         )
 
     def emit(dst: TileAccess) -> None:
-        tracer().emit("nki_dma", dst.ref(), src.pattern("nl.load"), "sync", -1)
+        if src.indirect is not None:
+            row_offset, rows, cols, index, col0 = src.gather("nl.load")
+            tracer().emit(
+                "nki_dma_gather", dst.ref(), src.tensor.id, row_offset, rows, cols, index, col0
+            )
+        else:
+            tracer().emit("nki_dma", dst.ref(), src.pattern("nl.load"), "sync", -1)
 
     shape = src.shape if len(src.shape) > 1 else (src.shape[0], 1)
     return Deferred("nl.load", emit, shape, src.dtype if dtype is None else dtype, mask=mask)
@@ -257,6 +263,8 @@ def store(dst, value, *, mask=None, **kwargs) -> None:
         raise fail(
             f"nl.store: dst must be an HBM tensor (indexed), got {type(dst).__name__}", TypeError
         )
+    if dst.indirect is not None:
+        raise unsupported("nl.store to an indirect (scattered) destination")
     if dst.tensor.kind == "input":
         raise fail(
             f"nl.store: '{dst.tensor.name}' is a kernel input; kernels write only the HBM "
