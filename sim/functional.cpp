@@ -202,7 +202,15 @@ void FunctionalExecutor::store(const TileRef& ref, uint32_t p, uint32_t j, float
 }
 
 void FunctionalExecutor::run() {
-  for (const Instruction& instr : program_.instructions) {
+  run(0, program_.instructions.size());
+}
+
+void FunctionalExecutor::run(size_t begin, size_t end) {
+  TILELAB_REQUIRE(begin <= end && end <= program_.instructions.size())
+      << "run: instructions [" << begin << ", " << end << ") outside the program's "
+      << program_.instructions.size();
+  for (size_t i = begin; i < end; ++i) {
+    const Instruction& instr = program_.instructions[i];
     for (const TileRef& ref : instr.operands)
       if (ref.valid()) ensure(ref.tile);
     if (instr.dma != kNone && program_.dmas[instr.dma].hbm.tensor != kNone)

@@ -28,11 +28,14 @@ class FunctionalExecutor {
   std::vector<float> tensor(Tensor tensor) const;
   std::vector<float> tensor(const std::string& name) const;
   // A tile's contents, [partitions x free_elements] row-major.
-  std::vector<float> tile(Tile tile) const;
+  std::vector<float> tile(Tile tile) const;  // NaN where never written
 
   // Executes every instruction in program order. Throws tilelab::Error on run-time faults
   // (e.g. an indirect-DMA index outside the tensor).
   void run();
+  // Executes instructions [begin, end) only, so that a caller can look at tiles in between
+  // (device_print); run(0, a) then run(a, n) is run().
+  void run(size_t begin, size_t end);
 
  private:
   Tensor find(const std::string& name) const;

@@ -151,9 +151,12 @@ py::capsule finish(const py::capsule& handle) {
 }
 
 // Runs the program on `inputs` (HBM tensor name -> float32 array of all its elements) and returns
-// the tensors named in `outputs` as float32 arrays (NaN where never written).
-py::dict run_functional(const py::capsule& handle, const py::dict& inputs,
-                        const std::vector<std::string>& outputs) {
+// the tensors named in `outputs` as float32 arrays (NaN where never written) and, for each
+// (instruction index, tile id) of `snapshots`, that whole tile's [partitions, free] contents
+// before the instruction runs.
+py::tuple run_functional(const py::capsule& handle, const py::dict& inputs,
+                         const std::vector<std::string>& outputs,
+                         const std::vector<std::pair<size_t, uint32_t>>& snapshots) {
   const sim::Program& program = *program_of(handle);
   sim::FunctionalExecutor executor(program);
   for (const auto& [key, value] : inputs) {
@@ -161,18 +164,31 @@ py::dict run_functional(const py::capsule& handle, const py::dict& inputs,
     executor.set_tensor(key.cast<std::string>(),
                         std::span<const float>(array.data(), static_cast<size_t>(array.size())));
   }
-  {
-    py::gil_scoped_release release;
-    executor.run();
-  }
-  py::dict out;
-  for (const std::string& name : outputs) {
-    const std::vector<float> values = executor.tensor(name);
+  auto to_array = [](const std::vector<float>& values) {
     py::array_t<float> array(static_cast<py::ssize_t>(values.size()));
     std::copy(values.begin(), values.end(), array.mutable_data());
-    out[py::str(name)] = array;
+    return array;
+  };
+  py::list tiles;
+  size_t done = 0;
+  for (const auto& [instruction, tile] : snapshots) {
+    TILELAB_REQUIRE(instruction >= done && tile < program.buffers.size() &&
+                    program.buffers[tile].memory != sim::Memory::hbm)
+        << "snapshots: expected (instruction, tile) pairs in program order";
+    {
+      py::gil_scoped_release release;
+      executor.run(done, instruction);
+    }
+    done = instruction;
+    tiles.append(to_array(executor.tile(sim::Tile{tile})));
   }
-  return out;
+  {
+    py::gil_scoped_release release;
+    executor.run(done, program.instructions.size());
+  }
+  py::dict out;
+  for (const std::string& name : outputs) out[py::str(name)] = to_array(executor.tensor(name));
+  return py::make_tuple(out, tiles);
 }
 
 py::capsule time_program(const py::capsule& handle, const std::string& kernel_name,
@@ -349,7 +365,7 @@ void register_nki_builder_bindings(py::module_& core) {
   core.def("nki_finish", &finish, py::arg("builder"),
            "Hands the program over (a capsule); the builder cannot be used afterwards.");
   core.def("nki_run_functional", &run_functional, py::arg("program"), py::arg("inputs"),
-           py::arg("outputs"));
+           py::arg("outputs"), py::arg("snapshots"));
   core.def("nki_time_program", &time_program, py::arg("program"), py::arg("kernel"),
            py::arg("parameters"), py::arg("record_dma_pieces"),
            "Times the program (which it takes over) and returns a simulation run handle.");

@@ -528,3 +528,28 @@ def test_indirect_index_out_of_range_is_an_error(rng):
     with pytest.raises(tn.NkiError, match="int32") as error:
         tn.simulate_kernel(gather_kernel, table, ids.astype(np.float32), cache)
     assert_names_line(error.value, "table[index")
+
+
+@tn.jit
+def printing_kernel(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    t[...] = nl.load(x)
+    nl.device_print("loaded", t[0:2, 1:3])
+    t[...] = nl.multiply(t, 10.0)
+    nl.device_print("scaled", t[0:1, :])
+    nl.store(out, value=t)
+    return out
+
+
+def test_device_print_shows_values_at_that_point(capsys):
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = tn.simulate_kernel(printing_kernel, x)
+    np.testing.assert_array_equal(out, 10 * x)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "loaded [[1. 2.]"
+    assert printed[1].strip() == "[5. 6.]]"
+    assert printed[2] == "scaled [[ 0. 10. 20. 30.]]"
+    _, report = tn.profile_kernel(printing_kernel, tn.tensor(x.shape, x.dtype), functional=False)
+    assert capsys.readouterr().out == ""
+    assert report.instruction_count == 3  # prints take no instructions

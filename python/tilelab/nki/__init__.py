@@ -193,7 +193,13 @@ def _trace_kernel(launch: Launch, args, kwargs, machine, functional: bool) -> _T
 def _read_outputs(traced: _Traced, program):
     result, outputs = traced.outputs
     names = [o.name for o in outputs]
-    values = _core.nki_run_functional(program, traced.inputs, names)
+    prints = traced.tracer.prints
+    values, tiles = _core.nki_run_functional(
+        program, traced.inputs, names, [(index, access.tile.id) for _, index, access in prints]
+    )
+    for (prefix, _, access), tile_values in zip(prints, tiles, strict=True):
+        shown = _trace.access_values(access, tile_values).astype(access.dtype)
+        print(prefix, shown)
     arrays = [values[o.name].reshape(o.shape).astype(o.dtype) for o in outputs]
     if isinstance(result, (tuple, list)):
         return type(result)(arrays)

@@ -135,6 +135,8 @@ class Tracer:
         self.program_id: tuple[int, ...] = (0,)
         self.grid: tuple[int, ...] = (1,)
         self.instance_starts: list[int] = []
+        # nl.device_print calls: (prefix, instruction index, tile access).
+        self.prints: list[tuple[str, int, TileAccess]] = []
         self._source_ids: dict[Any, int] = {}
         self._source_frames: tuple | None = None
         # While a deferred operation is emitted: its call site, to which its instructions belong.
@@ -803,6 +805,16 @@ class Tile:
 
     def __repr__(self) -> str:
         return f"Tile({self.memory}, shape={self.shape}, dtype={self.dtype})"
+
+
+def access_values(access: TileAccess, tile_values: np.ndarray) -> np.ndarray:
+    """The values of `access` (shape access.shape) from its tile's [partitions, free] values."""
+    tile = access.tile
+    rows = tile_values.reshape(tile.partitions, -1)[access.p0 : access.p0 + access.partitions]
+    index = np.full((), access.offset, dtype=np.int64)
+    for count, stride in access.dims:
+        index = index[..., None] + np.arange(count, dtype=np.int64) * stride
+    return rows[:, index.reshape(-1)].reshape(access.shape)
 
 
 class TileAccess:
