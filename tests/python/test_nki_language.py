@@ -553,3 +553,41 @@ def test_device_print_shows_values_at_that_point(capsys):
     _, report = tn.profile_kernel(printing_kernel, tn.tensor(x.shape, x.dtype), functional=False)
     assert capsys.readouterr().out == ""
     assert report.instruction_count == 3  # prints take no instructions
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def test_command_line_profile(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    command = [
+        sys.executable,
+        "-m",
+        "tilelab.nki",
+        "profile",
+        f"{EXAMPLES}/matmul.py:matmul_tiled",
+        "--arg",
+        "lhsT=bf16[256,128]",
+        "--arg",
+        "rhs=bf16[256,512]",
+        "--json",
+        str(report),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "kernel matmul_tiled on trn1" in done.stdout
+    saved = json.loads(report.read_text())
+    assert saved["parameters"]["lhsT"] == "bf16[256,128]"
+    bad = subprocess.run(
+        [*command[:5], "--arg", "lhsT=int64[4,4]"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert bad.returncode == 2 and "unknown dtype 'int64'" in bad.stderr
