@@ -58,9 +58,21 @@ def sim_dtype(dtype: Any, argument: str = "dtype") -> str:
     return _SIM_DTYPES[key]
 
 
+_NP_DTYPES: dict[Any, np.dtype] = {}  # what kernels pass as a dtype -> its numpy dtype
+
+
 def np_dtype(dtype: Any, argument: str = "dtype") -> np.dtype:
+    try:
+        return _NP_DTYPES[dtype]
+    except (KeyError, TypeError):
+        pass
     sim_dtype(dtype, argument)
-    return np.dtype(dtype)
+    resolved = np.dtype(dtype)
+    try:
+        _NP_DTYPES[dtype] = resolved
+    except TypeError:
+        pass
+    return resolved
 
 
 # --- source locations ---------------------------------------------------------------------------
@@ -459,46 +471,24 @@ def _resolve(shape: tuple[int, ...], key, what: str) -> tuple[list[int], list[tu
     arange or None, limit)] in output order, for an index `key` of a tensor of `shape`. An
     index expression's axis has a limit (first index, index step, dim extent), checked when the
     access is used (after mask= has cut it); other indices are checked here."""
-    if not isinstance(key, tuple):
+    if type(key) is not tuple:
         key = (key,)
-    if any(k is Ellipsis for k in key):
-        i = next(i for i, k in enumerate(key) if k is Ellipsis)
-        fill = len(shape) - (len(key) - 1)
-        key = key[:i] + (slice(None),) * fill + key[i + 1 :]
-    if len(key) > len(shape):
-        raise fail(f"{what}: {len(key)} indices for a tensor of rank {len(shape)}", IndexError)
-    key = key + (slice(None),) * (len(shape) - len(key))
-    starts = [0] * len(shape)
+    rank = len(shape)
+    if Ellipsis in key:
+        i = key.index(Ellipsis)
+        key = key[:i] + (_ALL,) * (rank - (len(key) - 1)) + key[i + 1 :]
+    if len(key) > rank:
+        raise fail(f"{what}: {len(key)} indices for a tensor of rank {rank}", IndexError)
+    if len(key) < rank:
+        key = key + (_ALL,) * (rank - len(key))
+    starts = [0] * rank
     axes = []
-    explicit = True
-    for dim, (k, extent) in enumerate(zip(key, shape, strict=False)):
-        if isinstance(k, DynSlice):
-            k = slice(k.start, k.start + k.size)
-        if isinstance(k, (int, np.integer)):
-            k = int(k)
-            if not 0 <= k < extent:
-                raise fail(
-                    f"{what}: index {k} out of range for dim {dim} of size {extent}", IndexError
-                )
-            starts[dim] = k
-        elif isinstance(k, slice):
-            start, stop, step = k.indices(extent)
-            if step <= 0:
-                raise fail(f"{what}: slices need a positive step, got {k!r}", IndexError)
-            if (k.start is not None and not 0 <= k.start <= extent) or (
-                k.stop is not None and not 0 <= k.stop <= extent
-            ):
-                raise fail(
-                    f"{what}: slice {k.start}:{k.stop} out of range for dim {dim} of size {extent}",
-                    IndexError,
-                )
-            count = len(range(start, stop, step))
-            if count == 0:
-                raise fail(f"{what}: empty slice {k!r} on dim {dim}", IndexError)
-            starts[dim] = start
-            axes.append((dim, start, count, step, None, None, None))
-            explicit = False
-        elif isinstance(k, IndexExpr):
+    explicit = True  # every axis comes from an index expression with an explicit output axis
+    for dim in range(rank):
+        k = key[dim]
+        extent = shape[dim]
+        kind = type(k)
+        if kind is IndexExpr:
             # The range is checked when the access is used, after mask= has cut it.
             a = k.arange
             if k.step < 0:
@@ -506,17 +496,54 @@ def _resolve(shape: tuple[int, ...], key, what: str) -> tuple[list[int], list[tu
             starts[dim] = k.start
             if a.axis is None:
                 explicit = False
-            axes.append((dim, k.start, a.n, k.step, a.axis, a, (k.start, k.step, extent)))
-        elif hasattr(k, "shape") and hasattr(k, "base"):
-            raise fail(
-                f"{what}: indirect (tile) indices are not supported by tilelab.nki yet",
-                NotImplementedError,
-            )
-        else:
-            raise fail(f"{what}: unsupported index {k!r} on dim {dim}", TypeError)
-    if explicit and axes:
-        axes.sort(key=lambda axis: axis[4])
-    return starts, [(*axis[:4], axis[5], axis[6]) for axis in axes]
+            axes.append((a.axis, dim, k.start, a.n, k.step, a, (k.start, k.step, extent)))
+            continue
+        if kind is DynSlice:
+            k, kind = slice(k.start, k.start + k.size), slice
+        if kind is slice:
+            if k is _ALL:
+                axes.append((None, dim, 0, extent, 1, None, None))
+                explicit = False
+                continue
+            lo, hi, step = k.start, k.stop, k.step
+            if (lo is not None and not 0 <= lo <= extent) or (
+                hi is not None and not 0 <= hi <= extent
+            ):
+                raise fail(
+                    f"{what}: slice {lo}:{hi} out of range for dim {dim} of size {extent}",
+                    IndexError,
+                )
+            step = 1 if step is None else step
+            if step <= 0:
+                raise fail(f"{what}: slices need a positive step, got {k!r}", IndexError)
+            lo = 0 if lo is None else lo
+            hi = extent if hi is None else hi
+            count = (hi - lo + step - 1) // step
+            if count <= 0:
+                raise fail(f"{what}: empty slice {k!r} on dim {dim}", IndexError)
+            starts[dim] = lo
+            axes.append((None, dim, lo, count, step, None, None))
+            explicit = False
+            continue
+        if kind is int or isinstance(k, np.integer):
+            k = int(k)
+            if not 0 <= k < extent:
+                raise fail(
+                    f"{what}: index {k} out of range for dim {dim} of size {extent}", IndexError
+                )
+            starts[dim] = k
+            continue
+        raise fail(f"{what}: unsupported index {k!r} on dim {dim}", TypeError)
+    if explicit and len(axes) > 1:
+        axes.sort(key=_axis_order)
+    return starts, [axis[1:] for axis in axes]
+
+
+_ALL = slice(None)
+
+
+def _axis_order(axis: tuple) -> int:
+    return axis[0]
 
 
 def merge_dims(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -614,6 +641,7 @@ class HbmTensor:
             (None, *(axis[5] for axis in axes)),
         )
         access.indirect = (index, base // cols, self.shape[d], cols)
+        access.shape = (index.partitions, *(count for count, _ in dims))
         return access
 
     def __setitem__(self, key, value) -> None:
@@ -639,15 +667,10 @@ class HbmAccess:
     ):
         self.tensor, self.offset, self.dims = tensor, offset, dims
         self.aranges, self.limits = aranges, limits
+        self.shape = tuple(count for count, _ in dims) or (1,)
         # A gather: (index access, first row, rows, elements per row); offset and dims are then
         # the column offset and the column dims within a row.
         self.indirect: tuple | None = None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        if self.indirect is not None:
-            return (self.indirect[0].partitions, *(count for count, _ in self.dims))
-        return tuple(count for count, _ in self.dims) or (1,)
 
     def gather(self, what: str) -> tuple:
         """(row_offset, rows, cols, index view, col0) of a gather, cut to the current mask."""
@@ -694,9 +717,10 @@ class Tile:
         partitions: int,
         free: tuple[int, ...],
     ):
-        self.tracer, self.id, self.memory, self.dtype = tracer, tile_id, memory, np.dtype(dtype)
+        self.tracer, self.id, self.memory, self.dtype = tracer, tile_id, memory, np_dtype(dtype)
         self.blocks, self.partitions, self.free = blocks, partitions, free
         self.free_size = math.prod(free)
+        self.free_strides = tuple(math.prod(free[i + 1 :]) for i in range(len(free)))
         self.pending_zero = False  # PSUM nl.zeros not yet materialized (a matmul overwrites)
 
     @property
@@ -712,22 +736,15 @@ class Tile:
 
     def __getitem__(self, key) -> TileAccess:
         if not isinstance(key, tuple):
+            if key is Ellipsis and not self.blocks:
+                return TileAccess(
+                    self,
+                    0,
+                    self.partitions,
+                    0,
+                    list(zip(self.free, self.free_strides, strict=True)),
+                )
             key = (key,)
-        if key == (Ellipsis,) and not self.blocks:
-            return TileAccess(
-                self,
-                0,
-                self.partitions,
-                0,
-                [
-                    (f, s)
-                    for f, s in zip(
-                        self.free,
-                        [math.prod(self.free[i + 1 :]) for i in range(len(self.free))],
-                        strict=False,
-                    )
-                ],
-            )
         nb = len(self.blocks)
         if nb:
             lead = key[:nb]
@@ -753,7 +770,7 @@ class Tile:
             base = 0
         shape = (self.partitions, *self.free)
         starts, axes = _resolve(shape, key, "tile")
-        strides = (0, *tuple(math.prod(self.free[i + 1 :]) for i in range(len(self.free))))
+        strides = (0, *self.free_strides)
         offset = base + sum(s * st for s, st in zip(starts[1:], strides[1:], strict=False))
         partition_axes = [a for a in axes if a[0] == 0]
         if axes and axes[0][0] != 0 and partition_axes:
@@ -824,11 +841,13 @@ class TileAccess:
     __slots__ = (
         "aranges",
         "dims",
+        "free_size",
         "just_updated",
         "limits",
         "offset",
         "p0",
         "partitions",
+        "shape",
         "tile",
     )
 
@@ -847,10 +866,9 @@ class TileAccess:
         # Per output axis (partition first): its nl.arange and range limit, if any.
         self.aranges, self.limits = aranges, limits
         self.just_updated = False
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (self.partitions, *tuple(count for count, _ in self.dims))
+        counts = [count for count, _ in dims]
+        self.shape = (partitions, *counts)
+        self.free_size = math.prod(counts)
 
     @property
     def dtype(self) -> np.dtype:
@@ -859,10 +877,6 @@ class TileAccess:
     @property
     def memory(self) -> str:
         return self.tile.memory
-
-    @property
-    def free_size(self) -> int:
-        return math.prod(count for count, _ in self.dims)
 
     def ref(self) -> tuple:
         """The builder's tile view: one free level, or two (outer, inner); under a mask, its
@@ -959,7 +973,7 @@ class Deferred:
         t = tracer()
         t.flush()
         self.name, self.emit_into, self.shape = name, emit_into, tuple(shape)
-        self.dtype, self.memory = np.dtype(dtype), memory
+        self.dtype, self.memory = np_dtype(dtype), memory
         self.mask = as_mask(mask)
         self.site = _user_frames()
         self.result: TileAccess | None = None  # the fresh tile it was materialized into
@@ -1014,7 +1028,7 @@ def new_tile(
 ) -> Tile:
     """A tile of `shape` (partition dim at index `blocks`) from the site's buffers."""
     t = tracer()
-    shape = tuple(int(s) for s in shape)
+    dtype = np_dtype(dtype)
     if len(shape) <= blocks:
         raise fail(f"tile shape {shape} has no partition dimension")
     partitions = shape[blocks]
@@ -1026,16 +1040,13 @@ def new_tile(
         )
     free = shape[blocks + 1 :] or (1,)
     total = math.prod(shape[:blocks]) * math.prod(free)
-    if (
-        memory == "psum"
-        and np.dtype(dtype).itemsize * total > t.machine["psum_bank_bytes_per_partition"]
-    ):
+    if memory == "psum" and dtype.itemsize * total > t.machine["psum_bank_bytes_per_partition"]:
         raise fail(
-            f"a PSUM tile of shape {shape} {np.dtype(dtype).name} needs "
-            f"{np.dtype(dtype).itemsize * total} B per partition; a PSUM tile must fit "
+            f"a PSUM tile of shape {shape} {dtype.name} needs "
+            f"{dtype.itemsize * total} B per partition; a PSUM tile must fit "
             f"one bank ({t.machine['psum_bank_bytes_per_partition']} B)"
         )
-    tile_id = t.allocate(memory, partitions, total, np.dtype(dtype), site)
+    tile_id = t.allocate(memory, partitions, total, dtype, site)
     return Tile(t, tile_id, memory, dtype, shape[:blocks], partitions, free)
 
 

@@ -154,6 +154,8 @@ def _split_shape(shape) -> tuple[tuple[int, ...], int]:
     """(shape with par_dim resolved, index of the partition dim)."""
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
+    if all(type(s) is int for s in shape):
+        return tuple(shape), 0
     marked = [i for i, s in enumerate(shape) if isinstance(s, par_dim)]
     if len(marked) > 1:
         raise fail(f"shape {shape}: at most one par_dim")
