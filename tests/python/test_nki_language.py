@@ -591,3 +591,38 @@ def test_command_line_profile(tmp_path):
         check=False,
     )
     assert bad.returncode == 2 and "unknown dtype 'int64'" in bad.stderr
+
+
+# --- tile lifetimes -----------------------------------------------------------------------------
+
+
+@tn.jit
+def keeps_tiles_alive(x, width=64):
+    """Loads every row block first and uses them all afterwards: each kept tile needs its own
+    buffer, whatever the double-buffering of its declaration."""
+    blocks = x.shape[0] // 32
+    out = nl.ndarray((32, width), dtype=x.dtype, buffer=nl.shared_hbm)
+    total = nl.ndarray((32, width), dtype=nl.float32, buffer=nl.sbuf)
+    total[...] = 0.0
+    kept = []
+    for b in nl.affine_range(blocks):
+        kept.append(nl.load(x[b * 32 : (b + 1) * 32, 0:width])[...])
+    for t in kept:
+        total[...] += t
+    nl.store(out, value=total)
+    return out
+
+
+def test_live_tiles_never_share_a_buffer(rng):
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+    out = tn.simulate_kernel(keeps_tiles_alive, x)
+    np.testing.assert_allclose(out, x.reshape(4, 32, 64).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_tile_evicted_for_lack_of_memory_is_an_error():
+    # The sum and 4 tiles of 64 KB per partition cannot all live in a 192 KiB partition: the
+    # third load takes the first one's buffer.
+    x = np.zeros((128, 16000), np.float32)
+    with pytest.raises(tn.NkiError, match="taken by a later tile declared at") as error:
+        tn.simulate_kernel(keeps_tiles_alive, x, width=16000)
+    assert_names_line(error.value, "total[...] += t")

@@ -18,6 +18,7 @@ import linecache
 import math
 import os
 import sys
+import weakref
 from typing import Any
 
 import ml_dtypes
@@ -141,7 +142,7 @@ class Tracer:
         self.machine = _core.nki_machine_facts(self.builder)
         self.entry_code = None  # the kernel function's code object
         self.hbm: dict[str, HbmTensor] = {}
-        self.sites: dict[Any, list] = {}  # site key -> [tile ids, next]
+        self.sites: dict[Any, _Site] = {}
         self.shared_outputs: dict[Any, HbmTensor] = {}
         self.pending: Deferred | None = None
         self.program_id: tuple[int, ...] = (0,)
@@ -199,27 +200,60 @@ class Tracer:
     # -- tiles
     def allocate(
         self, memory: str, partitions: int, free_elements: int, dtype: np.dtype, site: tuple
-    ) -> int:
-        """A tile for a declaration at `site`: a new buffer while the site has fewer than
-        SITE_BUFFERS and memory allows, else the site's buffers in turn."""
+    ) -> tuple[int, _Site, int]:
+        """A buffer for a tile declared at `site`: (buffer id, site, slot).
+
+        A site double-buffers when memory allows (SITE_BUFFERS), hands its buffers out in turn,
+        and never hands out a buffer whose tile is still referenced by the kernel while memory
+        for another one exists. When memory runs out, the oldest such tile is evicted: using it
+        afterwards is an error, never a silent read of the newer tile's data."""
         key = (site, memory, partitions, free_elements, dtype)
         entry = self.sites.get(key)
         if entry is None:
-            entry = self.sites[key] = [[], 0]
-        tiles = entry[0]
-        if len(tiles) < SITE_BUFFERS:
+            entry = self.sites[key] = _Site()
+        buffers, owners = entry.buffers, entry.owners
+        if len(buffers) < SITE_BUFFERS:
+            slot = self._new_buffer(entry, memory, partitions, free_elements, dtype, site)
+            if slot is not None:
+                return buffers[slot], entry, slot
+        n = len(buffers)
+        for i in range(1, n + 1):
+            slot = (entry.next + i) % n
+            owner = owners[slot]() if owners[slot] is not None else None
+            if owner is None:
+                entry.next = slot
+                return buffers[slot], entry, slot
+        slot = self._new_buffer(entry, memory, partitions, free_elements, dtype, site)
+        if slot is not None:
+            return buffers[slot], entry, slot
+        slot = (entry.next + 1) % n
+        owner = owners[slot]()
+        if owner is not None:
             file, line, _ = site[0] if site else ("kernel", 0, "")
-            name = f"{os.path.basename(file)}:{line}"
-            self._tile_counter += 1
-            tile = self.emit(
-                "nki_tile", name, memory, partitions, free_elements, sim_dtype(dtype), not tiles
-            )
-            if tile >= 0:
-                tiles.append(tile)
-                entry[1] = len(tiles) - 1
-                return tile
-        entry[1] = (entry[1] + 1) % len(tiles)
-        return tiles[entry[1]]
+            owner.state["evicted_by"] = f"{file}:{line}"
+        entry.next = slot
+        return buffers[slot], entry, slot
+
+    def _new_buffer(self, entry: _Site, memory, partitions, free_elements, dtype, site):
+        """Allocates one more buffer for the site (required when it has none); its slot, or
+        None when memory is full."""
+        file, line, _ = site[0] if site else ("kernel", 0, "")
+        name = f"{os.path.basename(file)}:{line}"
+        tile = self.emit(
+            "nki_tile",
+            name,
+            memory,
+            partitions,
+            free_elements,
+            sim_dtype(dtype),
+            not entry.buffers,
+        )
+        if tile < 0:
+            return None
+        entry.buffers.append(tile)
+        entry.owners.append(None)
+        entry.next = len(entry.buffers) - 1
+        return entry.next
 
     def hbm_tensor(
         self, name: str, shape: tuple[int, ...], dtype: np.dtype, kind: str
@@ -233,6 +267,17 @@ class Tracer:
         tensor = HbmTensor(self, name, tensor_id, tuple(int(s) for s in shape), dtype, kind)
         self.hbm[name] = tensor
         return tensor
+
+
+class _Site:
+    """The buffers of one tile declaration site and the tile each currently holds."""
+
+    __slots__ = ("buffers", "next", "owners")
+
+    def __init__(self):
+        self.buffers: list[int] = []
+        self.owners: list[weakref.ref | None] = []
+        self.next = 0
 
 
 # --- index expressions --------------------------------------------------------------------------
@@ -722,6 +767,8 @@ class Tile:
         self.free_size = math.prod(free)
         self.free_strides = tuple(math.prod(free[i + 1 :]) for i in range(len(free)))
         self.pending_zero = False  # PSUM nl.zeros not yet materialized (a matmul overwrites)
+        # Shared with reshaped views: "evicted_by" names the declaration that took the buffer.
+        self.state: dict[str, Any] = {}
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -818,6 +865,8 @@ class Tile:
         view = object.__new__(Tile)
         view.__dict__.update(self.__dict__)
         view.free = shape[1:]
+        view.free_strides = tuple(math.prod(view.free[i + 1 :]) for i in range(len(view.free)))
+        view.base = self  # the buffer stays the declared tile's while the view lives
         return view
 
     def __repr__(self) -> str:
@@ -881,6 +930,12 @@ class TileAccess:
     def ref(self) -> tuple:
         """The builder's tile view: one free level, or two (outer, inner); under a mask, its
         kept sub-rectangle."""
+        if self.tile.state:
+            raise fail(
+                f"this tile's buffer was taken by a later tile declared at "
+                f"{self.tile.state['evicted_by']} because memory ran out; keep fewer tiles of "
+                "that declaration alive at once, or make them smaller"
+            )
         p0, partitions = self.p0, self.partitions
         offset, dims = self.offset, self.dims
         if self.limits or (_current is not None and _current.mask is not None):
@@ -1046,8 +1101,10 @@ def new_tile(
             f"{dtype.itemsize * total} B per partition; a PSUM tile must fit "
             f"one bank ({t.machine['psum_bank_bytes_per_partition']} B)"
         )
-    tile_id = t.allocate(memory, partitions, total, dtype, site)
-    return Tile(t, tile_id, memory, dtype, shape[:blocks], partitions, free)
+    tile_id, entry, slot = t.allocate(memory, partitions, total, dtype, site)
+    tile = Tile(t, tile_id, memory, dtype, shape[:blocks], partitions, free)
+    entry.owners[slot] = weakref.ref(tile)
+    return tile
 
 
 def as_access(value, what: str) -> TileAccess:
