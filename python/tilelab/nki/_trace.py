@@ -88,12 +88,13 @@ def _user_frames() -> tuple[tuple[str, int, str], ...]:
     frames = []
     frame = sys._getframe(1)
     entry = _current.entry_code if _current is not None else None
+    in_package = _IN_PACKAGE
     while frame is not None:
         code = frame.f_code
-        inside = _IN_PACKAGE.get(code)
+        inside = in_package.get(code)
         if inside is None:
             inside = os.path.abspath(code.co_filename).startswith(_PACKAGE_DIR)
-            _IN_PACKAGE[code] = inside
+            in_package[code] = inside
         if not inside:
             frames.append((code.co_filename, frame.f_lineno, code.co_name))
             if code is entry:
@@ -157,6 +158,7 @@ class Tracer:
         # While an operation with mask= is emitted: the mask its operand views are cut to.
         self.mask: Mask | None = None
         self._tile_counter = 0
+        _TILE_INDEX_CACHE.clear()  # bounded by one kernel's index patterns
 
     # -- sources
     def set_source(self, frames: tuple) -> None:
@@ -792,6 +794,14 @@ class Tile:
                     list(zip(self.free, self.free_strides, strict=True)),
                 )
             key = (key,)
+        cache_key = _cache_key(key)
+        if cache_key is not None:
+            cache_key = (self.blocks, self.partitions, self.free, cache_key)
+            cached = _TILE_INDEX_CACHE.get(cache_key)
+            if cached is not None:
+                access = TileAccess(self, *cached[:-1])
+                access.ref_tail = cached[-1]
+                return access
         nb = len(self.blocks)
         if nb:
             lead = key[:nb]
@@ -838,7 +848,26 @@ class Tile:
         partition = partition_axes[0] if partition_axes else (0, p0, 1, 1, None, None)
         aranges = (partition[4], *(axis[4] for axis in axes if axis[0] != 0))
         limits = (partition[5], *(axis[5] for axis in axes if axis[0] != 0))
-        return TileAccess(self, p0, pcount, offset, dims, aranges, limits)
+        if all(limit is None for limit in limits):
+            limits = ()  # nothing to check when the access is used
+        access = TileAccess(self, p0, pcount, offset, dims, aranges, limits)
+        if cache_key is not None:
+            tail = None
+            unmasked = _current is None or _current.mask is None
+            if unmasked and not limits and len(merge_dims(dims)) <= 2:
+                tail = access.ref()[1:]
+                access.ref_tail = tail
+            _TILE_INDEX_CACHE[cache_key] = (
+                p0,
+                pcount,
+                offset,
+                dims,
+                aranges,
+                limits,
+                access.shape,
+                tail,
+            )
+        return access
 
     def __setitem__(self, key, value) -> None:
         assign(self[key], value)
@@ -883,6 +912,25 @@ def access_values(access: TileAccess, tile_values: np.ndarray) -> np.ndarray:
     return rows[:, index.reshape(-1)].reshape(access.shape)
 
 
+# Tile geometry and index key -> the access's (p0, partitions, offset, dims, aranges, limits),
+# for keys of integers and slices (index expressions carry their nl.arange, which masks match
+# by identity, so they are resolved every time). Accesses never modify their dims.
+_TILE_INDEX_CACHE: dict[tuple, tuple] = {}
+
+
+def _cache_key(key: tuple) -> tuple | None:
+    out = []
+    for k in key:
+        kind = type(k)
+        if kind is int or k is Ellipsis:
+            out.append(k)
+        elif kind is slice:
+            out.append((k.start, k.stop, k.step))
+        else:
+            return None
+    return tuple(out)
+
+
 class TileAccess:
     """Partitions [p0, p0 + partitions) and a free access pattern (offset, (count, stride)...)
     of a tile."""
@@ -896,6 +944,7 @@ class TileAccess:
         "offset",
         "p0",
         "partitions",
+        "ref_tail",
         "shape",
         "tile",
     )
@@ -909,15 +958,20 @@ class TileAccess:
         dims: list[tuple[int, int]],
         aranges: tuple = (),
         limits: tuple = (),
+        shape: tuple | None = None,
     ):
         self.tile, self.p0, self.partitions = tile, p0, partitions
         self.offset, self.dims = offset, dims
         # Per output axis (partition first): its nl.arange and range limit, if any.
         self.aranges, self.limits = aranges, limits
         self.just_updated = False
-        counts = [count for count, _ in dims]
-        self.shape = (partitions, *counts)
-        self.free_size = math.prod(counts)
+        if shape is None:
+            shape = (partitions, *(count for count, _ in dims))
+        self.shape = shape
+        self.free_size = math.prod(shape) // partitions if partitions else 0
+        # ref() without its tile id, when it needs no mask or range check (set by the index
+        # cache).
+        self.ref_tail: tuple | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -936,6 +990,8 @@ class TileAccess:
                 f"{self.tile.state['evicted_by']} because memory ran out; keep fewer tiles of "
                 "that declaration alive at once, or make them smaller"
             )
+        if self.ref_tail is not None and (_current is None or _current.mask is None):
+            return (self.tile.id, *self.ref_tail)
         p0, partitions = self.p0, self.partitions
         offset, dims = self.offset, self.dims
         if self.limits or (_current is not None and _current.mask is not None):
