@@ -86,6 +86,50 @@ float activate(ActFunc func, float x) {
 
 }  // namespace
 
+namespace {
+
+// acc[m][n] += sum_k stationary[k][m] * moving[k][n], each element summed in ascending k with a
+// rounding after every multiply and add (no fused multiply-add), so that results do not depend
+// on the CPU. Four rows of m share each load of a moving row; AVX2 where the CPU has it.
+[[gnu::target_clones("avx2", "default")]] void accumulate_product(const float* stationary,
+                                                                  const float* moving, float* acc,
+                                                                  uint32_t k_size, uint32_t m_size,
+                                                                  uint32_t n_size) {
+  // Blocks of four rows are independent: large products split them over OpenMP threads (the
+  // sums, and so the results, are the same for any thread count).
+  const int64_t blocks = m_size / 4;
+  const bool parallel = uint64_t(k_size) * m_size * n_size >= (uint64_t(1) << 20);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const uint32_t m = static_cast<uint32_t>(block) * 4;
+    float* __restrict out0 = acc + size_t(m) * n_size;
+    float* __restrict out1 = out0 + n_size;
+    float* __restrict out2 = out1 + n_size;
+    float* __restrict out3 = out2 + n_size;
+    for (uint32_t k = 0; k < k_size; ++k) {
+      const float* a = stationary + size_t(k) * m_size + m;
+      const float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+      const float* __restrict row = moving + size_t(k) * n_size;
+      for (uint32_t n = 0; n < n_size; ++n) {
+        out0[n] += a0 * row[n];
+        out1[n] += a1 * row[n];
+        out2[n] += a2 * row[n];
+        out3[n] += a3 * row[n];
+      }
+    }
+  }
+  for (uint32_t m = static_cast<uint32_t>(blocks) * 4; m < m_size; ++m) {
+    float* __restrict out = acc + size_t(m) * n_size;
+    for (uint32_t k = 0; k < k_size; ++k) {
+      const float a = stationary[size_t(k) * m_size + m];
+      const float* __restrict row = moving + size_t(k) * n_size;
+      for (uint32_t n = 0; n < n_size; ++n) out[n] += a * row[n];
+    }
+  }
+}
+
+}  // namespace
+
 float round_to_dtype(float value, DType dtype) {
   switch (dtype) {
     case DType::fp32:
@@ -172,33 +216,56 @@ std::vector<float> FunctionalExecutor::tile(Tile tile) const {
   return out;
 }
 
-float FunctionalExecutor::load(uint32_t buffer, uint64_t index) const {
-  if (program_.buffers[buffer].dtype == DType::int32)
-    return static_cast<float>(ints_[buffer][index]);
-  return floats_[buffer][index];
+void FunctionalExecutor::store_int(uint32_t buffer, uint64_t index, float value) {
+  // Out-of-range and NaN values saturate like a float->int conversion with clamping.
+  const float r = std::isnan(value) ? 0.0f : std::nearbyint(value);
+  ints_[buffer][index] = r >= 2147483647.0f    ? INT32_MAX
+                         : r <= -2147483648.0f ? INT32_MIN
+                                               : static_cast<int32_t>(r);
 }
 
-void FunctionalExecutor::store(uint32_t buffer, uint64_t index, float value) {
-  const DType dtype = program_.buffers[buffer].dtype;
-  if (dtype == DType::int32) {
-    // Out-of-range and NaN values saturate like a float->int conversion with clamping.
-    const float r = std::isnan(value) ? 0.0f : std::nearbyint(value);
-    ints_[buffer][index] = r >= 2147483647.0f    ? INT32_MAX
-                           : r <= -2147483648.0f ? INT32_MIN
-                                                 : static_cast<int32_t>(r);
-  } else {
-    floats_[buffer][index] = round_to_dtype(value, dtype);
+void FunctionalExecutor::read_row(const TileRef& ref, uint32_t p, float* out) const {
+  const Buffer& b = program_.buffers[ref.tile];
+  const uint64_t base = uint64_t(ref.partition_start + p) * b.free_elements;
+  if (b.dtype == DType::int32) {
+    const int32_t* row = ints_[ref.tile].data() + base;
+    for (uint32_t j = 0; j < ref.free_count; ++j) out[j] = float(row[ref.free_element(j)]);
+    return;
   }
+  const float* row = floats_[ref.tile].data() + base;
+  if (ref.contiguous()) {
+    std::copy(row + ref.free_offset, row + ref.free_offset + ref.free_count, out);
+    return;
+  }
+  for (uint32_t j = 0; j < ref.free_count; ++j) out[j] = row[ref.free_element(j)];
 }
 
-float FunctionalExecutor::load(const TileRef& ref, uint32_t p, uint32_t j) const {
+void FunctionalExecutor::write_row(const TileRef& ref, uint32_t p, const float* values) {
   const Buffer& b = program_.buffers[ref.tile];
-  return load(ref.tile, uint64_t(ref.partition_start + p) * b.free_elements + ref.free_element(j));
-}
-
-void FunctionalExecutor::store(const TileRef& ref, uint32_t p, uint32_t j, float value) {
-  const Buffer& b = program_.buffers[ref.tile];
-  store(ref.tile, uint64_t(ref.partition_start + p) * b.free_elements + ref.free_element(j), value);
+  const uint64_t base = uint64_t(ref.partition_start + p) * b.free_elements;
+  if (b.dtype == DType::int32) {
+    for (uint32_t j = 0; j < ref.free_count; ++j)
+      store_int(ref.tile, base + ref.free_element(j), values[j]);
+    return;
+  }
+  float* row = floats_[ref.tile].data() + base;
+  const bool contiguous = ref.contiguous();
+  switch (b.dtype) {
+    case DType::fp32:
+      if (contiguous)
+        std::copy(values, values + ref.free_count, row + ref.free_offset);
+      else
+        for (uint32_t j = 0; j < ref.free_count; ++j) row[ref.free_element(j)] = values[j];
+      return;
+    case DType::bf16:
+      for (uint32_t j = 0; j < ref.free_count; ++j)
+        row[contiguous ? ref.free_offset + j : ref.free_element(j)] = round_bf16(values[j]);
+      return;
+    default:
+      for (uint32_t j = 0; j < ref.free_count; ++j)
+        row[ref.free_element(j)] = round_to_dtype(values[j], b.dtype);
+      return;
+  }
 }
 
 void FunctionalExecutor::run() {
@@ -288,90 +355,129 @@ void FunctionalExecutor::execute(const Instruction& instr) {
   switch (instr.opcode) {
     case Opcode::matmul: {
       // PSUM[m, n] (+)= sum_k stationary[k, m] * moving[k, n], accumulated in fp32 in k order.
+      // The builder guarantees float operands and an fp32 PSUM dst: rows are read and written
+      // in place (fp32 needs no rounding).
       const bool accumulate = instr.flags & kFlagAccumulate;
       const uint32_t k_size = src0.partition_count, m_size = dst.partition_count,
                      n_size = dst.free_count;
+      auto row = [&](const TileRef& ref, uint32_t p) {
+        return floats_[ref.tile].data() +
+               uint64_t(ref.partition_start + p) * program_.buffers[ref.tile].free_elements;
+      };
       std::vector<float> stationary(size_t(k_size) * m_size), moving(size_t(k_size) * n_size),
-          acc(n_size);
+          acc(size_t(m_size) * n_size);
       for (uint32_t k = 0; k < k_size; ++k) {
-        for (uint32_t m = 0; m < m_size; ++m) stationary[size_t(k) * m_size + m] = load(src0, k, m);
-        for (uint32_t n = 0; n < n_size; ++n) moving[size_t(k) * n_size + n] = load(src1, k, n);
+        const float* s = row(src0, k);
+        const float* v = row(src1, k);
+        for (uint32_t m = 0; m < m_size; ++m)
+          stationary[size_t(k) * m_size + m] = s[src0.free_element(m)];
+        for (uint32_t n = 0; n < n_size; ++n)
+          moving[size_t(k) * n_size + n] = v[src1.free_element(n)];
       }
       for (uint32_t m = 0; m < m_size; ++m) {
-        for (uint32_t n = 0; n < n_size; ++n) acc[n] = accumulate ? load(dst, m, n) : 0.0f;
-        for (uint32_t k = 0; k < k_size; ++k) {
-          const float a = stationary[size_t(k) * m_size + m];
-          const float* row = &moving[size_t(k) * n_size];
-          for (uint32_t n = 0; n < n_size; ++n) acc[n] += a * row[n];
-        }
-        for (uint32_t n = 0; n < n_size; ++n) store(dst, m, n, acc[n]);
+        const float* out = row(dst, m);
+        for (uint32_t n = 0; n < n_size; ++n)
+          acc[size_t(m) * n_size + n] = accumulate ? out[dst.free_element(n)] : 0.0f;
+      }
+      accumulate_product(stationary.data(), moving.data(), acc.data(), k_size, m_size, n_size);
+      for (uint32_t m = 0; m < m_size; ++m) {
+        float* out = row(dst, m);
+        for (uint32_t n = 0; n < n_size; ++n)
+          out[dst.free_element(n)] = acc[size_t(m) * n_size + n];
       }
       return;
     }
-    case Opcode::pe_transpose:
-      for (uint32_t f = 0; f < dst.partition_count; ++f)
-        for (uint32_t p = 0; p < dst.free_count; ++p) store(dst, f, p, load(src0, p, f));
+    case Opcode::pe_transpose: {
+      // dst[f, p] = src[p, f], one source row at a time.
+      std::vector<float> row(src0.free_count);
+      for (uint32_t p = 0; p < dst.free_count; ++p) {
+        read_row(src0, p, row.data());
+        for (uint32_t f = 0; f < dst.partition_count; ++f) store(dst, f, p, row[f]);
+      }
       return;
+    }
     case Opcode::activation: {
       const auto func = static_cast<ActFunc>(instr.op0);
+      std::vector<float> row(dst.free_count);
       for (uint32_t p = 0; p < dst.partition_count; ++p) {
         const float scale = (instr.flags & kFlagScalar0Tile) ? load(aux0, p, 0) : instr.imm0;
         const float bias = src1.valid() ? load(src1, p, 0) : 0.0f;
-        float sum = 0.0f;
-        for (uint32_t j = 0; j < dst.free_count; ++j) {
-          const float value = activate(func, load(src0, p, j) * scale + bias);
-          sum += value;
-          store(dst, p, j, value);
+        read_row(src0, p, row.data());
+        for (float& x : row) x = activate(func, x * scale + bias);
+        write_row(dst, p, row.data());
+        if (instr.flags & kFlagReduce) {
+          float sum = 0.0f;  // of the activated values before they are rounded to dst's dtype
+          for (const float x : row) sum += x;
+          store(aux1, p, 0, sum);
         }
-        if (instr.flags & kFlagReduce) store(aux1, p, 0, sum);
       }
       return;
     }
     case Opcode::tensor_tensor: {
       const auto op = static_cast<AluOp>(instr.op0);
-      for (uint32_t p = 0; p < dst.partition_count; ++p)
-        for (uint32_t j = 0; j < dst.free_count; ++j)
-          store(dst, p, j, alu(op, load(src0, p, j), load(src1, p, j)));
+      std::vector<float> a(dst.free_count), b(dst.free_count);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        read_row(src0, p, a.data());
+        read_row(src1, p, b.data());
+        for (size_t j = 0; j < a.size(); ++j) a[j] = alu(op, a[j], b[j]);
+        write_row(dst, p, a.data());
+      }
       return;
     }
     case Opcode::tensor_scalar: {
       const auto op0 = static_cast<AluOp>(instr.op0);
       const auto op1 = static_cast<AluOp>(instr.op1);
+      std::vector<float> row(dst.free_count);
       for (uint32_t p = 0; p < dst.partition_count; ++p) {
         const float s0 = (instr.flags & kFlagScalar0Tile) ? load(src1, p, 0) : instr.imm0;
         const float s1 = (instr.flags & kFlagScalar1Tile) ? load(aux0, p, 0) : instr.imm1;
-        for (uint32_t j = 0; j < dst.free_count; ++j) {
-          float value = alu(op0, load(src0, p, j), s0);
-          if (op1 != AluOp::bypass) value = alu(op1, value, s1);
-          store(dst, p, j, value);
+        read_row(src0, p, row.data());
+        for (float& x : row) {
+          x = alu(op0, x, s0);
+          if (op1 != AluOp::bypass) x = alu(op1, x, s1);
         }
+        write_row(dst, p, row.data());
       }
       return;
     }
     case Opcode::tensor_reduce: {
       const auto op = static_cast<AluOp>(instr.op0);
+      std::vector<float> row(src0.free_count);
       for (uint32_t p = 0; p < dst.partition_count; ++p) {
-        float acc = load(src0, p, 0);
-        for (uint32_t j = 1; j < src0.free_count; ++j) acc = alu(op, acc, load(src0, p, j));
+        read_row(src0, p, row.data());
+        float acc = row[0];
+        for (size_t j = 1; j < row.size(); ++j) acc = alu(op, acc, row[j]);
         store(dst, p, 0, (instr.flags & kFlagNegate) ? -acc : acc);
       }
       return;
     }
-    case Opcode::tensor_copy:
-      for (uint32_t p = 0; p < dst.partition_count; ++p)
-        for (uint32_t j = 0; j < dst.free_count; ++j) store(dst, p, j, load(src0, p, j));
+    case Opcode::tensor_copy: {
+      std::vector<float> row(dst.free_count);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        read_row(src0, p, row.data());
+        write_row(dst, p, row.data());
+      }
       return;
-    case Opcode::select:
-      for (uint32_t p = 0; p < dst.partition_count; ++p)
-        for (uint32_t j = 0; j < dst.free_count; ++j) {
-          const float y = (instr.flags & kFlagSelectYTile) ? load(aux0, p, j) : instr.imm0;
-          store(dst, p, j, load(src0, p, j) != 0.0f ? load(src1, p, j) : y);
-        }
+    }
+    case Opcode::select: {
+      std::vector<float> condition(dst.free_count), x(dst.free_count), y(dst.free_count);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        read_row(src0, p, condition.data());
+        read_row(src1, p, x.data());
+        if (instr.flags & kFlagSelectYTile)
+          read_row(aux0, p, y.data());
+        else
+          std::fill(y.begin(), y.end(), instr.imm0);
+        for (size_t j = 0; j < x.size(); ++j) x[j] = condition[j] != 0.0f ? x[j] : y[j];
+        write_row(dst, p, x.data());
+      }
       return;
-    case Opcode::memset:
-      for (uint32_t p = 0; p < dst.partition_count; ++p)
-        for (uint32_t j = 0; j < dst.free_count; ++j) store(dst, p, j, instr.imm0);
+    }
+    case Opcode::memset: {
+      const std::vector<float> row(dst.free_count, instr.imm0);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) write_row(dst, p, row.data());
       return;
+    }
     case Opcode::iota: {
       const int64_t base = static_cast<int64_t>(instr.imm0);
       const int64_t free_step = static_cast<int64_t>(instr.imm1);

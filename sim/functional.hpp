@@ -40,10 +40,36 @@ class FunctionalExecutor {
  private:
   Tensor find(const std::string& name) const;
   void ensure(uint32_t buffer);
-  float load(uint32_t buffer, uint64_t index) const;
-  void store(uint32_t buffer, uint64_t index, float value);
-  float load(const TileRef& ref, uint32_t p, uint32_t j) const;
-  void store(const TileRef& ref, uint32_t p, uint32_t j, float value);
+  // Per-element access, inline: the executor's loops call them for every element.
+  float load(uint32_t buffer, uint64_t index) const {
+    if (program_.buffers[buffer].dtype == DType::int32)
+      return static_cast<float>(ints_[buffer][index]);
+    return floats_[buffer][index];
+  }
+  void store(uint32_t buffer, uint64_t index, float value) {
+    const DType dtype = program_.buffers[buffer].dtype;
+    if (dtype == DType::fp32)
+      floats_[buffer][index] = value;
+    else if (dtype == DType::int32)
+      store_int(buffer, index, value);
+    else
+      floats_[buffer][index] = round_to_dtype(value, dtype);
+  }
+  void store_int(uint32_t buffer, uint64_t index, float value);
+  // Row p of a view as floats (free_count of them), and back with dst's rounding.
+  void read_row(const TileRef& ref, uint32_t p, float* out) const;
+  void write_row(const TileRef& ref, uint32_t p, const float* values);
+  float load(const TileRef& ref, uint32_t p, uint32_t j) const {
+    return load(ref.tile,
+                uint64_t(ref.partition_start + p) * program_.buffers[ref.tile].free_elements +
+                    ref.free_element(j));
+  }
+  void store(const TileRef& ref, uint32_t p, uint32_t j, float value) {
+    store(ref.tile,
+          uint64_t(ref.partition_start + p) * program_.buffers[ref.tile].free_elements +
+              ref.free_element(j),
+          value);
+  }
   void execute(const Instruction& instr);
   void execute_dma(const Instruction& instr);
 
