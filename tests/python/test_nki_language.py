@@ -242,6 +242,14 @@ def test_spmd_grid(rng):
     _, report = tn.profile_kernel(grid_kernel[2, 3], x)
     assert report.parameters["grid"] == "2,3"
     assert report.instruction_count == 6 * 3  # load, multiply, store per instance
+    runs = tn.instances(report)
+    assert [r["program_id"] for r in runs] == [(i, j) for i in range(2) for j in range(3)]
+    assert [r["instructions"] for r in runs] == [3] * 6
+    assert [r["first_instruction"] for r in runs] == [0, 3, 6, 9, 12, 15]
+    assert runs[-1]["end_ns"] == pytest.approx(report.total_time_ns)
+    assert all(r["start_ns"] < r["end_ns"] for r in runs)
+    _, single = tn.profile_kernel(grid_kernel[1, 1], x)
+    assert len(tn.instances(single)) == 1 and tn.instances(single)[0]["instructions"] == 3
 
 
 def test_calling_a_kernel_runs_it(rng):

@@ -42,6 +42,7 @@ __all__ = [
     "TensorSpec",
     "flash_paged_attention",
     "install_neuronxcc_alias",
+    "instances",
     "isa",
     "jit",
     "language",
@@ -231,6 +232,8 @@ def profile_kernel(kernel, *args, machine="trn1", functional: bool = True, **kwa
     program = _core.nki_finish(traced.tracer.builder)
     outputs = _read_outputs(traced, program) if functional else None
     parameters = {"grid": ",".join(map(str, launch.grid))}
+    if len(traced.instance_starts) > 1:
+        parameters["instance_first_instructions"] = ",".join(map(str, traced.instance_starts))
     for name, value in (
         inspect.signature(launch.kernel.func).bind(*args, **kwargs).arguments.items()
     ):
@@ -242,6 +245,32 @@ def profile_kernel(kernel, *args, machine="trn1", functional: bool = True, **kwa
             parameters[name] = repr(value)
     handle = _core.nki_time_program(program, launch.kernel.func.__name__, parameters, False)
     return outputs, _sim.Report(handle)
+
+
+def instances(report) -> list[dict]:
+    """Per SPMD instance of a :func:`profile_kernel` run (they run one after another on one
+    NeuronCore): its program id, first instruction, instruction count and the interval from its
+    first instruction's start to its last one's end, in ns. One entry for a grid of 1."""
+    timeline = report.timeline
+    grid = tuple(int(g) for g in report.parameters.get("grid", "1").split(","))
+    firsts = report.parameters.get("instance_first_instructions")
+    starts = [int(i) for i in firsts.split(",")] if firsts else [0]
+    bounds = [*starts, len(timeline)]
+    out = []
+    for program_id, first, end in zip(
+        itertools.product(*(range(g) for g in grid)), bounds, bounds[1:], strict=False
+    ):
+        rows = timeline[first:end]
+        out.append(
+            {
+                "program_id": program_id,
+                "first_instruction": first,
+                "instructions": end - first,
+                "start_ns": float(rows["start_ns"].min()) if len(rows) else 0.0,
+                "end_ns": float(rows["end_ns"].max()) if len(rows) else 0.0,
+            }
+        )
+    return out
 
 
 # --- neuronxcc aliases --------------------------------------------------------------------------
