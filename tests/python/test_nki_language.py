@@ -634,3 +634,43 @@ def test_a_tile_evicted_for_lack_of_memory_is_an_error():
     with pytest.raises(tn.NkiError, match="taken by a later tile declared at") as error:
         tn.simulate_kernel(keeps_tiles_alive, x, width=16000)
     assert_names_line(error.value, "total[...] += t")
+
+
+# --- broadcasts, TensorE results in SBUF, numpy op names ----------------------------------------
+
+
+@tn.jit
+def broadcast_kernel(x, column):
+    p, f = x.shape
+    out = nl.ndarray((2, p, f), dtype=nl.float32, buffer=nl.shared_hbm)
+    a = nl.load(x)
+    c = nl.load(column)  # [P, 1]
+    nl.store(out[0], value=nl.add(a, c.broadcast_to((p, f))))  # a stride-0 operand
+    row_max = nisa.tensor_reduce(np.max, a, axis=(1,))  # np.max names the op
+    t = nl.ndarray((f, p), dtype=nl.float32, buffer=nl.sbuf)
+    t[...] = nl.transpose(a)  # TensorE writes PSUM; the SBUF destination gets a copy
+    back = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
+    back[...] = nisa.nc_transpose(t)
+    nl.store(out[1], value=nl.subtract(back, row_max))
+    return out
+
+
+def test_broadcasts_and_sbuf_transposes(rng):
+    x = rng.standard_normal((64, 48)).astype(np.float32)
+    column = rng.standard_normal((64, 1)).astype(np.float32)
+    out = tn.simulate_kernel(broadcast_kernel, x, column)
+    np.testing.assert_allclose(out[0], x + column, rtol=1e-6)
+    np.testing.assert_allclose(out[1], x - x.max(axis=1, keepdims=True), rtol=1e-6)
+
+
+@tn.jit
+def partition_broadcast(x):
+    a = nl.load(x[0:1, :])
+    nl.exp(a.broadcast_to((8, x.shape[1])))
+    return None
+
+
+def test_partition_broadcast_is_not_supported_yet():
+    with pytest.raises(NotImplementedError, match="partition dimension") as error:
+        tn.simulate_kernel(partition_broadcast, np.ones((8, 4), np.float32))
+    assert_names_line(error.value, "broadcast_to")

@@ -884,6 +884,9 @@ class Tile:
         accumulate(self.whole(), other, "multiply")
         return self
 
+    def broadcast_to(self, shape) -> TileAccess:
+        return self.whole().broadcast_to(shape)
+
     def reshape(self, shape) -> Tile:
         shape = tuple(int(s) for s in shape)
         if self.blocks or shape[0] != self.partitions or math.prod(shape[1:]) != self.free_size:
@@ -1044,6 +1047,31 @@ class TileAccess:
     def __setitem__(self, key, value) -> None:
         assign(self[key], value)
 
+    def broadcast_to(self, shape) -> TileAccess:
+        """The access repeated along free axes of extent 1 (a stride-0 view, read as the
+        instruction streams it). The partition dimension cannot be broadcast this way."""
+        shape = tuple(int(s) for s in shape)
+        if shape[0] != self.partitions:
+            raise fail(
+                f"broadcast_to {shape} from {self.shape}: broadcasting the partition dimension is "
+                "not supported by tilelab.nki yet",
+                NotImplementedError,
+            )
+        free = [d for d in self.dims if d[0] != 1]
+        if len(free) > len(shape) - 1:
+            raise fail(f"broadcast_to {shape} from {self.shape}: ranks do not match")
+        # Existing axes align with the trailing target axes, as in numpy.
+        free = [(1, 0)] * (len(shape) - 1 - len(free)) + free
+        dims = []
+        for (count, stride), want in zip(free, shape[1:], strict=True):
+            if count == want:
+                dims.append((count, stride))
+            elif count == 1:
+                dims.append((want, 0))
+            else:
+                raise fail(f"broadcast_to {shape} from {self.shape}: extent {count} is not 1")
+        return TileAccess(self.tile, self.p0, self.partitions, self.offset, dims)
+
     def __iadd__(self, other):
         accumulate(self, other, "add")
         self.just_updated = True
@@ -1102,6 +1130,10 @@ class Deferred:
         if t.pending is self:
             t.pending = None
         t.flush()
+        if self.memory == "psum" and dst.memory != "psum":
+            # TensorE writes PSUM only: the compiler goes through a PSUM tile and copies.
+            assign(dst, self.materialize())
+            return
         if self.memory != "psum":  # TensorE results handle a pending PSUM zero fill themselves
             prepare_write(dst)
         self.emit_at_site(dst)
@@ -1132,6 +1164,9 @@ class Deferred:
 
     def __getitem__(self, key) -> TileAccess:
         return self.materialize().tile[key]
+
+    def broadcast_to(self, shape) -> TileAccess:
+        return self.materialize().broadcast_to(shape)
 
 
 def new_tile(

@@ -402,6 +402,8 @@ _ALU = {
     "minimum": "min",
     "max": "max",
     "min": "min",
+    "amax": "max",  # np.max under numpy 1.x
+    "amin": "min",
 }
 
 
