@@ -148,6 +148,18 @@ class WaitLabels {
 
 }  // namespace
 
+std::vector<double> idle_before(const Program& p, const TimingResult& t) {
+  std::vector<double> gaps(p.instructions.size(), 0.0);
+  std::array<double, kEngineCount> last_end{};
+  for (uint32_t i = 0; i < p.instructions.size(); ++i) {
+    const int e = static_cast<int>(p.instructions[i].engine);
+    const double gap = t.instructions[i].start_ns - last_end[e];
+    if (gap > 1e-9) gaps[i] = gap;
+    last_end[e] = t.instructions[i].issue_end_ns;
+  }
+  return gaps;
+}
+
 std::array<EngineIdleTime, kEngineCount> attribute_idle_time(const Program& p,
                                                              const TimingResult& t) {
   // Sums per key in instruction order (as the string-keyed maps they become summed them), turned
@@ -160,14 +172,15 @@ std::array<EngineIdleTime, kEngineCount> attribute_idle_time(const Program& p,
   std::array<std::array<bool, kBlameKinds>, kEngineCount> blamed{};
   std::array<std::map<uint64_t, Sum>, kEngineCount> top;
   WaitLabels labels(p);
+  const std::vector<double> gaps = idle_before(p, t);
   std::array<double, kEngineCount> last_end{};
   std::array<bool, kEngineCount> started{};
   for (uint32_t i = 0; i < p.instructions.size(); ++i) {
     const Instruction& instr = p.instructions[i];
     const InstructionTiming& it = t.instructions[i];
     const int e = static_cast<int>(instr.engine);
-    const double gap = it.start_ns - last_end[e];
-    if (gap > 1e-9) {
+    const double gap = gaps[i];
+    if (gap > 0) {
       int kind;
       if (it.wait_on != kNone) {
         kind = (it.wait_reason == WaitReason::port ? kPortBlame : 0) + unit_index(p, it.wait_on);

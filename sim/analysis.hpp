@@ -36,6 +36,10 @@ struct EngineIdleTime {
 };
 std::array<EngineIdleTime, kEngineCount> attribute_idle_time(const Program& program,
                                                              const TimingResult& timing);
+// Per instruction: the idle time of its engine queue just before it started (0 when it started
+// right after the previous instruction of that queue). The waited-on instruction is
+// timing.instructions[i].wait_on; attribute_idle_time and the by-line table read these gaps.
+std::vector<double> idle_before(const Program& program, const TimingResult& timing);
 
 // One number of the flat summary.
 struct Metric {

@@ -134,6 +134,7 @@ struct Instruction {
   int32_t extra = 0;
   float imm0 = 0;
   float imm1 = 0;
+  uint32_t source = kNone;  // index into Program::sources: the kernel source line that emitted it
   std::array<TileRef, kSlotCount> operands{};
 };
 

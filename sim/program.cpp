@@ -481,6 +481,27 @@ void ProgramBuilder::push(const Instruction& instr) {
       << "program '" << program_.name << "': more than " << limits_.max_instructions
       << " instructions (max_instructions); use a smaller problem or raise the limit";
   program_.instructions.push_back(instr);
+  program_.instructions.back().source = current_source_;
+}
+
+uint32_t ProgramBuilder::add_source(const SourceLocation& location) {
+  TILELAB_REQUIRE(location.line >= 1)
+      << "add_source: line must be >= 1, got " << location.line << " (" << location.file << ")";
+  TILELAB_REQUIRE(location.caller == kNone || location.caller < program_.sources.size())
+      << "add_source: caller " << location.caller << " is not a source id (have "
+      << program_.sources.size() << ")";
+  const auto key =
+      std::make_tuple(location.file, location.line, location.function, location.caller);
+  const auto [it, inserted] =
+      source_ids_.try_emplace(key, static_cast<uint32_t>(program_.sources.size()));
+  if (inserted) program_.sources.push_back(location);
+  return it->second;
+}
+
+void ProgramBuilder::set_source(uint32_t source) {
+  TILELAB_REQUIRE(source == kNone || source < program_.sources.size())
+      << "set_source: " << source << " is not a source id (have " << program_.sources.size() << ")";
+  current_source_ = source;
 }
 
 uint32_t ProgramBuilder::add_dma(DmaRecord record, const DmaOptions& options) {

@@ -4,7 +4,9 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "isa.hpp"
@@ -74,6 +76,17 @@ struct DmaRecord {
   uint64_t bytes() const { return bytes_per_partition * partitions; }
 };
 
+// A line of a kernel's source (a front end such as tilelab.nki records them): the instructions
+// emitted while it ran carry its index. `caller` is the location it was called from, so a chain
+// leads through helper functions to the kernel itself (kNone at the outermost).
+struct SourceLocation {
+  std::string file;
+  int line = 0;  // 1-based
+  std::string function;
+  std::string text;  // the line's source text, may be empty
+  uint32_t caller = kNone;
+};
+
 // A built program: the machine it was built for, its buffers, instructions and DMA records.
 struct Program {
   Machine machine;
@@ -81,6 +94,7 @@ struct Program {
   std::vector<Buffer> buffers;
   std::vector<Instruction> instructions;
   std::vector<DmaRecord> dmas;
+  std::vector<SourceLocation> sources;  // Instruction::source indexes it
   int64_t peak_sbuf_bytes_per_partition = 0;
   int64_t peak_psum_bytes_per_partition = 0;
 
@@ -214,6 +228,14 @@ class ProgramBuilder {
   // int32 and cast to dst's dtype; base is exact up to 2^24.
   void iota(const TileRef& dst, int base, int partition_step, int free_step);
 
+  // --- source attribution ---
+  // The id of a source location (the same location, caller included, gets the same id); line
+  // must be >= 1 and caller an existing id or kNone.
+  uint32_t add_source(const SourceLocation& location);
+  // Instructions built from now on carry `source` (an id from add_source, or kNone).
+  void set_source(uint32_t source);
+  uint32_t current_source() const { return current_source_; }
+
   size_t instruction_count() const { return program_.instructions.size(); }
   // Hands over the program; the builder must not be used afterwards.
   Program finish();
@@ -247,6 +269,8 @@ class ProgramBuilder {
   PartitionAllocator sbuf_;
   PartitionAllocator psum_;
   bool finished_ = false;
+  uint32_t current_source_ = kNone;
+  std::map<std::tuple<std::string, int, std::string, uint32_t>, uint32_t> source_ids_;
 };
 
 }  // namespace tilelab::sim

@@ -41,6 +41,12 @@ double percent(double part, double whole) {
 
 }  // namespace
 
+namespace {
+// Fills r.sources and r.by_line when the program recorded source lines.
+void summarize_source_lines(const Program& p, const TimingResult& t,
+                            const std::vector<uint32_t>& path, Report& r);
+}  // namespace
+
 Report make_report(const Program& p, const TimingResult& t, const ReportOptions& options) {
   // The machine the run was timed on: its limits are the program's, its peaks and clocks those
   // the timing used.
@@ -238,8 +244,51 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
       r.critical_path_ns_by_unit[unit == kDmaUnit ? "dma"
                                                   : std::string(engine_name(Engine(unit)))] =
           ns_by_unit[unit];
+  summarize_source_lines(p, t, path, r);
   return r;
 }
+
+namespace {
+void summarize_source_lines(const Program& p, const TimingResult& t,
+                            const std::vector<uint32_t>& path, Report& r) {
+  const bool any = std::any_of(p.instructions.begin(), p.instructions.end(),
+                               [](const Instruction& i) { return i.source != kNone; });
+  if (!any) return;
+  r.sources = p.sources;
+  std::vector<SourceLineSummary> rows(p.sources.size());
+  for (uint32_t s = 0; s < rows.size(); ++s) rows[s].source = s;
+  for (uint32_t i = 0; i < p.instructions.size(); ++i) {
+    const Instruction& instr = p.instructions[i];
+    if (instr.source == kNone) continue;
+    SourceLineSummary& row = rows[instr.source];
+    ++row.instructions;
+    const InstructionTiming& it = t.instructions[i];
+    row.busy_ns[std::string(engine_name(instr.engine))] += it.issue_end_ns - it.start_ns;
+    if (instr.dma != kNone) {
+      ++row.dma_transfers;
+      row.dma_bytes += p.dmas[instr.dma].bytes();
+    }
+  }
+  // The same telescoping as the critical path's segments: each instruction contributes the
+  // time by which it extends the path.
+  double previous_end = 0;
+  for (uint32_t i : path) {
+    const double end = t.instructions[i].end_ns;
+    const double contributed = std::max(0.0, end - previous_end);
+    previous_end = std::max(previous_end, end);
+    if (p.instructions[i].source != kNone)
+      rows[p.instructions[i].source].critical_path_ns += contributed;
+  }
+  const std::vector<double> gaps = idle_before(p, t);
+  for (uint32_t i = 0; i < p.instructions.size(); ++i) {
+    const uint32_t waited = t.instructions[i].wait_on;
+    if (gaps[i] > 0 && waited != kNone && p.instructions[waited].source != kNone)
+      rows[p.instructions[waited].source].idle_blamed_ns += gaps[i];
+  }
+  for (SourceLineSummary& row : rows)
+    if (row.instructions > 0 || row.idle_blamed_ns > 0) r.by_line.push_back(std::move(row));
+}
+}  // namespace
 
 json report_json(const Report& r) {
   json j;
@@ -345,6 +394,33 @@ json report_json(const Report& r) {
                         {"time_ns_by_unit", r.critical_path_ns_by_unit},
                         {"segments", segments},
                         {"truncated", r.critical_path_truncated}};
+  json sources = json::array();
+  for (size_t i = 0; i < r.sources.size(); ++i) {
+    const SourceLocation& s = r.sources[i];
+    sources.push_back({{"id", i},
+                       {"file", s.file},
+                       {"line", s.line},
+                       {"function", s.function},
+                       {"text", s.text},
+                       {"caller", s.caller == kNone ? json(nullptr) : json(s.caller)}});
+  }
+  json by_line = json::array();
+  for (const SourceLineSummary& row : r.by_line) {
+    const SourceLocation& s = r.sources[row.source];
+    by_line.push_back({{"source", row.source},
+                       {"file", s.file},
+                       {"line", s.line},
+                       {"function", s.function},
+                       {"text", s.text},
+                       {"instructions", row.instructions},
+                       {"busy_ns", row.busy_ns},
+                       {"dma_transfers", row.dma_transfers},
+                       {"dma_bytes", row.dma_bytes},
+                       {"critical_path_ns", row.critical_path_ns},
+                       {"idle_blamed_ns", row.idle_blamed_ns}});
+  }
+  j["sources"] = sources;
+  j["by_line"] = by_line;
   return j;
 }
 
@@ -441,6 +517,40 @@ std::string report_text(const Report& r) {
     out << line;
   }
   out << "\n";
+  if (!r.by_line.empty()) out << by_line_text(r);
+  return out.str();
+}
+
+std::string by_line_text(const Report& r, size_t max_rows) {
+  // The lines that cost most: busy time plus the idle time they caused.
+  std::vector<const SourceLineSummary*> rows;
+  for (const SourceLineSummary& row : r.by_line) rows.push_back(&row);
+  auto cost = [](const SourceLineSummary* row) {
+    double busy = 0;
+    for (const auto& [engine, ns] : row->busy_ns) busy += ns;
+    return busy + row->idle_blamed_ns;
+  };
+  std::stable_sort(
+      rows.begin(), rows.end(),
+      [&](const SourceLineSummary* a, const SourceLineSummary* b) { return cost(a) > cost(b); });
+  std::ostringstream out;
+  char line[512];
+  out << "\nby source line (" << r.by_line.size() << " lines, costliest first):\n"
+      << "  line                      instr   busy_us  crit_us  idle_caused_us  dma_KiB  source\n";
+  for (size_t i = 0; i < rows.size() && i < max_rows; ++i) {
+    const SourceLineSummary& row = *rows[i];
+    const SourceLocation& s = r.sources[row.source];
+    double busy = 0;
+    for (const auto& [engine, ns] : row.busy_ns) busy += ns;
+    const std::string file = s.file.substr(s.file.find_last_of('/') + 1);
+    const std::string where = file + ":" + std::to_string(s.line);
+    std::snprintf(line, sizeof line, "  %-24.24s %7llu %9.3f %8.3f %15.3f %8.1f  %.60s\n",
+                  where.c_str(), static_cast<unsigned long long>(row.instructions), busy / 1e3,
+                  row.critical_path_ns / 1e3, row.idle_blamed_ns / 1e3, row.dma_bytes / 1024.0,
+                  s.text.c_str());
+    out << line;
+  }
+  if (rows.size() > max_rows) out << "  ... " << rows.size() - max_rows << " more lines\n";
   return out.str();
 }
 
@@ -478,7 +588,10 @@ json chrome_trace(const Program& p, const TimingResult& t, size_t max_events) {
     if (instr.opcode == Opcode::tensor_tensor || instr.opcode == Opcode::tensor_scalar ||
         instr.opcode == Opcode::tensor_reduce)
       name.append(".").append(alu_op_name(AluOp(instr.op0)));
-    const json args = {{"instruction", i}, {"operands", p.describe(instr)}};
+    json args = {{"instruction", i}, {"operands", p.describe(instr)}};
+    if (instr.source != kNone)
+      args["source"] =
+          p.sources[instr.source].file + ":" + std::to_string(p.sources[instr.source].line);
     events.push_back({{"ph", "X"},
                       {"name", is_dma(instr) ? "trigger " + name : name},
                       {"pid", 1},

@@ -16,7 +16,7 @@
 namespace tilelab::sim {
 
 inline constexpr const char* kReportSchema = "tilelab.sim_report";
-inline constexpr int kReportSchemaVersion = 2;
+inline constexpr int kReportSchemaVersion = 3;
 
 // Idle time of one engine attributed to what it waited on.
 struct BlameEntry {
@@ -86,6 +86,18 @@ struct CriticalPathSegment {
   std::string first_instruction;
 };
 
+// What the instructions of one kernel source line did (front ends that record source lines,
+// such as tilelab.nki): each instruction counts for its innermost line.
+struct SourceLineSummary {
+  uint32_t source = kNone;  // index into Report::sources
+  uint64_t instructions = 0;
+  std::map<std::string, double> busy_ns;  // per engine queue: issue time of its instructions
+  uint64_t dma_transfers = 0;
+  uint64_t dma_bytes = 0;
+  double critical_path_ns = 0;  // its share of the (telescoped) critical path
+  double idle_blamed_ns = 0;    // idle time of engine queues that waited on its instructions
+};
+
 struct Report {
   std::string kernel;
   std::map<std::string, std::string> parameters;
@@ -138,6 +150,10 @@ struct Report {
   std::vector<CriticalPathSegment> critical_path;
   uint64_t critical_path_instructions = 0;
   bool critical_path_truncated = false;
+
+  // Source lines (empty unless the program recorded them), rows in source id order.
+  std::vector<SourceLocation> sources;
+  std::vector<SourceLineSummary> by_line;
 };
 
 struct ReportOptions {
@@ -154,8 +170,10 @@ Report make_report(const Program& program, const TimingResult& timing,
 
 // The report as JSON ("schema": "tilelab.sim_report", "schema_version": kReportSchemaVersion).
 nlohmann::json report_json(const Report& report);
-// A human-readable table.
+// A human-readable table (with the by-line table when the report has source lines).
 std::string report_text(const Report& report);
+// The by-line table alone: the `max_rows` costliest lines (busy time plus idle time caused).
+std::string by_line_text(const Report& report, size_t max_rows = 30);
 // Chrome trace event JSON (Perfetto opens it): one track per engine queue, per DMA queue and, when
 // the timing recorded pieces, per DMA engine. Stops after `max_events` events (noted in metadata).
 nlohmann::json chrome_trace(const Program& program, const TimingResult& timing,

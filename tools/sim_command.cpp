@@ -249,7 +249,7 @@ std::string sim_usage() {
          "                           --set dma_bytes_per_ns_per_engine=20\n"
          "  -p, --param KEY=VALUE    kernel shape/schedule parameter (repeatable; bare KEY=VALUE\n"
          "                           after the kernel works too)\n"
-         "  --json PATH              write the JSON report (schema tilelab.sim_report v2; '-' =\n"
+         "  --json PATH              write the JSON report (schema tilelab.sim_report v3; '-' =\n"
          "                           stdout)\n"
          "  --trace PATH             write a Chrome/Perfetto trace (one track per engine and DMA\n"
          "                           queue)\n"

@@ -360,6 +360,23 @@ void register_nki_builder_bindings(py::module_& core) {
       py::arg("builder"), py::arg("dst"), py::arg("base"), py::arg("partition_step"),
       py::arg("free_step"));
   core.def(
+      "nki_add_source",
+      [](const py::capsule& h, const std::string& file, int line, const std::string& function,
+         const std::string& text, int64_t caller) {
+        sim::SourceLocation location{file, line, function, text,
+                                     caller < 0 ? sim::kNone : static_cast<uint32_t>(caller)};
+        return builder_of(h).add_source(location);
+      },
+      py::arg("builder"), py::arg("file"), py::arg("line"), py::arg("function"), py::arg("text"),
+      py::arg("caller"), "The id of a kernel source line (caller: an id, or -1 at the kernel).");
+  core.def(
+      "nki_set_source",
+      [](const py::capsule& h, int64_t source) {
+        builder_of(h).set_source(source < 0 ? sim::kNone : static_cast<uint32_t>(source));
+      },
+      py::arg("builder"), py::arg("source"),
+      "Instructions built from now on carry this source id (-1: none).");
+  core.def(
       "nki_instruction_count",
       [](const py::capsule& h) { return builder_of(h).instruction_count(); }, py::arg("builder"));
   core.def("nki_finish", &finish, py::arg("builder"),

@@ -404,6 +404,14 @@ class Report:
         return self.to_json()["critical_path"]["segments"]
 
     @property
+    def by_line(self) -> list[dict[str, Any]]:
+        """Per kernel source line (kernels written in the NKI language, tilelab.nki), in source
+        order: file, line, function, text, instructions, busy_ns per engine queue, DMA transfers
+        and bytes, critical_path_ns (its share of the critical path) and idle_blamed_ns (idle time
+        of the queues that waited on it). Empty for kernels without source lines."""
+        return self.to_json()["by_line"]
+
+    @property
     def dma_by_kind(self) -> list[dict[str, Any]]:
         """Per DMA opcode: transfers, bytes, bytes per partition, achieved GB/s, utilization."""
         return self.to_json()["dma"]["by_kind"]

@@ -674,3 +674,51 @@ def test_partition_broadcast_is_not_supported_yet():
     with pytest.raises(NotImplementedError, match="partition dimension") as error:
         tn.simulate_kernel(partition_broadcast, np.ones((8, 4), np.float32))
     assert_names_line(error.value, "broadcast_to")
+
+
+# --- source lines -------------------------------------------------------------------------------
+
+
+def _scaled(t, factor):
+    return nl.multiply(t, factor)  # a helper: its line is attributed, called from the kernel
+
+
+@tn.jit
+def lines_kernel(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    u = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    u[...] = _scaled(t, 3.0)
+    nl.store(out, value=nl.exp(u))
+    return out
+
+
+def test_by_line_table(rng, tmp_path):
+    import inspect
+
+    x = rng.standard_normal((128, 256)).astype(np.float32)
+    out, report = tn.profile_kernel(lines_kernel, x)
+    np.testing.assert_allclose(out, np.exp(3 * x.astype(np.float64)), rtol=1e-5)
+    rows = report.by_line
+    first = inspect.getsourcelines(lines_kernel.func)[1]
+    by_text = {row["text"]: row for row in rows}
+    load = by_text["t = nl.load(x)"]
+    assert load["line"] == first + 3 and load["function"] == "lines_kernel"
+    assert load["dma_transfers"] == 1 and load["dma_bytes"] == x.nbytes
+    helper = by_text[
+        "return nl.multiply(t, factor)  # a helper: its line is attributed, called from the kernel"
+    ]
+    assert helper["busy_ns"].keys() == {"vector"} and helper["instructions"] == 1
+    sources = report.to_json()["sources"]
+    caller = sources[helper["source"]]["caller"]
+    assert sources[caller]["text"] == "u[...] = _scaled(t, 3.0)"
+    store = by_text["nl.store(out, value=nl.exp(u))"]
+    assert store["instructions"] == 2 and set(store["busy_ns"]) == {"scalar", "sync"}
+    assert sum(row["instructions"] for row in rows) == report.instruction_count
+    assert sum(row["critical_path_ns"] for row in rows) == pytest.approx(
+        sum(report.to_json()["critical_path"]["time_ns_by_unit"].values())
+    )
+    assert load["idle_blamed_ns"] > 0  # the multiply waited for the load
+    assert "by source line" in str(report)
+    report.save_html(tmp_path / "r.html")
+    assert "Kernel source lines" in (tmp_path / "r.html").read_text()

@@ -167,9 +167,7 @@ class Tracer:
         if frames == self._source_frames:
             return
         self._source_frames = frames
-        add_source = getattr(_core, "nki_add_source", None)
-        if add_source is None:
-            return
+        add_source = _core.nki_add_source
         caller = -1
         for file, line, function in reversed(frames):
             key = (file, line, function, caller)
