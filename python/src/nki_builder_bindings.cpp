@@ -134,6 +134,7 @@ py::dict machine_facts(const py::capsule& handle) {
   d["psum_bytes_per_partition"] = m.psum_bytes_per_partition;
   d["psum_bank_bytes_per_partition"] = m.psum_bank_bytes_per_partition;
   d["psum_banks"] = m.psum_banks;
+  d["pe_transpose_16bit_output_supported"] = m.pe_transpose_16bit_output_supported;
   d["matmul_max_contraction"] = m.matmul_max_contraction;
   d["matmul_max_stationary_free"] = m.matmul_max_stationary_free;
   d["matmul_max_moving_free"] = m.matmul_max_moving_free;

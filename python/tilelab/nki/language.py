@@ -255,6 +255,25 @@ def load(src, *, mask=None, dtype=None, **kwargs) -> Deferred:
     return Deferred("nl.load", emit, shape, src.dtype if dtype is None else dtype, mask=mask)
 
 
+def load_transpose2d(src, *, mask=None, dtype=None, **kwargs) -> Deferred:
+    """src[rows, cols] loaded as [cols, rows] (cols on partitions). On NeuronCore-v2 this is a
+    DMA whose partitions each gather one element per row: far less efficient than a plain load,
+    as the NKI performance guide warns, and modelled as exactly that access pattern."""
+    tracer()
+    if isinstance(src, HbmTensor):
+        src = src[...]
+    if not isinstance(src, HbmAccess) or src.indirect is not None or len(src.dims) != 2:
+        raise fail("nl.load_transpose2d: src must be a 2-D HBM access", TypeError)
+    flipped = HbmAccess(
+        src.tensor,
+        src.offset,
+        [src.dims[1], src.dims[0]],
+        tuple(reversed(src.aranges)) if src.aranges else (),
+        tuple(reversed(src.limits)) if src.limits else (),
+    )
+    return load(flipped, mask=mask, dtype=dtype, **kwargs)
+
+
 def store(dst, value, *, mask=None, **kwargs) -> None:
     tracer()  # outside a traced kernel: RuntimeError
     if kwargs:
@@ -381,13 +400,11 @@ def transpose(x, *, dtype=None, mask=None, **kwargs) -> Deferred:
         _trace.prepare_write(dst)
         tracer().emit("nki_pe_transpose", dst.ref(), src.ref())
 
-    return Deferred(
-        "nl.transpose",
-        emit,
-        (src.free_size, src.partitions),
-        src.dtype if dtype is None else dtype,
-        "psum",
-    )
+    # NeuronCore-v2's PE array writes a transpose to PSUM in fp32 only.
+    out_dtype = src.dtype if dtype is None else _trace.np_dtype(dtype)
+    if out_dtype.itemsize == 2 and not tracer().machine["pe_transpose_16bit_output_supported"]:
+        out_dtype = np.dtype(np.float32)
+    return Deferred("nl.transpose", emit, (src.free_size, src.partitions), out_dtype, "psum")
 
 
 # --- element-wise and reductions ----------------------------------------------------------------

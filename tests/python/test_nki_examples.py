@@ -1,0 +1,46 @@
+"""The NKI-language examples other than matmul and flash paged attention (tested beside the
+language and the C++ kernel): outputs against fp64 numpy."""
+
+import importlib.util
+import pathlib
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tilelab.nki as tn
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "nki"
+
+
+def load(name: str):
+    tn.install_neuronxcc_alias()
+    spec = importlib.util.spec_from_file_location(f"nki_example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("dtype", "d", "tolerance"),
+    [(np.float32, 64, 1e-2), (ml_dtypes.bfloat16, 128, 3e-2), (np.float16, 32, 1e-2)],
+)
+def test_sd_attention(rng, dtype, d, tolerance):
+    kernel = load("sd_attention").fused_self_attention
+    bs, seq = 2, 384
+    q = rng.standard_normal((bs, d, seq)).astype(dtype)
+    k = rng.standard_normal((bs, seq, d)).astype(dtype)
+    v = rng.standard_normal((bs, seq, d)).astype(dtype)
+    out, report = tn.profile_kernel(kernel[bs], q, k, v)
+    assert out.shape == (bs, seq, d) and out.dtype == np.dtype(dtype)
+    scores = 0.125 * np.einsum("bds,btd->bst", q.astype(np.float64), k.astype(np.float64))
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
+    np.testing.assert_allclose(out.astype(np.float64), expected, atol=tolerance)
+    engines = {e["name"]: e["instruction_count"] for e in report.engines}
+    tiles = seq // 128
+    # Per instance and query tile: QK, P transposes, P·V and one divisor transpose on TensorE.
+    assert engines["tensor"] == bs * tiles * (3 * tiles + 1)
+    assert len(tn.instances(report)) == bs
