@@ -44,3 +44,22 @@ def test_sd_attention(rng, dtype, d, tolerance):
     # Per instance and query tile: QK, P transposes, P·V and one divisor transpose on TensorE.
     assert engines["tensor"] == bs * tiles * (3 * tiles + 1)
     assert len(tn.instances(report)) == bs
+
+
+@pytest.mark.parametrize("rows", [1, 100, 128, 300])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_norms(rng, rows, dtype):
+    norms = load("norms")
+    cols = 200
+    x = rng.standard_normal((rows, cols)).astype(dtype)
+    g = rng.uniform(0.5, 1.5, cols).astype(dtype)
+    b = rng.standard_normal(cols).astype(dtype)
+    a, gw, bw = (v.astype(np.float64) for v in (x, g, b))
+    tolerance = 1e-4 if dtype == np.float32 else 5e-2
+    out = tn.simulate_kernel(norms.rmsnorm, x, g)
+    expected = a / np.sqrt((a * a).mean(1, keepdims=True) + 1e-6) * gw
+    np.testing.assert_allclose(out.astype(np.float64), expected, atol=tolerance, rtol=tolerance)
+    out = tn.simulate_kernel(norms.layernorm, x, g, b)
+    centered = a - a.mean(1, keepdims=True)
+    expected = centered / np.sqrt((centered**2).mean(1, keepdims=True) + 1e-5) * gw + bw
+    np.testing.assert_allclose(out.astype(np.float64), expected, atol=tolerance, rtol=tolerance)

@@ -664,15 +664,29 @@ def test_broadcasts_and_sbuf_transposes(rng):
 
 
 @tn.jit
-def partition_broadcast(x):
-    a = nl.load(x[0:1, :])
-    nl.exp(a.broadcast_to((8, x.shape[1])))
+def partition_broadcast(x, row):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    r = nl.load(row)  # [1, n]
+    nl.store(out, value=nl.multiply(nl.load(x), r.broadcast_to(x.shape)))
+    return out
+
+
+@tn.jit
+def broadcast_wrong_extent(x):
+    nl.exp(nl.load(x).broadcast_to((8, 8)))
     return None
 
 
-def test_partition_broadcast_is_not_supported_yet():
-    with pytest.raises(NotImplementedError, match="partition dimension") as error:
-        tn.simulate_kernel(partition_broadcast, np.ones((8, 4), np.float32))
+@pytest.mark.parametrize("n", [7, 512, 1300])
+def test_partition_broadcast_is_a_ones_matmul(rng, n):
+    x = rng.standard_normal((96, n)).astype(np.float32)
+    row = rng.standard_normal((1, n)).astype(np.float32)
+    out, report = tn.profile_kernel(partition_broadcast, x, row)
+    np.testing.assert_allclose(out, x * row, rtol=1e-6)
+    engines = {e["name"]: e["instruction_count"] for e in report.engines}
+    assert engines["tensor"] == -(-n // 512)  # one matmul per PSUM bank of the row
+    with pytest.raises(tn.NkiError, match="only a partition dimension of 1") as error:
+        tn.simulate_kernel(broadcast_wrong_extent, np.ones((4, 8), np.float32))
     assert_names_line(error.value, "broadcast_to")
 
 

@@ -932,6 +932,29 @@ def _cache_key(key: tuple) -> tuple | None:
     return tuple(out)
 
 
+def _row_slice(ref: tuple, first: int, count: int) -> tuple:
+    """Elements [first, first + count) of a one-partition view (one or two free levels)."""
+    if len(ref) == 6:
+        tile, p0, partitions, offset, _, stride = ref
+        return (tile, p0, partitions, offset + first * stride, count, stride)
+    tile, p0, partitions, offset, _, outer_stride, inner_count, inner_stride = ref
+    if first % inner_count or count % inner_count:
+        raise fail(
+            "broadcast_to: a partition broadcast of this access pattern is not supported",
+            NotImplementedError,
+        )
+    return (
+        tile,
+        p0,
+        partitions,
+        offset + first // inner_count * outer_stride,
+        count // inner_count,
+        outer_stride,
+        inner_count,
+        inner_stride,
+    )
+
+
 class TileAccess:
     """Partitions [p0, p0 + partitions) and a free access pattern (offset, (count, stride)...)
     of a tile."""
@@ -1050,11 +1073,12 @@ class TileAccess:
         instruction streams it). The partition dimension cannot be broadcast this way."""
         shape = tuple(int(s) for s in shape)
         if shape[0] != self.partitions:
-            raise fail(
-                f"broadcast_to {shape} from {self.shape}: broadcasting the partition dimension is "
-                "not supported by tilelab.nki yet",
-                NotImplementedError,
-            )
+            if self.partitions != 1:
+                raise fail(
+                    f"broadcast_to {shape} from {self.shape}: only a partition dimension of 1 "
+                    "can be broadcast"
+                )
+            return self._broadcast_partitions(shape[0]).broadcast_to(shape)
         free = [d for d in self.dims if d[0] != 1]
         if len(free) > len(shape) - 1:
             raise fail(f"broadcast_to {shape} from {self.shape}: ranks do not match")
@@ -1069,6 +1093,32 @@ class TileAccess:
             else:
                 raise fail(f"broadcast_to {shape} from {self.shape}: extent {count} is not 1")
         return TileAccess(self.tile, self.p0, self.partitions, self.offset, dims)
+
+    def _broadcast_partitions(self, partitions: int) -> TileAccess:
+        """[1, n] copied to [partitions, n] the way the compiler does it: a TensorE matmul of a
+        ones vector (stationary [1, partitions]) with the row, in PSUM-bank-sized pieces, each
+        copied to a new SBUF tile."""
+        t = tracer()
+        t.flush()
+        n = self.free_size
+        site = _user_frames()
+        ones = new_tile((1, partitions), self.dtype, "sbuf", site).whole()
+        t.emit("nki_memset", ones.ref(), 1.0, "vector")
+        out = new_tile((partitions, n), self.dtype, "sbuf", site)
+        row = TileAccess(self.tile, self.p0, 1, self.offset, self.dims).ref()
+        piece = t.machine["psum_bank_bytes_per_partition"] // 4
+        for first in range(0, n, piece):
+            count = min(piece, n - first)
+            bank = new_tile((partitions, piece), np.float32, "psum", site)
+            moving = _row_slice(row, first, count)
+            t.emit("nki_matmul", bank[:, 0:count].ref(), ones.ref(), moving, False)
+            t.emit(
+                "nki_tensor_copy",
+                out[:, first : first + count].ref(),
+                bank[:, 0:count].ref(),
+                "vector",
+            )
+        return out.whole()
 
     def __iadd__(self, other):
         accumulate(self, other, "add")
