@@ -377,6 +377,19 @@ def test_matmul_limits():
     assert_names_line(error.value, "nc_matmul")
 
 
+@tn.jit
+def integer_matmul(x):
+    a = nl.load(x)
+    nl.copy(nisa.nc_matmul(a, a))
+    return None
+
+
+def test_dtype_rules():
+    with pytest.raises(tn.NkiError, match="integer operands") as error:
+        tn.simulate_kernel(integer_matmul, np.ones((8, 8), np.int32))
+    assert_names_line(error.value, "nc_matmul")
+
+
 def test_sbuf_capacity():
     with pytest.raises(tn.NkiError, match="SBUF allocation failed") as error:
         tn.simulate_kernel(sbuf_overflow, np.ones((4, 4), np.float32))
