@@ -648,12 +648,29 @@ class HbmTensor:
         indirect = [d for d, k in enumerate(key) if isinstance(k, (TileAccess, Tile, Deferred))]
         if indirect:
             return self._indirect(key, indirect)
+        if len(key) < len(self.shape) and all(type(k) is int for k in key):
+            return self._subtensor(key)
         starts, axes = _resolve(self.shape, key, f"'{self.name}'")
         offset = self.offset + sum(s * st for s, st in zip(starts, self.strides, strict=False))
         dims = [(count, step * self.strides[dim]) for dim, _, count, step, _, _ in axes]
         return HbmAccess(
             self, offset, dims, tuple(axis[4] for axis in axes), tuple(axis[5] for axis in axes)
         )
+
+    def _subtensor(self, key: tuple[int, ...]) -> HbmTensor:
+        """tensor[b, h]: the tensor of the remaining dimensions at those leading indices."""
+        for dim, (k, extent) in enumerate(zip(key, self.shape, strict=False)):
+            if not 0 <= k < extent:
+                raise fail(
+                    f"'{self.name}': index {k} out of range for dim {dim} of size {extent}",
+                    IndexError,
+                )
+        view = object.__new__(HbmTensor)
+        view.__dict__.update(self.__dict__)
+        view.offset = self.offset + sum(k * st for k, st in zip(key, self.strides, strict=False))
+        view.shape = self.shape[len(key) :]
+        view.strides = self.strides[len(key) :]
+        return view
 
     def _indirect(self, key: tuple, dims: list[int]) -> HbmAccess:
         """tensor[..., index_tile, cols]: row index[p] of dim `d` lands on partition p (a gather
@@ -1212,6 +1229,9 @@ class Deferred:
 
     def __getitem__(self, key) -> TileAccess:
         return self.materialize().tile[key]
+
+    def reshape(self, shape) -> Tile:
+        return self.materialize().tile.reshape(shape)
 
     def broadcast_to(self, shape) -> TileAccess:
         return self.materialize().broadcast_to(shape)

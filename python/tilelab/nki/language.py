@@ -192,6 +192,11 @@ def ndarray(shape, dtype, *, buffer=sbuf, name: str = "", **kwargs) -> Tile | Hb
 def zeros(
     shape, dtype, *, buffer=sbuf, name: str = "", lazy_initialization: bool = False, **kwargs
 ) -> Tile:
+    """lazy_initialization=True (undocumented in NKI; vLLM writes such buffers before reading
+    them) emits no fill: the tile is uninitialized, and a functional run reads NaN from any
+    element read before it is written."""
+    if lazy_initialization:
+        return ndarray(shape, dtype, buffer=buffer, name=name, **kwargs)
     return full(shape, 0.0, dtype, buffer=buffer, name=name, **kwargs)
 
 
