@@ -774,3 +774,26 @@ def test_subtensors_reshapes_and_lazy_zeros(rng):
     np.testing.assert_allclose(out, x * np.arange(1, 4)[:, None, None], rtol=1e-6)
     # load, multiply, copy into acc, store per batch: lazy zeros emit no memset.
     assert report.instruction_count == 3 * 4
+
+
+@tn.jit
+def iota_kernel(x):
+    out = nl.ndarray((4, 16), dtype=nl.int32, buffer=nl.shared_hbm)
+    rows = nisa.iota(nl.arange(16)[:, None] * 3 + 5, dtype=nl.int32)  # [16, 1]
+    cols = nisa.iota(nl.arange(16)[None, None, :] * 2, dtype=nl.int32)  # [1, 1, 16]
+    one = nisa.iota(7, dtype=nl.int32)  # [1, 1]
+    grid = nl.ndarray((16, 16), dtype=nl.int32, buffer=nl.sbuf)
+    grid[...] = nl.add(
+        rows.broadcast_to((16, 16)), nl.copy(cols.reshape((1, 16))).broadcast_to((16, 16))
+    )
+    nl.store(out[0:1, :], value=nl.copy(cols.reshape((1, 16))))
+    nl.store(out[1:2, :], value=one.broadcast_to((1, 16)))
+    nl.store(out[2:4, :], value=grid[0:2, :])
+    return out
+
+
+def test_iota():
+    out = tn.simulate_kernel(iota_kernel, np.zeros((1, 1), np.float32))
+    np.testing.assert_array_equal(out[0], 2 * np.arange(16))
+    np.testing.assert_array_equal(out[1], 7)
+    np.testing.assert_array_equal(out[2:4], (3 * np.arange(2) + 5)[:, None] + 2 * np.arange(16))

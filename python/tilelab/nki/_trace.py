@@ -1119,10 +1119,20 @@ class TileAccess:
         t.flush()
         n = self.free_size
         site = _user_frames()
-        ones = new_tile((1, partitions), self.dtype, "sbuf", site).whole()
+        row = TileAccess(self.tile, self.p0, 1, self.offset, self.dims).ref()
+        # TensorE multiplies floats: integer rows go through fp32 (exact below 2^24).
+        pe_dtype = (
+            self.dtype
+            if self.dtype.kind == "f" or self.dtype.name == "bfloat16"
+            else (np.dtype(np.float32))
+        )
+        if pe_dtype != self.dtype:
+            as_float = new_tile((1, n), pe_dtype, "sbuf", site).whole()
+            t.emit("nki_tensor_copy", as_float.ref(), row, "vector")
+            row = as_float.ref()
+        ones = new_tile((1, partitions), pe_dtype, "sbuf", site).whole()
         t.emit("nki_memset", ones.ref(), 1.0, "vector")
         out = new_tile((partitions, n), self.dtype, "sbuf", site)
-        row = TileAccess(self.tile, self.p0, 1, self.offset, self.dims).ref()
         piece = t.machine["psum_bank_bytes_per_partition"] // 4
         for first in range(0, n, piece):
             count = min(piece, n - first)

@@ -257,33 +257,31 @@ def memset(shape, value, dtype, *, mask=None, engine=None, **kwargs) -> Deferred
 
 
 def iota(expr, dtype, *, mask=None, **kwargs) -> Deferred:
-    """dst[p, f] = the value of an affine index expression of nl.arange / nl.mgrid terms:
-    base + partition_step * p + free_step * f, on GpSimd."""
-    terms = _affine_terms(expr)
-    base = terms.pop("const", 0)
-    unknown = set(terms) - {0, 1}
-    if unknown:
+    """The values of an index expression as a tile, on GpSimd: an integer (a [1, 1] tile) or
+    start + step * nl.arange(n) along one output axis (axis 0: one value per partition, any
+    other axis: along the free dimension; e.g. nl.arange(8)[None, None, :] gives [1, 1, 8])."""
+    if kwargs:
+        raise unsupported(f"nisa.iota({', '.join(kwargs)}=...)")
+    tracer()
+    if isinstance(expr, (int, np.integer)):
+        base, partition_step, free_step, shape = int(expr), 0, 0, (1, 1)
+    elif isinstance(expr, _trace.IndexExpr):
+        arange = expr.arange
+        axis = arange.axis or 0
+        ndim = max(arange.ndim, 2)
+        shape = tuple(arange.n if i == axis else 1 for i in range(ndim))
+        base = expr.start
+        partition_step, free_step = (expr.step, 0) if axis == 0 else (0, expr.step)
+    else:
         raise fail(
-            "nisa.iota: the expression may vary along a partition and one free axis",
-            NotImplementedError,
+            f"nisa.iota: expected an integer or an nl.arange expression, got {type(expr).__name__}",
+            TypeError,
         )
-    counts = terms.get("counts", {})
-    partitions = counts.get(0, 1)
-    free = counts.get(1, 1)
 
     def emit(dst: TileAccess) -> None:
-        tracer().emit("nki_iota", dst.ref(), int(base), int(terms.get(0, 0)), int(terms.get(1, 0)))
+        tracer().emit("nki_iota", dst.ref(), base, partition_step, free_step)
 
-    return Deferred("nisa.iota", emit, (partitions, free), _trace.np_dtype(dtype), mask=mask)
-
-
-def _affine_terms(expr) -> dict[Any, Any]:
-    if isinstance(expr, _trace.IndexExpr):
-        axis = expr.arange.axis or 0
-        return {"const": expr.start, axis: expr.step, "counts": {axis: expr.arange.n}}
-    if isinstance(expr, (int, np.integer)):
-        return {"const": int(expr), "counts": {}}
-    raise fail(f"nisa.iota: expected an index expression, got {type(expr).__name__}", TypeError)
+    return Deferred("nisa.iota", emit, shape, _trace.np_dtype(dtype), mask=mask)
 
 
 def __getattr__(name: str) -> Any:
