@@ -1,26 +1,12 @@
 """The NKI-language examples other than matmul and flash paged attention (tested beside the
 language and the C++ kernel): outputs against fp64 numpy."""
 
-import importlib.util
-import pathlib
-import sys
-
 import ml_dtypes
 import numpy as np
 import pytest
+from nki_examples import load_example
 
 import tilelab.nki as tn
-
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "nki"
-
-
-def load(name: str):
-    tn.install_neuronxcc_alias()
-    spec = importlib.util.spec_from_file_location(f"nki_example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
@@ -28,7 +14,7 @@ def load(name: str):
     [(np.float32, 64, 1e-2), (ml_dtypes.bfloat16, 128, 3e-2), (np.float16, 32, 1e-2)],
 )
 def test_sd_attention(rng, dtype, d, tolerance):
-    kernel = load("sd_attention").fused_self_attention
+    kernel = load_example("sd_attention").fused_self_attention
     bs, seq = 2, 384
     q = rng.standard_normal((bs, d, seq)).astype(dtype)
     k = rng.standard_normal((bs, seq, d)).astype(dtype)
@@ -49,7 +35,7 @@ def test_sd_attention(rng, dtype, d, tolerance):
 @pytest.mark.parametrize("rows", [1, 100, 128, 300])
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_norms(rng, rows, dtype):
-    norms = load("norms")
+    norms = load_example("norms")
     cols = 200
     x = rng.standard_normal((rows, cols)).astype(dtype)
     g = rng.uniform(0.5, 1.5, cols).astype(dtype)

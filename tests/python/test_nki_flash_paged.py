@@ -3,32 +3,20 @@ traced by tilelab.nki: its outputs against the CPU kernel tilelab.nki.flash_page
 fp64 reference and the simulator's C++ kernel on the same numbers; its timed report on the
 default batch against `tilelab sim paged-attention`."""
 
-import importlib.util
-import pathlib
-import sys
-
 import ml_dtypes
 import numpy as np
 import pytest
+from nki_examples import load_example
 from nki_reference import continuous_batch, reference_paged_attention
 
 import tilelab.nki as tn
 from tilelab import sim
 from tilelab.nki import language as nl
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "nki"
-
 
 @pytest.fixture(scope="module")
 def kernel():
-    tn.install_neuronxcc_alias()
-    spec = importlib.util.spec_from_file_location(
-        "nki_example_flash_paged_attention", EXAMPLES / "flash_paged_attention.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.flash_paged_attention
+    return load_example("flash_paged_attention").flash_paged_attention
 
 
 # (requests, heads, kv heads, head dim, block size, large tile, dtype, mixed precision)

@@ -2,7 +2,6 @@
 against fp64 numpy references; the matmul tutorial kernels against the C++ matmul kernel's
 timing; the NKI rules and unsupported operations as errors naming file:line."""
 
-import importlib.util
 import linecache
 import pathlib
 import re
@@ -11,22 +10,12 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from nki_examples import EXAMPLES, load_example
 
 import tilelab.nki as tn
 from tilelab import sim
 from tilelab.nki import isa as nisa
 from tilelab.nki import language as nl
-
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "nki"
-
-
-def load_example(name: str):
-    tn.install_neuronxcc_alias()
-    spec = importlib.util.spec_from_file_location(f"nki_example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

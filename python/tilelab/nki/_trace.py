@@ -122,6 +122,20 @@ def unsupported(name: str) -> Exception:
     return NotImplementedError(f"{where()}: {name} is not supported by tilelab.nki yet")
 
 
+def not_implemented_attribute(prefix: str, name: str) -> Any:
+    """A module __getattr__'s answer for a name of the NKI API tilelab does not implement: a
+    callable that raises NotImplementedError naming `prefix.name` and the kernel line when
+    called (so that referring to it, e.g. as an op= argument, is not yet an error)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+
+    def not_implemented(*args, **kwargs):
+        raise unsupported(f"{prefix}.{name}")
+
+    not_implemented.__name__ = name
+    return not_implemented
+
+
 # --- the tracer ---------------------------------------------------------------------------------
 
 

@@ -286,11 +286,4 @@ def iota(expr, dtype, *, mask=None, **kwargs) -> Deferred:
 
 def __getattr__(name: str) -> Any:
     """Any other name of neuronxcc.nki.isa: an instruction tilelab does not implement yet."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-
-    def not_implemented(*args, **kwargs):
-        raise unsupported(f"nisa.{name}")
-
-    not_implemented.__name__ = name
-    return not_implemented
+    return _trace.not_implemented_attribute("nisa", name)

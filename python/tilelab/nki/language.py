@@ -692,11 +692,4 @@ for _cls in (Tile, TileAccess, Deferred):
 
 def __getattr__(name: str) -> Any:
     """Any other name of neuronxcc.nki.language: an operation tilelab does not implement yet."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-
-    def not_implemented(*args, **kwargs):
-        raise unsupported(f"nl.{name}")
-
-    not_implemented.__name__ = name
-    return not_implemented
+    return _trace.not_implemented_attribute("nl", name)
