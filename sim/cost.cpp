@@ -31,17 +31,13 @@ double stride_factor(const Program& p, const Machine& m, const Instruction& inst
   return 1.0;
 }
 
-bool contiguous(const TileRef& ref) {
-  return ref.free_count <= 1 || ref.contiguous();
-}
-
 // NC-v3 VectorE perf modes for copies and tensor_scalar (AR3): 4x for 16-bit SBUF->SBUF
 // contiguous data, 2x for 16-bit data that is strided or has one side in PSUM.
 double vector_16bit_speedup(const Program& p, const Machine& m, const TileRef& dst,
                             const TileRef& src) {
   if (!is_16bit_float(buffer(p, dst).dtype) || !is_16bit_float(buffer(p, src).dtype)) return 1.0;
   const bool sbuf_only = !in_psum(p, dst) && !in_psum(p, src);
-  if (sbuf_only && contiguous(dst) && contiguous(src))
+  if (sbuf_only && dst.contiguous() && src.contiguous())
     return m.vector_16bit_copy_speedup_contiguous;
   return m.vector_16bit_copy_speedup_other;
 }
@@ -115,7 +111,7 @@ double instruction_cycles(const Program& p, const Machine& m, const Instruction&
                              buffer(p, b).dtype == DType::bf16 &&
                              buffer(p, dst).dtype == DType::bf16 &&
                              (op == AluOp::add || op == AluOp::multiply || op == AluOp::subtract) &&
-                             contiguous(a) && contiguous(b) && contiguous(dst);
+                             a.contiguous() && b.contiguous() && dst.contiguous();
       double streaming = (one_psum || bf16_fast) ? dst.free_count : 2.0 * dst.free_count;
       if (!in_psum(p, a) && !in_psum(p, b) && is_16bit_float(buffer(p, a).dtype) &&
           is_16bit_float(buffer(p, b).dtype))

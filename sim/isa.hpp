@@ -14,7 +14,9 @@ inline constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 
 // uint8 holds 0/1 masks and small integers (NKI's bool/uint8 tiles): one byte per element.
 enum class DType : uint8_t { fp32, bf16, fp16, fp8_e4m3, int32, uint8 };
+inline constexpr int kDTypeCount = static_cast<int>(DType::uint8) + 1;
 enum class Memory : uint8_t { hbm, sbuf, psum };
+inline constexpr int kMemoryCount = static_cast<int>(Memory::psum) + 1;
 
 // Instruction queues of one NeuronCore. DMA transfers run on the DMA engines but are triggered
 // from one of these queues (normally sync, or gpsimd for software descriptor generation).
@@ -40,6 +42,7 @@ enum class Opcode : uint8_t {
 inline constexpr int kOpcodeCount = static_cast<int>(Opcode::count);
 
 enum class AluOp : uint8_t { bypass, add, subtract, multiply, divide, max, min };
+inline constexpr int kAluOpCount = static_cast<int>(AluOp::min) + 1;
 enum class ActFunc : uint8_t {
   copy,
   exp,
@@ -53,6 +56,7 @@ enum class ActFunc : uint8_t {
   rsqrt,
   abs
 };
+inline constexpr int kActFuncCount = static_cast<int>(ActFunc::abs) + 1;
 
 // A view of an SBUF/PSUM tile: a contiguous partition range and a free access pattern of one or
 // two levels, in elements of the tile's dtype. free_count counts all free elements. One level

@@ -30,7 +30,7 @@ int64_t contiguous_run_elements(const HbmPattern& p) {
 }
 
 int64_t contiguous_run_elements(const TileRef& ref) {
-  return ref.free_stride == 1 ? ref.contiguous_run() : 1;
+  return ref.contiguous_run();
 }
 
 }  // namespace

@@ -85,6 +85,11 @@ struct SourceLocation {
   std::string function;
   std::string text;  // the line's source text, may be empty
   uint32_t caller = kNone;
+
+  // "file.py:12": the file's name without its directories, and the line.
+  std::string short_label() const {
+    return file.substr(file.find_last_of('/') + 1) + ":" + std::to_string(line);
+  }
 };
 
 // A built program: the machine it was built for, its buffers, instructions and DMA records.

@@ -42,9 +42,11 @@ double percent(double part, double whole) {
 }  // namespace
 
 namespace {
-// Fills r.sources and r.by_line when the program recorded source lines.
+// Fills r.sources and r.by_line when the program recorded source lines. contributed_ns[k] is
+// the time path[k] adds to the critical path.
 void summarize_source_lines(const Program& p, const TimingResult& t,
-                            const std::vector<uint32_t>& path, Report& r);
+                            const std::vector<uint32_t>& path,
+                            const std::vector<double>& contributed_ns, Report& r);
 }  // namespace
 
 Report make_report(const Program& p, const TimingResult& t, const ReportOptions& options) {
@@ -212,10 +214,13 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
   std::array<bool, kEngineCount + 1> on_path{};
   int segment_unit = -1;  // unit of r.critical_path.back()
   double previous_end = 0;
+  std::vector<double> contributed_ns;  // per path instruction, for the by-line table
+  contributed_ns.reserve(path.size());
   for (uint32_t i : path) {
     const InstructionTiming& it = t.instructions[i];
     const double contributed = std::max(0.0, it.end_ns - previous_end);
     previous_end = std::max(previous_end, it.end_ns);
+    contributed_ns.push_back(contributed);
     const int unit = is_dma(p.instructions[i]) ? kDmaUnit : int(p.instructions[i].engine);
     ns_by_unit[unit] += contributed;
     on_path[unit] = true;
@@ -244,13 +249,14 @@ Report make_report(const Program& p, const TimingResult& t, const ReportOptions&
       r.critical_path_ns_by_unit[unit == kDmaUnit ? "dma"
                                                   : std::string(engine_name(Engine(unit)))] =
           ns_by_unit[unit];
-  summarize_source_lines(p, t, path, r);
+  summarize_source_lines(p, t, path, contributed_ns, r);
   return r;
 }
 
 namespace {
 void summarize_source_lines(const Program& p, const TimingResult& t,
-                            const std::vector<uint32_t>& path, Report& r) {
+                            const std::vector<uint32_t>& path,
+                            const std::vector<double>& contributed_ns, Report& r) {
   const bool any = std::any_of(p.instructions.begin(), p.instructions.end(),
                                [](const Instruction& i) { return i.source != kNone; });
   if (!any) return;
@@ -269,16 +275,9 @@ void summarize_source_lines(const Program& p, const TimingResult& t,
       row.dma_bytes += p.dmas[instr.dma].bytes();
     }
   }
-  // The same telescoping as the critical path's segments: each instruction contributes the
-  // time by which it extends the path.
-  double previous_end = 0;
-  for (uint32_t i : path) {
-    const double end = t.instructions[i].end_ns;
-    const double contributed = std::max(0.0, end - previous_end);
-    previous_end = std::max(previous_end, end);
-    if (p.instructions[i].source != kNone)
-      rows[p.instructions[i].source].critical_path_ns += contributed;
-  }
+  for (size_t k = 0; k < path.size(); ++k)
+    if (p.instructions[path[k]].source != kNone)
+      rows[p.instructions[path[k]].source].critical_path_ns += contributed_ns[k];
   const std::vector<double> gaps = idle_before(p, t);
   for (uint32_t i = 0; i < p.instructions.size(); ++i) {
     const uint32_t waited = t.instructions[i].wait_on;
@@ -526,9 +525,7 @@ std::string by_line_text(const Report& r, size_t max_rows) {
   std::vector<const SourceLineSummary*> rows;
   for (const SourceLineSummary& row : r.by_line) rows.push_back(&row);
   auto cost = [](const SourceLineSummary* row) {
-    double busy = 0;
-    for (const auto& [engine, ns] : row->busy_ns) busy += ns;
-    return busy + row->idle_blamed_ns;
+    return row->busy_total_ns() + row->idle_blamed_ns;
   };
   std::stable_sort(
       rows.begin(), rows.end(),
@@ -540,14 +537,10 @@ std::string by_line_text(const Report& r, size_t max_rows) {
   for (size_t i = 0; i < rows.size() && i < max_rows; ++i) {
     const SourceLineSummary& row = *rows[i];
     const SourceLocation& s = r.sources[row.source];
-    double busy = 0;
-    for (const auto& [engine, ns] : row.busy_ns) busy += ns;
-    const std::string file = s.file.substr(s.file.find_last_of('/') + 1);
-    const std::string where = file + ":" + std::to_string(s.line);
     std::snprintf(line, sizeof line, "  %-24.24s %7llu %9.3f %8.3f %15.3f %8.1f  %.60s\n",
-                  where.c_str(), static_cast<unsigned long long>(row.instructions), busy / 1e3,
-                  row.critical_path_ns / 1e3, row.idle_blamed_ns / 1e3, row.dma_bytes / 1024.0,
-                  s.text.c_str());
+                  s.short_label().c_str(), static_cast<unsigned long long>(row.instructions),
+                  row.busy_total_ns() / 1e3, row.critical_path_ns / 1e3, row.idle_blamed_ns / 1e3,
+                  row.dma_bytes / 1024.0, s.text.c_str());
     out << line;
   }
   if (rows.size() > max_rows) out << "  ... " << rows.size() - max_rows << " more lines\n";

@@ -96,6 +96,12 @@ struct SourceLineSummary {
   uint64_t dma_bytes = 0;
   double critical_path_ns = 0;  // its share of the (telescoped) critical path
   double idle_blamed_ns = 0;    // idle time of engine queues that waited on its instructions
+
+  double busy_total_ns() const {
+    double total = 0;
+    for (const auto& [engine, ns] : busy_ns) total += ns;
+    return total;
+  }
 };
 
 struct Report {

@@ -435,26 +435,21 @@ std::string report_html(const Program& p, const TimingResult& t, const Report& r
   // --- source lines ---
   if (!r.by_line.empty()) {
     double total_busy = 0;
-    std::vector<double> busy(r.by_line.size(), 0.0);
-    for (size_t i = 0; i < r.by_line.size(); ++i) {
-      for (const auto& [engine, ns] : r.by_line[i].busy_ns) busy[i] += ns;
-      total_busy += busy[i];
-    }
+    for (const SourceLineSummary& row : r.by_line) total_busy += row.busy_total_ns();
     html << "<h2>Kernel source lines</h2><p class='note'>Each line's instructions: busy time on "
             "the engine queues (the heat column is its share of all busy time), its share of the "
             "critical path, the idle time of queues that waited on it, and DMA traffic.</p>"
             "<table id='source-lines'><tr><th>line</th><th>source</th><th>heat</th><th>instr"
             "</th><th>busy us</th><th>critical us</th><th>idle caused us</th><th>DMA KiB</th>"
             "</tr>";
-    for (size_t i = 0; i < r.by_line.size(); ++i) {
-      const SourceLineSummary& row = r.by_line[i];
+    for (const SourceLineSummary& row : r.by_line) {
       const SourceLocation& src = r.sources[row.source];
-      const double share = total_busy > 0 ? busy[i] / total_busy : 0;
-      const std::string file = src.file.substr(src.file.find_last_of('/') + 1);
-      html << "<tr><td>" << escape(file) << ":" << src.line << "</td><td><code>" << escape(src.text)
+      const double busy = row.busy_total_ns();
+      const double share = total_busy > 0 ? busy / total_busy : 0;
+      html << "<tr><td>" << escape(src.short_label()) << "</td><td><code>" << escape(src.text)
            << "</code></td><td><svg width='80' height='10'><rect width='" << fmt("%.1f", 80 * share)
            << "' height='10' fill='#d1495b'/></svg> " << fmt("%.1f%%", 100 * share) << "</td><td>"
-           << row.instructions << "</td><td>" << fmt("%.1f", busy[i] / 1e3) << "</td><td>"
+           << row.instructions << "</td><td>" << fmt("%.1f", busy / 1e3) << "</td><td>"
            << fmt("%.1f", row.critical_path_ns / 1e3) << "</td><td>"
            << fmt("%.1f", row.idle_blamed_ns / 1e3) << "</td><td>"
            << fmt("%.1f", double(row.dma_bytes) / 1024.0) << "</td></tr>";

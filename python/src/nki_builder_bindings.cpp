@@ -45,19 +45,19 @@ Enum enum_from_name(std::string_view name, int count, NameOf name_of, const char
 }
 
 sim::DType dtype_of(const std::string& name) {
-  return enum_from_name<sim::DType>(name, 6, sim::dtype_name, "dtype");
+  return enum_from_name<sim::DType>(name, sim::kDTypeCount, sim::dtype_name, "dtype");
 }
 sim::AluOp alu_op_of(const std::string& name) {
-  return enum_from_name<sim::AluOp>(name, 7, sim::alu_op_name, "op");
+  return enum_from_name<sim::AluOp>(name, sim::kAluOpCount, sim::alu_op_name, "op");
 }
 sim::ActFunc act_func_of(const std::string& name) {
-  return enum_from_name<sim::ActFunc>(name, 11, sim::act_func_name, "op");
+  return enum_from_name<sim::ActFunc>(name, sim::kActFuncCount, sim::act_func_name, "op");
 }
 sim::Engine engine_of(const std::string& name) {
   return enum_from_name<sim::Engine>(name, sim::kEngineCount, sim::engine_name, "engine");
 }
 sim::Memory memory_of(const std::string& name) {
-  return enum_from_name<sim::Memory>(name, 3, sim::memory_name, "buffer");
+  return enum_from_name<sim::Memory>(name, sim::kMemoryCount, sim::memory_name, "buffer");
 }
 
 sim::ProgramBuilder& builder_of(const py::capsule& handle) {
