@@ -786,3 +786,32 @@ def test_iota():
     np.testing.assert_array_equal(out[0], 2 * np.arange(16))
     np.testing.assert_array_equal(out[1], 7)
     np.testing.assert_array_equal(out[2:4], (3 * np.arange(2) + 5)[:, None] + 2 * np.arange(16))
+
+
+class _DlpackOnly:
+    """An array known only through __dlpack__ (no shape or dtype attributes)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def test_dlpack_inputs_and_report_parameters(rng):
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    out, report = tn.profile_kernel(grid_kernel[1, 1], _DlpackOnly(x))
+    np.testing.assert_array_equal(out, x)
+    assert report.parameters["x"] == "fp32[8,8]"
+    _, report = tn.profile_kernel(scale_kernel, x)
+    assert report.parameters["factor"] == "2.0"  # defaults are filled in
+
+
+@tn.jit
+def scale_kernel(x, factor=2.0):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.multiply(nl.load(x), factor))
+    return out

@@ -131,9 +131,13 @@ def _is_array(value) -> bool:
 
 
 class _Traced:
-    def __init__(self, tracer, outputs, inputs, instance_starts):
+    """A traced launch: its tracer, (result, output tensors), the functional inputs, the
+    kernel's arguments as traced (HBM tensors for arrays, defaults filled in) and the first
+    instruction of each SPMD instance."""
+
+    def __init__(self, tracer, outputs, inputs, arguments, instance_starts):
         self.tracer, self.outputs, self.inputs = tracer, outputs, inputs
-        self.instance_starts = instance_starts
+        self.arguments, self.instance_starts = arguments, instance_starts
 
 
 def _trace_kernel(launch: Launch, args, kwargs, machine, functional: bool) -> _Traced:
@@ -188,7 +192,7 @@ def _trace_kernel(launch: Launch, args, kwargs, machine, functional: bool) -> _T
                 f"{func.__name__}: a kernel returns HBM tensors (nl.ndarray(..., "
                 f"buffer=nl.shared_hbm)), got {type(output).__name__}"
             )
-    return _Traced(tracer, (result, list(outputs)), inputs, starts)
+    return _Traced(tracer, (result, list(outputs)), inputs, call, starts)
 
 
 def _read_outputs(traced: _Traced, program):
@@ -234,13 +238,10 @@ def profile_kernel(kernel, *args, machine="trn1", functional: bool = True, **kwa
     parameters = {"grid": ",".join(map(str, launch.grid))}
     if len(traced.instance_starts) > 1:
         parameters["instance_first_instructions"] = ",".join(map(str, traced.instance_starts))
-    for name, value in (
-        inspect.signature(launch.kernel.func).bind(*args, **kwargs).arguments.items()
-    ):
-        if isinstance(value, TensorSpec) or _is_array(value):
-            shape = tuple(getattr(value, "shape", ()))
-            dtype = _trace.sim_dtype(getattr(value, "dtype", np.float32))
-            parameters[name] = f"{dtype}[{','.join(map(str, shape))}]"
+    for name, value in traced.arguments.items():
+        if isinstance(value, _trace.HbmTensor):
+            shape = ",".join(map(str, value.shape))
+            parameters[name] = f"{_trace.sim_dtype(value.dtype)}[{shape}]"
         else:
             parameters[name] = repr(value)
     handle = _core.nki_time_program(program, launch.kernel.func.__name__, parameters, False)

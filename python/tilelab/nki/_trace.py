@@ -162,7 +162,6 @@ class Tracer:
         self.pending: Deferred | None = None
         self.program_id: tuple[int, ...] = (0,)
         self.grid: tuple[int, ...] = (1,)
-        self.instance_starts: list[int] = []
         # nl.device_print calls: (prefix, instruction index, tile access).
         self.prints: list[tuple[str, int, TileAccess]] = []
         self._source_ids: dict[Any, int] = {}
@@ -171,7 +170,6 @@ class Tracer:
         self.site_override: tuple | None = None
         # While an operation with mask= is emitted: the mask its operand views are cut to.
         self.mask: Mask | None = None
-        self._tile_counter = 0
         _TILE_INDEX_CACHE.clear()  # bounded by one kernel's index patterns
 
     # -- sources
@@ -810,6 +808,11 @@ class Tile:
         return self.memory
 
     def whole(self) -> TileAccess:
+        """All of the tile: its declared shape, or for an array of tiles every block as one run."""
+        if self.blocks:
+            return TileAccess(
+                self, 0, self.partitions, 0, [(math.prod(self.blocks) * self.free_size, 1)]
+            )
         return self[...]
 
     def __getitem__(self, key) -> TileAccess:

@@ -214,12 +214,8 @@ def full(shape, fill_value, dtype, *, buffer=sbuf, name: str = "", **kwargs) -> 
     if tile.memory == "psum" and fill_value == 0:
         tile.pending_zero = True  # the first matmul into it overwrites instead of accumulating
     else:
-        tracer().emit("nki_memset", _whole(tile).ref(), float(fill_value), "vector")
+        tracer().emit("nki_memset", tile.whole().ref(), float(fill_value), "vector")
     return tile
-
-
-def _whole(tile: Tile) -> TileAccess:
-    return TileAccess(tile, 0, tile.partitions, 0, [(math.prod(tile.blocks) * tile.free_size, 1)])
 
 
 # --- data movement ------------------------------------------------------------------------------
