@@ -118,6 +118,9 @@ double instruction_cycles(const Program& p, const Machine& m, const Instruction&
         streaming /= m.vector_tensor_tensor_16bit_sbuf_speedup;
       return max_ii(m, streaming * stride_factor(p, m, instr)) + access_overhead;
     }
+    case Opcode::tensor_tensor_scan:
+      // max(MIN_II, 2N) (I, nki.isa.tensor_tensor_scan).
+      return max_ii(m, 2.0 * dst.free_count * stride_factor(p, m, instr)) + access_overhead;
     case Opcode::tensor_scalar:
     case Opcode::tensor_copy: {
       // max(MIN_II, N) (I); NC-v3 VectorE perf modes (AR3).

@@ -424,6 +424,26 @@ void FunctionalExecutor::execute(const Instruction& instr) {
       }
       return;
     }
+    case Opcode::tensor_tensor_scan: {
+      // The running value stays fp32 inside VectorE; only the stored results are rounded.
+      const auto op0 = static_cast<AluOp>(instr.op0);
+      const auto op1 = static_cast<AluOp>(instr.op1);
+      const bool reverse0 = instr.flags & kFlagReverse0;
+      const bool reverse1 = instr.flags & kFlagReverse1;
+      std::vector<float> a(dst.free_count), b(dst.free_count);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        float state = (instr.flags & kFlagScalar0Tile) ? load(aux0, p, 0) : instr.imm0;
+        read_row(src0, p, a.data());
+        read_row(src1, p, b.data());
+        for (size_t j = 0; j < a.size(); ++j) {
+          const float t = reverse0 ? alu(op0, state, a[j]) : alu(op0, a[j], state);
+          state = reverse1 ? alu(op1, b[j], t) : alu(op1, t, b[j]);
+          a[j] = state;
+        }
+        write_row(dst, p, a.data());
+      }
+      return;
+    }
     case Opcode::tensor_scalar: {
       const auto op0 = static_cast<AluOp>(instr.op0);
       const auto op1 = static_cast<AluOp>(instr.op1);

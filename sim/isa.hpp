@@ -24,20 +24,21 @@ enum class Engine : uint8_t { tensor, vector, scalar, gpsimd, sync };
 inline constexpr int kEngineCount = 5;
 
 enum class Opcode : uint8_t {
-  dma_copy,       // HBM<->SBUF or SBUF->SBUF copy with access patterns (may cast)
-  dma_gather,     // HBM rows chosen by an int32 index tile on the partition dim (SWDGE)
-  dma_transpose,  // 2-D transpose on the DMA engines (NC-v3)
-  matmul,         // TensorE: PSUM[M, N] (+)= stationary[K, M]^T @ moving[K, N]
-  pe_transpose,   // TensorE: PSUM[F, P] = in[P, F] (identity matmul)
-  activation,     // ScalarE: f(x * scale + bias), optional fused free-axis add-reduce
-  tensor_tensor,  // VectorE: a op b
-  tensor_scalar,  // VectorE/ScalarE: (x op0 s0) op1 s1 with per-partition or constant scalars
-  tensor_reduce,  // VectorE: free-axis reduction to [P, 1]
-  tensor_copy,    // VectorE/ScalarE/GpSimd: copy with cast
-  select,         // VectorE: cond != 0 ? x : y
-  memset,         // VectorE/GpSimd: fill with a constant
-  iota,           // GpSimd: base + p * partition_step + f * free_step, computed in int32
-  count,          // not an opcode: the number of opcodes; stays last
+  dma_copy,            // HBM<->SBUF or SBUF->SBUF copy with access patterns (may cast)
+  dma_gather,          // HBM rows chosen by an int32 index tile on the partition dim (SWDGE)
+  dma_transpose,       // 2-D transpose on the DMA engines (NC-v3)
+  matmul,              // TensorE: PSUM[M, N] (+)= stationary[K, M]^T @ moving[K, N]
+  pe_transpose,        // TensorE: PSUM[F, P] = in[P, F] (identity matmul)
+  activation,          // ScalarE: f(x * scale + bias), optional fused free-axis add-reduce
+  tensor_tensor,       // VectorE: a op b
+  tensor_tensor_scan,  // VectorE: r[j] = (a[j] op0 r[j-1]) op1 b[j] along the free axis
+  tensor_scalar,       // VectorE/ScalarE: (x op0 s0) op1 s1 with per-partition or constant scalars
+  tensor_reduce,       // VectorE: free-axis reduction to [P, 1]
+  tensor_copy,         // VectorE/ScalarE/GpSimd: copy with cast
+  select,              // VectorE: cond != 0 ? x : y
+  memset,              // VectorE/GpSimd: fill with a constant
+  iota,                // GpSimd: base + p * partition_step + f * free_step, computed in int32
+  count,               // not an opcode: the number of opcodes; stays last
 };
 inline constexpr int kOpcodeCount = static_cast<int>(Opcode::count);
 
@@ -111,6 +112,8 @@ enum : uint8_t {
   kFlagScalar1Tile = 8,   // second scalar comes from a tile (slot kAux0)
   kFlagReduce = 16,       // activation writes a free-axis sum into kAux1
   kFlagSelectYTile = 32,  // select's "else" operand is a tile (kAux0), not imm0
+  kFlagReverse0 = 64,     // tensor_tensor_scan: op0's operands swapped (r[j-1] op0 a[j])
+  kFlagReverse1 = 128,    // tensor_tensor_scan: op1's operands swapped (b[j] op1 ...)
 };
 
 // One instruction: plain data, no heap storage, so that programs of millions of instructions are
@@ -122,6 +125,7 @@ enum : uint8_t {
 //   activation:    dst, src0 = data, src1 = bias [P,1] (optional), aux0 = scale [P,1] (flag),
 //                  aux1 = reduce result [P,1] (flag); imm0 = constant scale
 //   tensor_tensor: dst, src0, src1; op0
+//   tensor_tensor_scan: dst, src0 = data0, src1 = data1; op0, op1; initial in imm0 or aux0 [P,1]
 //   tensor_scalar: dst, src0; op0 with imm0 or src1 [P,1]; op1 with imm1 or aux0 [P,1]
 //   tensor_reduce: dst [P,1], src0; op0
 //   tensor_copy:   dst, src0
@@ -204,6 +208,14 @@ inline constexpr std::array<OpcodeInfo, kOpcodeCount> kOpcodeTable = [] {
        {w, r, r, r, w},
        kScalarImmediate | kScalarPerPartition},
       {O::tensor_tensor, "tensor_tensor", kVector, false, K::alu, {w, r, r, n, n}, 0},
+      // aux0 = initial [P, 1] when kFlagScalar0Tile is set.
+      {O::tensor_tensor_scan,
+       "tensor_tensor_scan",
+       kVector,
+       false,
+       K::alu,
+       {w, r, r, r, n},
+       kScalarImmediate | kScalarPerPartition},
       {O::tensor_scalar,
        "tensor_scalar",
        kVector | kScalar | kGpsimd,

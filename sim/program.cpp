@@ -882,6 +882,40 @@ void ProgramBuilder::tensor_tensor(const TileRef& dst, const TileRef& a, const T
   push(instr);
 }
 
+void ProgramBuilder::tensor_tensor_scan(const TileRef& dst, const TileRef& a, const TileRef& b,
+                                        AluOp op0, AluOp op1, Scalar initial, bool reverse0,
+                                        bool reverse1) {
+  TILELAB_REQUIRE(op0 != AluOp::bypass && op1 != AluOp::bypass)
+      << "tensor_tensor_scan: op0 and op1 must be arithmetic operators, not bypass";
+  check_compute_operand(dst, "tensor_tensor_scan", "dst", Engine::vector);
+  check_compute_operand(a, "tensor_tensor_scan", "data0", Engine::vector);
+  check_compute_operand(b, "tensor_tensor_scan", "data1", Engine::vector);
+  check_elements(dst, a, "tensor_tensor_scan");
+  check_same_partitions(a, b, "tensor_tensor_scan", "data0", "data1");
+  TILELAB_REQUIRE(a.free_count == b.free_count) << "tensor_tensor_scan: data0 has " << a.free_count
+                                                << " free elements, data1 has " << b.free_count;
+  TILELAB_REQUIRE(!(program_.buffers[a.tile].memory == Memory::psum &&
+                    program_.buffers[b.tile].memory == Memory::psum))
+      << "tensor_tensor_scan: both inputs are in PSUM; at most one input may be in PSUM";
+  check_scalar(initial, a, "tensor_tensor_scan", "initial");
+  Instruction instr;
+  instr.opcode = Opcode::tensor_tensor_scan;
+  instr.engine = Engine::vector;
+  instr.op0 = static_cast<uint8_t>(op0);
+  instr.op1 = static_cast<uint8_t>(op1);
+  instr.imm0 = initial.value;
+  instr.flags =
+      static_cast<uint8_t>((reverse0 ? kFlagReverse0 : 0) | (reverse1 ? kFlagReverse1 : 0));
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = a;
+  instr.operands[kSrc1] = b;
+  if (initial.tile.valid()) {
+    instr.operands[kAux0] = initial.tile;
+    instr.flags |= kFlagScalar0Tile;
+  }
+  push(instr);
+}
+
 void ProgramBuilder::tensor_scalar(const TileRef& dst, const TileRef& src, AluOp op0, Scalar s0,
                                    AluOp op1, Scalar s1, Engine engine) {
   require_engine(Opcode::tensor_scalar, engine);

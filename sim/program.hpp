@@ -223,6 +223,10 @@ class ProgramBuilder {
   void activation(const TileRef& dst, const TileRef& src, ActFunc func,
                   const ActivationOptions& options = {});
   void tensor_tensor(const TileRef& dst, const TileRef& a, const TileRef& b, AluOp op);
+  // Per partition, r[j] = (a[j] op0 r[j-1]) op1 b[j] along the free elements, r[-1] = initial
+  // (a constant or a [P, 1] tile); reverse0 / reverse1 swap the operands of op0 / op1.
+  void tensor_tensor_scan(const TileRef& dst, const TileRef& a, const TileRef& b, AluOp op0,
+                          AluOp op1, Scalar initial, bool reverse0 = false, bool reverse1 = false);
   void tensor_scalar(const TileRef& dst, const TileRef& src, AluOp op0, Scalar s0,
                      AluOp op1 = AluOp::bypass, Scalar s1 = {}, Engine engine = Engine::vector);
   void tensor_reduce(const TileRef& dst, const TileRef& src, AluOp op, bool negate = false);

@@ -1,7 +1,7 @@
 """NKI-language kernels of examples/nki/ timed on the simulated trn1, beside the latencies AWS
 published for them on trn1 (../shared/nki/calibration.md: the matmul tutorial's table, the
-nki-samples SD-attention test thresholds), and the trace speed of the flash paged attention
-kernel on the default batch.
+nki-samples SD-attention test thresholds, the Mamba tutorial's profiles), and the trace speed
+of the flash paged attention kernel on the default batch.
 
     PYTHONPATH=build/python python bench/nki/published_vs_simulated.py
 """
@@ -23,6 +23,7 @@ def main() -> None:
     nki.install_neuronxcc_alias()
     sys.path.insert(0, str(EXAMPLES))
     import flash_paged_attention
+    import mamba
     import matmul
     import sd_attention
 
@@ -48,6 +49,27 @@ def main() -> None:
             sd_attention.fused_self_attention[1], *spec, functional=False
         )
         rows.append((f"SD attention 4096 d{d} {label}", report.total_time_ns / 1e3, published))
+    # The Mamba tutorial's figures: v1 and v2 at batch 1, 4096 channels, 16 states and seq_len
+    # 512; v3 at seq_len 8192 (where v2 spills SBUF on the device; the simulator does not model
+    # spilling, so v2 is not timed there).
+    for name, kernel, seq_len, published in [
+        ("Mamba v1 seq 512", mamba.mamba_v1, 512, "2340"),
+        ("Mamba v2 seq 512", mamba.mamba_v2, 512, "1610"),
+        ("Mamba v3 seq 8192", mamba.mamba_v3, 8192, "27800"),
+    ]:
+        channels, states = 4096, 16
+        spec = [
+            nki.tensor(shape, "float32")
+            for shape in [
+                (1, channels, seq_len),
+                (1, channels, seq_len),
+                (channels, states),
+                (1, states, seq_len),
+                (1, states, seq_len),
+            ]
+        ]
+        _, report = nki.profile_kernel(kernel, *spec, functional=False)
+        rows.append((name, report.total_time_ns / 1e3, published))
     print(f"{'kernel (trn1)':40s} {'simulated us':>14s} {'published us':>16s}")
     for name, simulated, published in rows:
         print(f"{name:40s} {simulated:14.1f} {published:>16s}")

@@ -303,6 +303,18 @@ void register_nki_builder_bindings(py::module_& core) {
       },
       py::arg("builder"), py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"));
   core.def(
+      "nki_tensor_tensor_scan",
+      [](const py::capsule& h, const py::object& dst, const py::object& a, const py::object& b,
+         const py::object& initial, const std::string& op0, const std::string& op1, bool reverse0,
+         bool reverse1) {
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.tensor_tensor_scan(tile_ref(builder, dst), tile_ref(builder, a),
+                                   tile_ref(builder, b), alu_op_of(op0), alu_op_of(op1),
+                                   scalar_of(builder, initial), reverse0, reverse1);
+      },
+      py::arg("builder"), py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("initial"),
+      py::arg("op0"), py::arg("op1"), py::arg("reverse0"), py::arg("reverse1"));
+  core.def(
       "nki_tensor_scalar",
       [](const py::capsule& h, const py::object& dst, const py::object& src, const std::string& op0,
          const py::object& s0, const std::string& op1, const py::object& s1,

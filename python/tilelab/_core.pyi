@@ -274,6 +274,17 @@ def nki_activation(
     reduce_result: tuple | None,
 ) -> None: ...
 def nki_tensor_tensor(builder: object, dst: tuple, a: tuple, b: tuple, op: str) -> None: ...
+def nki_tensor_tensor_scan(
+    builder: object,
+    dst: tuple,
+    a: tuple,
+    b: tuple,
+    initial: float | tuple,
+    op0: str,
+    op1: str,
+    reverse0: bool,
+    reverse1: bool,
+) -> None: ...
 def nki_tensor_scalar(
     builder: object,
     dst: tuple,

@@ -680,13 +680,21 @@ def broadcast_wrong_extent(x):
 
 
 @pytest.mark.parametrize("n", [7, 512, 1300])
-def test_partition_broadcast_is_a_ones_matmul(rng, n):
-    x = rng.standard_normal((96, n)).astype(np.float32)
-    row = rng.standard_normal((1, n)).astype(np.float32)
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_partition_broadcast_is_a_ones_matmul(rng, n, dtype):
+    x = rng.standard_normal((96, n)).astype(dtype)
+    row = rng.standard_normal((1, n)).astype(dtype)
     out, report = tn.profile_kernel(partition_broadcast, x, row)
-    np.testing.assert_allclose(out, x * row, rtol=1e-6)
+    expected = x.astype(np.float64) * row.astype(np.float64)
+    np.testing.assert_allclose(
+        out.astype(np.float64), expected, rtol=1e-6 if dtype == np.float32 else 1e-2
+    )
     engines = {e["name"]: e["instruction_count"] for e in report.engines}
     assert engines["tensor"] == -(-n // 512)  # one matmul per PSUM bank of the row
+    # The ones vector is set once; an fp32 row that fits one bank is read from PSUM directly,
+    # otherwise each bank is copied to SBUF: memset, [copies,] multiply on VectorE.
+    in_psum = dtype == np.float32 and n <= 512
+    assert engines["vector"] == 1 + (0 if in_psum else -(-n // 512)) + 1
     with pytest.raises(tn.NkiError, match="only a partition dimension of 1") as error:
         tn.simulate_kernel(broadcast_wrong_extent, np.ones((4, 8), np.float32))
     assert_names_line(error.value, "broadcast_to")
@@ -815,3 +823,95 @@ def scale_kernel(x, factor=2.0):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     nl.store(out, value=nl.multiply(nl.load(x), factor))
     return out
+
+
+# --- nisa.tensor_tensor_scan --------------------------------------------------------------------
+
+
+@tn.jit
+def scan_kernel(x, y, start):
+    p, f = x.shape
+    out = nl.ndarray((4, p, f), dtype=nl.float32, buffer=nl.shared_hbm)
+    a = nl.load(x)
+    b = nl.load(y)
+    initial = nl.load(start)  # [P, 1]
+    nl.store(out[0], nisa.tensor_tensor_scan(a, b, 0.0, np.multiply, np.add))
+    nl.store(out[1], nisa.tensor_tensor_scan(a, b, initial, np.add, np.maximum))
+    nl.store(out[2], nisa.tensor_tensor_scan(a, b, 1.5, np.subtract, np.subtract, reverse0=True))
+    nl.store(
+        out[3],
+        nisa.tensor_tensor_scan(a, b, initial, np.multiply, np.subtract, reverse1=True),
+    )
+    return out
+
+
+def scan_reference(a, b, initial, op0, op1, reverse0=False, reverse1=False):
+    out = np.empty_like(a)
+    state = np.broadcast_to(initial, a[:, 0].shape).astype(np.float64)
+    for i in range(a.shape[1]):
+        t = op0(state, a[:, i]) if reverse0 else op0(a[:, i], state)
+        state = op1(b[:, i], t) if reverse1 else op1(t, b[:, i])
+        out[:, i] = state
+    return out
+
+
+@pytest.mark.parametrize(("p", "f"), [(1, 1), (37, 50), (128, 300)])
+def test_tensor_tensor_scan(rng, p, f):
+    x = rng.uniform(0.5, 1.0, (p, f)).astype(np.float32)
+    y = rng.uniform(-1, 1, (p, f)).astype(np.float32)
+    start = rng.uniform(-1, 1, (p, 1)).astype(np.float32)
+    out = tn.simulate_kernel(scan_kernel, x, y, start)
+    a, b, s = (v.astype(np.float64) for v in (x, y, start))
+    expected = [
+        scan_reference(a, b, 0.0, np.multiply, np.add),
+        scan_reference(a, b, s[:, 0], np.add, np.maximum),
+        scan_reference(a, b, 1.5, np.subtract, np.subtract, reverse0=True),
+        scan_reference(a, b, s[:, 0], np.multiply, np.subtract, reverse1=True),
+    ]
+    for got, want in zip(out, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * f)
+
+
+def test_tensor_tensor_scan_propagates_nan_and_inf():
+    x = np.ones((2, 6), np.float32)
+    y = np.zeros((2, 6), np.float32)
+    x[0, 2] = np.nan
+    y[1, 3] = np.inf
+    out = tn.simulate_kernel(scan_kernel, x, y, np.zeros((2, 1), np.float32))[0]
+    # h = x * h + y: NaN from step 2 on in row 0, inf from step 3 on in row 1.
+    assert not np.isnan(out[0, :2]).any() and np.isnan(out[0, 2:]).all()
+    assert np.isfinite(out[1, :3]).all() and np.isposinf(out[1, 3:]).all()
+
+
+@tn.jit
+def scan_shape_mismatch(x):
+    a = nl.load(x)
+    nisa.tensor_tensor_scan(a, a[:, 0:2], 0.0, np.multiply, np.add)
+    return None
+
+
+@tn.jit
+def scan_wide_initial(x):
+    a = nl.load(x)
+    nisa.tensor_tensor_scan(a, a, a, np.multiply, np.add)
+    return None
+
+
+@tn.jit
+def scan_unknown_op(x):
+    a = nl.load(x)
+    nisa.tensor_tensor_scan(a, a, 0.0, np.power, np.add)
+    return None
+
+
+def test_tensor_tensor_scan_errors():
+    x = np.ones((4, 4), np.float32)
+    with pytest.raises(tn.NkiError, match="operand shapes") as error:
+        tn.simulate_kernel(scan_shape_mismatch, x)
+    assert_names_line(error.value, "tensor_tensor_scan")
+    with pytest.raises(tn.NkiError, match=r"number or a \[P, 1\] tile") as error:
+        tn.simulate_kernel(scan_wide_initial, x)
+    assert_names_line(error.value, "tensor_tensor_scan")
+    with pytest.raises((tn.NkiError, NotImplementedError), match="power") as error:
+        tn.simulate_kernel(scan_unknown_op, x)
+    assert_names_line(error.value, "tensor_tensor_scan")

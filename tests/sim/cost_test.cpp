@@ -111,6 +111,26 @@ TEST_CASE("cost: tensor_tensor is N with one PSUM input or fast bf16, else 2N", 
   CHECK(cycles_of(trn2(), tt(Memory::sbuf, DType::fp32, AluOp::add, 512)) == 1024);
 }
 
+TEST_CASE("cost: tensor_tensor_scan is max(MIN_II, 2N) on VectorE", "[sim][cost]") {
+  auto scan = [](int64_t n, bool initial_tile, Memory mem_a = Memory::sbuf) {
+    return [=](ProgramBuilder& b) {
+      const Tile a = mem_a == Memory::psum ? b.psum_tile("a", 128, n, DType::fp32)
+                                           : b.sbuf_tile("a", 128, n, DType::fp32);
+      const Tile c = b.sbuf_tile("c", 128, n, DType::bf16);
+      const Tile d = b.sbuf_tile("d", 128, n, DType::fp32);
+      const Tile s = b.sbuf_tile("s", 128, 1, DType::fp32);
+      b.tensor_tensor_scan(
+          b.view(d), b.view(a), b.view(c), AluOp::multiply, AluOp::add,
+          initial_tile ? Scalar::per_partition(b.view(s)) : Scalar::constant(0.0f));
+    };
+  };
+  CHECK(cycles_of(trn1(), scan(512, false)) == 1024);
+  CHECK(cycles_of(trn1(), scan(512, true)) == 1024);
+  CHECK(cycles_of(trn1(), scan(512, false, Memory::psum)) == 1024);  // no PSUM fast case
+  CHECK(cycles_of(trn1(), scan(20, false)) == 64);
+  CHECK(cycles_of(trn2(), scan(512, false)) == 1024);
+}
+
 TEST_CASE("cost: tensor_scalar and tensor_copy are max(MIN_II, N)", "[sim][cost]") {
   auto ts = [](Engine engine, int64_t n) {
     return [=](ProgramBuilder& b) {

@@ -319,3 +319,69 @@ TEST_CASE("functional: a partition mask moves only the kept partitions", "[sim][
   CHECK(out[99 * 4 + 3] == 3.0f);
   CHECK(std::isnan(out[100 * 4]));
 }
+
+TEST_CASE("functional: tensor_tensor_scan runs the recurrence in fp32 per partition",
+          "[sim][functional]") {
+  for (const bool reverse : {false, true}) {
+    ProgramBuilder b(trn1(), "scan");
+    const Tensor x = b.hbm_tensor("x", {3, 5}, DType::fp32);
+    const Tensor y = b.hbm_tensor("y", {3, 5}, DType::fp32);
+    const Tile a = b.sbuf_tile("a", 3, 5, DType::fp32);
+    const Tile c = b.sbuf_tile("c", 3, 5, DType::fp32);
+    const Tile start = b.sbuf_tile("start", 3, 1, DType::fp32);
+    const Tile out = b.sbuf_tile("out", 3, 5, DType::fp32);
+    b.dma_copy(b.view(a), b.hbm_rows(x, 0, 3, 0, 5));
+    b.dma_copy(b.view(c), b.hbm_rows(y, 0, 3, 0, 5));
+    b.iota(b.view(start), 1, 1, 0);  // 1, 2, 3 down the partitions
+    b.tensor_tensor_scan(b.view(out), b.view(a), b.view(c), AluOp::subtract, AluOp::add,
+                         Scalar::per_partition(b.view(start)), reverse, false);
+    const Program p = b.finish();
+    std::vector<float> xs(15), ys(15);
+    for (int i = 0; i < 15; ++i) {
+      xs[i] = float(i % 4);
+      ys[i] = 0.5f * float(i);
+    }
+    FunctionalExecutor exec(p);
+    exec.set_tensor(x, xs);
+    exec.set_tensor(y, ys);
+    exec.run();
+    const std::vector<float> got = exec.tile(out);
+    for (int row = 0; row < 3; ++row) {
+      double state = row + 1;
+      for (int j = 0; j < 5; ++j) {
+        const double xv = xs[row * 5 + j];
+        state = (reverse ? state - xv : xv - state) + ys[row * 5 + j];
+        CHECK(got[row * 5 + j] == float(state));
+      }
+    }
+  }
+}
+
+TEST_CASE("builder: tensor_tensor_scan rejects bad operands by name", "[sim][functional]") {
+  ProgramBuilder b(trn1(), "scan");
+  const Tile a = b.sbuf_tile("a", 128, 8, DType::fp32);
+  const Tile wide = b.sbuf_tile("wide", 128, 9, DType::fp32);
+  const Tile pa = b.psum_tile("pa", 128, 8, DType::fp32);
+  const Tile pb = b.psum_tile("pb", 128, 8, DType::fp32);
+  const Scalar zero = Scalar::constant(0.0f);
+  CHECK_THAT(error_of([&] {
+               b.tensor_tensor_scan(b.view(a), b.view(a), b.view(wide), AluOp::multiply, AluOp::add,
+                                    zero);
+             }),
+             Contains("data0 has 8 free elements, data1 has 9"));
+  CHECK_THAT(error_of([&] {
+               b.tensor_tensor_scan(b.view(a), b.view(pa), b.view(pb), AluOp::multiply, AluOp::add,
+                                    zero);
+             }),
+             Contains("both inputs are in PSUM"));
+  CHECK_THAT(error_of([&] {
+               b.tensor_tensor_scan(b.view(a), b.view(a), b.view(a), AluOp::bypass, AluOp::add,
+                                    zero);
+             }),
+             Contains("op0 and op1"));
+  CHECK_THAT(error_of([&] {
+               b.tensor_tensor_scan(b.view(a), b.view(a), b.view(a), AluOp::multiply, AluOp::add,
+                                    Scalar::per_partition(b.view(a)));
+             }),
+             Contains("initial"));
+}

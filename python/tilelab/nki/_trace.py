@@ -170,6 +170,9 @@ class Tracer:
         self.site_override: tuple | None = None
         # While an operation with mask= is emitted: the mask its operand views are cut to.
         self.mask: Mask | None = None
+        # Constant tiles the lowering needs (the ones vector of partition broadcasts), made once
+        # per kernel as the compiler does, at a site of their own so they are never evicted.
+        self.constants: dict[tuple, TileAccess] = {}
         _TILE_INDEX_CACHE.clear()  # bounded by one kernel's index patterns
 
     # -- sources
@@ -1130,8 +1133,9 @@ class TileAccess:
 
     def _broadcast_partitions(self, partitions: int) -> TileAccess:
         """[1, n] copied to [partitions, n] the way the compiler does it: a TensorE matmul of a
-        ones vector (stationary [1, partitions]) with the row, in PSUM-bank-sized pieces, each
-        copied to a new SBUF tile."""
+        ones vector (stationary [1, partitions], made once per kernel) with the row, in
+        PSUM-bank-sized pieces, each copied to a new SBUF tile (an fp32 row that fits one bank
+        may stay in PSUM)."""
         t = tracer()
         t.flush()
         n = self.free_size
@@ -1147,10 +1151,20 @@ class TileAccess:
             as_float = new_tile((1, n), pe_dtype, "sbuf", site).whole()
             t.emit("nki_tensor_copy", as_float.ref(), row, "vector")
             row = as_float.ref()
-        ones = new_tile((1, partitions), pe_dtype, "sbuf", site).whole()
-        t.emit("nki_memset", ones.ref(), 1.0, "vector")
-        out = new_tile((partitions, n), self.dtype, "sbuf", site)
+        ones = t.constants.get(("ones", partitions, pe_dtype))
+        if ones is None:
+            ones = new_tile((1, partitions), pe_dtype, "sbuf", (("ones", 0, "constant"),)).whole()
+            t.emit("nki_memset", ones.ref(), 1.0, "vector")
+            t.constants["ones", partitions, pe_dtype] = ones
         piece = t.machine["psum_bank_bytes_per_partition"] // 4
+        if self.dtype == np.float32 and n <= piece:
+            # An fp32 row that fits one bank stays in PSUM, where the consumer reads it (the
+            # Mamba tutorial's "p-dim broadcast + tensor_tensor"; one operand in PSUM is also
+            # VectorE's fast case). While the broadcast is referenced, it holds that bank.
+            bank = new_tile((partitions, n), np.float32, "psum", site).whole()
+            t.emit("nki_matmul", bank.ref(), ones.ref(), row, False)
+            return bank
+        out = new_tile((partitions, n), self.dtype, "sbuf", site)
         for first in range(0, n, piece):
             count = min(piece, n - first)
             bank = new_tile((partitions, piece), np.float32, "psum", site)

@@ -1,5 +1,5 @@
 """tilelab.nki.isa (``nisa``): NKI instructions, each on the engine the NKI documentation names
-and timed with its cost formula (../docs/sim_cost_model.md).
+and timed with its cost formula (sim/cost.cpp).
 
 Names follow ``neuronxcc.nki.isa``. An instruction tilelab does not implement raises
 NotImplementedError naming it and the kernel's file:line when it is called.
@@ -187,6 +187,56 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwa
 
     return Deferred(
         "nisa.tensor_tensor",
+        emit,
+        a.shape,
+        nl._promote(a.dtype, b.dtype) if dtype is None else dtype,
+        mask=mask,
+    )
+
+
+def tensor_tensor_scan(
+    data0,
+    data1,
+    initial,
+    op0,
+    op1,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    *,
+    dtype=None,
+    mask=None,
+    **kwargs,
+) -> Deferred:
+    """Per partition, r[:, i] = op1(op0(data0[:, i], r[:, i-1]), data1[:, i]) with
+    r[:, -1] = initial (a number or a [P, 1] tile), in fp32 on VectorE."""
+    if kwargs:
+        raise unsupported(f"nisa.tensor_tensor_scan({', '.join(kwargs)}=...)")
+    a = as_access(data0, "nisa.tensor_tensor_scan data0")
+    b = as_access(data1, "nisa.tensor_tensor_scan data1")
+    if a.partitions != b.partitions or a.free_size != b.free_size:
+        raise fail(f"nisa.tensor_tensor_scan: operand shapes {a.shape} and {b.shape} differ")
+    alu0 = nl.alu_name(op0, "nisa.tensor_tensor_scan op0")
+    alu1 = nl.alu_name(op1, "nisa.tensor_tensor_scan op1")
+    start = nl._scalar_operand(initial)
+
+    def emit(dst: TileAccess) -> None:
+        for operand in (a, b, start):
+            if isinstance(operand, TileAccess):
+                materialize_zero(operand)
+        tracer().emit(
+            "nki_tensor_tensor_scan",
+            dst.ref(),
+            a.ref(),
+            b.ref(),
+            start.ref() if isinstance(start, TileAccess) else start,
+            alu0,
+            alu1,
+            bool(reverse0),
+            bool(reverse1),
+        )
+
+    return Deferred(
+        "nisa.tensor_tensor_scan",
         emit,
         a.shape,
         nl._promote(a.dtype, b.dtype) if dtype is None else dtype,
