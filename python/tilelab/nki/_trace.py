@@ -88,13 +88,13 @@ def _user_frames() -> tuple[tuple[str, int, str], ...]:
     frames = []
     frame = sys._getframe(1)
     entry = _current.entry_code if _current is not None else None
-    in_package = _IN_PACKAGE
+    in_package = _IN_PACKAGE.get
     while frame is not None:
         code = frame.f_code
-        inside = in_package.get(code)
+        inside = in_package(code)
         if inside is None:
             inside = os.path.abspath(code.co_filename).startswith(_PACKAGE_DIR)
-            in_package[code] = inside
+            _IN_PACKAGE[code] = inside
         if not inside:
             frames.append((code.co_filename, frame.f_lineno, code.co_name))
             if code is entry:
@@ -834,8 +834,21 @@ class Tile:
             cache_key = (self.blocks, self.partitions, self.free, cache_key)
             cached = _TILE_INDEX_CACHE.get(cache_key)
             if cached is not None:
-                access = TileAccess(self, *cached[:-1])
-                access.ref_tail = cached[-1]
+                # The hot path of tracing: fill the slots directly, skipping __init__'s work.
+                access = _new_access(TileAccess)
+                access.tile = self
+                access.just_updated = False
+                (
+                    access.p0,
+                    access.partitions,
+                    access.offset,
+                    access.dims,
+                    access.aranges,
+                    access.limits,
+                    access.shape,
+                    access.free_size,
+                    access.ref_tail,
+                ) = cached
                 return access
         nb = len(self.blocks)
         if nb:
@@ -900,6 +913,7 @@ class Tile:
                 aranges,
                 limits,
                 access.shape,
+                access.free_size,
                 tail,
             )
         return access
@@ -954,6 +968,7 @@ def access_values(access: TileAccess, tile_values: np.ndarray) -> np.ndarray:
 # for keys of integers and slices (index expressions carry their nl.arange, which masks match
 # by identity, so they are resolved every time). Accesses never modify their dims.
 _TILE_INDEX_CACHE: dict[tuple, tuple] = {}
+_new_access = object.__new__
 
 
 def _cache_key(key: tuple) -> tuple | None:
