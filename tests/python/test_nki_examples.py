@@ -106,3 +106,45 @@ def test_mamba_rejects_ragged_channels(rng):
     inputs = mamba_inputs(rng, 1, 100, 8, 1)
     with pytest.raises(AssertionError, match="multiple of 128"):
         tn.simulate_kernel(mamba.mamba_v2, *inputs)
+
+
+@pytest.mark.parametrize(
+    ("shape", "pool", "dtype"),
+    [
+        ((2, 6, 6), 2, np.float16),  # the tutorial's own example
+        ((128, 12, 20), 2, np.float32),
+        ((37, 10, 13), 3, np.float32),  # rows and columns past the last whole window
+        ((5, 8, 8), 4, ml_dtypes.bfloat16),
+        ((3, 5, 5), 1, np.float32),
+    ],
+)
+def test_avgpool(rng, shape, pool, dtype):
+    kernel = load_example("avgpool").avgpool2d
+    x = rng.standard_normal(shape).astype(dtype)
+    out, report = tn.profile_kernel(kernel, x, pool)
+    c, h, w = shape
+    ho, wo = h // pool, w // pool
+    windows = x[:, : ho * pool, : wo * pool].astype(np.float64).reshape(c, ho, pool, wo, pool)
+    expected = windows.mean(axis=(2, 4))
+    assert out.shape == (c, ho, wo) and out.dtype == np.dtype(dtype)
+    tolerance = 1e-5 if dtype == np.float32 else 2e-2
+    np.testing.assert_allclose(out.astype(np.float64), expected, atol=tolerance, rtol=tolerance)
+    # pool * pool window positions: a copy or pool² - 1 adds, then the division, on VectorE.
+    engines = {e["name"]: e["instruction_count"] for e in report.engines}
+    assert engines["vector"] == max(pool * pool - 1, 1) + 1
+
+
+def test_avgpool_propagates_nan_and_inf(rng):
+    kernel = load_example("avgpool").avgpool2d
+    x = rng.standard_normal((4, 4, 4)).astype(np.float32)
+    x[1, 0, 1] = np.nan
+    x[2, 3, 3] = np.inf
+    out = tn.simulate_kernel(kernel, x, 2)
+    assert np.isnan(out[1, 0, 0]) and np.isposinf(out[2, 1, 1])
+    assert np.isfinite(np.delete(out.reshape(4, 4), [4, 11])).all()
+
+
+def test_avgpool_rejects_too_many_channels(rng):
+    kernel = load_example("avgpool").avgpool2d
+    with pytest.raises(tn.NkiError, match="pmax"):
+        tn.simulate_kernel(kernel, np.ones((130, 4, 4), np.float32), 2)

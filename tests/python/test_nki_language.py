@@ -915,3 +915,76 @@ def test_tensor_tensor_scan_errors():
     with pytest.raises((tn.NkiError, NotImplementedError), match="power") as error:
         tn.simulate_kernel(scan_unknown_op, x)
     assert_names_line(error.value, "tensor_tensor_scan")
+
+
+# --- sums of index expressions and partial reductions ------------------------------------------
+
+
+@tn.jit
+def window_reductions(x):
+    p, h, w = x.shape
+    out = nl.ndarray((5, p, h // 2, w // 2), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    i_p, i_r, i_dy, i_c, i_dx = nl.mgrid[0 : x.shape[0], 0 : h // 2, 0:2, 0 : w // 2, 0:2]
+    windows = t[i_p, 2 * i_r + i_dy, 2 * i_c + i_dx]  # [p, h/2, 2, w/2, 2]
+    nl.store(out[0], value=nl.max(windows, axis=(2, 4)))
+    nl.store(out[1], value=nl.min(windows, axis=[4, 2]))
+    nl.store(out[2], value=nl.mean(windows, axis=(2, 4)))
+    nl.store(out[3], value=nl.sum(windows, axis=(2, 4), keepdims=True).reshape((p, h // 2, w // 2)))
+    # Rows of each window only: the column axes stay.
+    rows = nl.sum(windows, axis=2)  # [p, h/2, w/2, 2]
+    nl.store(out[4], value=nl.sum(rows, axis=3))
+    return out
+
+
+def test_partial_reductions_over_index_sums(rng):
+    x = rng.standard_normal((40, 6, 10)).astype(np.float32)
+    out = tn.simulate_kernel(window_reductions, x)
+    w = x.astype(np.float64).reshape(40, 3, 2, 5, 2)
+    expected = [w.max((2, 4)), w.min((2, 4)), w.mean((2, 4)), w.sum((2, 4)), w.sum((2, 4))]
+    for got, want in zip(out, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@tn.jit
+def index_sum_out_of_range(x):
+    i_p, i_a, i_b = nl.mgrid[0:4, 0:3, 0:4]
+    t = nl.load(x)
+    nl.sum(t[i_p, 4 * i_a + i_b], axis=(2,))
+    return None
+
+
+@tn.jit
+def index_sum_same_axis(x):
+    i_f = nl.arange(4)[None, :]
+    t = nl.load(x)
+    nl.exp(t[0:4, i_f + i_f])
+    return None
+
+
+@tn.jit
+def index_sum_mask(x):
+    i_p, i_a, i_b = nl.mgrid[0:4, 0:2, 0:2]
+    nl.load(x[i_p, 2 * i_a + i_b], mask=(2 * i_a + i_b < 3))
+    return None
+
+
+@tn.jit
+def reduce_partition_axis(x):
+    nl.sum(nl.load(x), axis=0)
+    return None
+
+
+def test_index_sum_errors():
+    x = np.ones((4, 11), np.float32)
+    with pytest.raises(IndexError, match=r"covers 0\.\.11, out of range for dim 1 of size 11"):
+        tn.simulate_kernel(index_sum_out_of_range, x)
+    with pytest.raises(NotImplementedError, match="different output axes") as error:
+        tn.simulate_kernel(index_sum_same_axis, x)
+    assert_names_line(error.value, "i_f + i_f")
+    with pytest.raises(NotImplementedError, match="mask= with a sum") as error:
+        tn.simulate_kernel(index_sum_mask, x)
+    assert_names_line(error.value, "mask=")
+    with pytest.raises(NotImplementedError, match="free axes") as error:
+        tn.simulate_kernel(reduce_partition_axis, x)
+    assert_names_line(error.value, "axis=0")

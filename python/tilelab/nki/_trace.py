@@ -332,11 +332,14 @@ class IndexExpr:
             raise fail(f"an nl.arange index may be broadcast with None only, got {key!r}")
         return IndexExpr(self.start, self.step, Arange(self.arange.n, axes[0], len(key)))
 
-    def _affine(self, other, sign: int = 1) -> IndexExpr:
+    def _affine(self, other, sign: int = 1) -> IndexExpr | IndexSum:
         if isinstance(other, (int, np.integer)):
             return IndexExpr(self.start + sign * int(other), self.step, self.arange)
+        if isinstance(other, IndexExpr | IndexSum):
+            return IndexSum.of(self) + (other if sign > 0 else other * -1)
         raise fail(
-            "index expressions may add integers only (one nl.arange per index)", NotImplementedError
+            "index expressions add integers and other index expressions only",
+            NotImplementedError,
         )
 
     def __add__(self, other):
@@ -390,6 +393,75 @@ class IndexExpr:
 
     def __ge__(self, other):
         return self._mask(">=", other)
+
+
+class IndexSum:
+    """start + sum of step * arange over aranges of different output axes (e.g.
+    `pool * i_row + i_window` of nl.mgrid expressions): each arange spans its own output axis, so
+    one tensor dimension is read as several strided axes. Its range is checked when it indexes."""
+
+    __slots__ = ("start", "terms")
+
+    def __init__(self, start: int, terms: tuple[tuple[int, Arange], ...]):
+        self.start, self.terms = start, terms
+
+    @staticmethod
+    def of(expr: IndexExpr) -> IndexSum:
+        return IndexSum(expr.start, ((expr.step, expr.arange),))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        ndim = max(a.ndim for _, a in self.terms)
+        return tuple(
+            max((a.n for _, a in self.terms if a.axis == i), default=1) for i in range(ndim)
+        )
+
+    def __add__(self, other) -> IndexSum:
+        if isinstance(other, (int, np.integer)):
+            return IndexSum(self.start + int(other), self.terms)
+        if isinstance(other, IndexExpr):
+            other = IndexSum.of(other)
+        if not isinstance(other, IndexSum):
+            raise fail(
+                "index expressions add integers and other index expressions only",
+                NotImplementedError,
+            )
+        for _, a in other.terms:
+            if a.axis is None or any(b is a or b.axis == a.axis for _, b in self.terms):
+                raise fail(
+                    "a sum of index expressions needs nl.arange / nl.mgrid terms on different "
+                    "output axes (e.g. i_p[:, None] + i_f[None, :])",
+                    NotImplementedError,
+                )
+        if any(a.axis is None for _, a in self.terms):
+            raise fail(
+                "a sum of index expressions needs each nl.arange on an explicit output axis "
+                "(nl.mgrid, or [:, None] / [None, :])",
+                NotImplementedError,
+            )
+        return IndexSum(self.start + other.start, self.terms + other.terms)
+
+    __radd__ = __add__
+
+    def __sub__(self, other) -> IndexSum:
+        return self + (-int(other) if isinstance(other, (int, np.integer)) else other * -1)
+
+    def __mul__(self, other) -> IndexSum:
+        if not isinstance(other, (int, np.integer)):
+            raise fail("index expressions may be multiplied by integers only", NotImplementedError)
+        k = int(other)
+        return IndexSum(self.start * k, tuple((step * k, a) for step, a in self.terms))
+
+    __rmul__ = __mul__
+
+    def _mask(self, *args):
+        raise fail(
+            "mask= with a sum of index expressions is not supported by tilelab.nki yet; "
+            "compare each nl.arange on its own",
+            NotImplementedError,
+        )
+
+    __lt__ = __le__ = __gt__ = __ge__ = _mask
 
 
 class Mask:
@@ -557,6 +629,25 @@ def _resolve(shape: tuple[int, ...], key, what: str) -> tuple[list[int], list[tu
             if a.axis is None:
                 explicit = False
             axes.append((a.axis, dim, k.start, a.n, k.step, a, (k.start, k.step, extent)))
+            continue
+        if kind is IndexSum:
+            last = k.start + sum(step * (a.n - 1) for step, a in k.terms)
+            if dim == 0 and len(k.terms) > 1:
+                raise fail(
+                    f"{what}: the partition index must be one nl.arange expression, not a sum",
+                    NotImplementedError,
+                )
+            if any(step < 0 for step, _ in k.terms):
+                raise fail(f"{what}: negative index steps are not supported", NotImplementedError)
+            if not 0 <= k.start <= last < extent:
+                raise fail(
+                    f"{what}: index expression covers {k.start}..{last}, out of range for dim "
+                    f"{dim} of size {extent}",
+                    IndexError,
+                )
+            starts[dim] = k.start
+            for i, (step, a) in enumerate(k.terms):
+                axes.append((a.axis, dim, k.start if i == 0 else 0, a.n, step, a, None))
             continue
         if kind is DynSlice:
             k, kind = slice(k.start, k.start + k.size), slice

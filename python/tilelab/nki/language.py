@@ -7,6 +7,7 @@ NotImplementedError naming it and the kernel's file:line when it is called.
 from __future__ import annotations
 
 import builtins
+import itertools
 import math
 from typing import Any
 
@@ -20,6 +21,7 @@ from ._trace import (
     HbmAccess,
     HbmTensor,
     IndexExpr,
+    NkiError,
     Tile,
     TileAccess,
     as_access,
@@ -596,12 +598,15 @@ def _reduce(name: str, op: str, negate: bool = False, mean: bool = False):
         src = as_access(x, f"nl.{name}")
         axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
         free_axes = tuple(range(1, len(src.shape)))
-        if tuple(sorted(int(a) % len(src.shape) for a in axes)) != free_axes:
+        reduced = tuple(sorted({int(a) % len(src.shape) for a in axes}))
+        if not reduced or reduced[0] == 0 or len(reduced) != len(axes):
             raise fail(
-                f"nl.{name}: axis={axis} must name every free axis {free_axes} of a tile "
-                f"of shape {src.shape} (reductions run along the free dimension)",
-                NotImplementedError,
+                f"nl.{name}: axis={axis} must name distinct free axes of a tile of shape "
+                f"{src.shape} (reductions run along the free dimension, axes 1..)",
+                NotImplementedError if reduced and reduced[0] == 0 else NkiError,
             )
+        if reduced != free_axes:
+            return _partial_reduce(name, op, src, reduced, dtype, keepdims, mean, mask)
         n = src.free_size
 
         def emit(dst: TileAccess) -> None:
@@ -624,6 +629,72 @@ def _reduce(name: str, op: str, negate: bool = False, mean: bool = False):
 
     reduce.__name__ = name
     return reduce
+
+
+# More pieces than this make a partial reduction a long chain of small instructions.
+_PARTIAL_REDUCE_MAX_PIECES = 1024
+
+
+def _partial_reduce(
+    name: str, op: str, src: TileAccess, reduced: tuple[int, ...], dtype, keepdims, mean, mask
+) -> Deferred:
+    """A reduction over some free axes: one VectorE tensor_tensor per element of the reduced
+    axes, combining strided views of the kept axes (the kept axes' pattern is read once per
+    reduced index)."""
+    if len(src.dims) != len(src.shape) - 1:
+        raise fail(
+            f"nl.{name}: a partial reduction of this access (shape {src.shape}) is not "
+            "supported by tilelab.nki yet",
+            NotImplementedError,
+        )
+    kept = [i for i in range(1, len(src.shape)) if i not in reduced]
+    pieces = math.prod(src.shape[i] for i in reduced)
+    if pieces > _PARTIAL_REDUCE_MAX_PIECES:
+        raise fail(
+            f"nl.{name}: reducing axes {reduced} of shape {src.shape} takes {pieces} "
+            f"instructions, more than {_PARTIAL_REDUCE_MAX_PIECES}; order the axes so that "
+            "the reduced ones are the innermost and reduce all of them",
+            NotImplementedError,
+        )
+    kept_dims = [src.dims[i - 1] for i in kept]
+    aranges = (src.aranges[0], *(src.aranges[i] for i in kept)) if src.aranges else ()
+    limits = (src.limits[0], *(src.limits[i] for i in kept)) if src.limits else ()
+    views = []
+    for index in itertools.product(*(range(src.shape[i]) for i in reduced)):
+        offset = src.offset + builtins.sum(
+            k * src.dims[i - 1][1] for k, i in zip(index, reduced, strict=True)
+        )
+        views.append(
+            TileAccess(src.tile, src.p0, src.partitions, offset, kept_dims, aranges, limits)
+        )
+
+    def emit(dst: TileAccess) -> None:
+        materialize_zero(src)
+        t = tracer()
+        if len(views) == 1:
+            t.emit("nki_tensor_copy", dst.ref(), views[0].ref(), "vector")
+        else:
+            t.emit("nki_tensor_tensor", dst.ref(), views[0].ref(), views[1].ref(), op)
+        for view in views[2:]:
+            t.emit("nki_tensor_tensor", dst.ref(), dst.ref(), view.ref(), op)
+        if mean:
+            t.emit(
+                "nki_tensor_scalar",
+                dst.ref(),
+                dst.ref(),
+                "multiply",
+                1.0 / pieces,
+                "bypass",
+                None,
+                "vector",
+            )
+
+    shape = tuple(
+        1 if i in reduced else extent
+        for i, extent in enumerate(src.shape)
+        if keepdims or i not in reduced
+    )
+    return Deferred(f"nl.{name}", emit, shape, src.dtype if dtype is None else dtype, mask=mask)
 
 
 max = _reduce("max", "max")
