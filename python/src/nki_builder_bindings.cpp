@@ -234,6 +234,13 @@ void register_nki_builder_bindings(py::module_& core) {
       py::arg("free_elements"), py::arg("dtype"), py::arg("required"),
       "A tile's id, or -1 when required is False and it does not fit.");
   core.def(
+      "nki_release_tile",
+      [](const py::capsule& h, int64_t tile) {
+        builder_of(h).release(sim::Tile{static_cast<uint32_t>(tile)});
+      },
+      py::arg("builder"), py::arg("tile"),
+      "Returns a tile's memory; a later tile at the same addresses waits for its accesses.");
+  core.def(
       "nki_dma",
       [](const py::capsule& h, const py::object& dst, const py::object& src,
          const std::string& trigger, int queue) {
@@ -249,6 +256,20 @@ void register_nki_builder_bindings(py::module_& core) {
           builder.dma_copy(tile_ref(builder, dst), tile_ref(builder, src), o);
       },
       py::arg("builder"), py::arg("dst"), py::arg("src"), py::arg("trigger"), py::arg("queue"));
+  core.def(
+      "nki_dma_transpose",
+      [](const py::capsule& h, const py::object& dst, const py::object& src,
+         const std::string& trigger, int queue) {
+        sim::ProgramBuilder& builder = builder_of(h);
+        const sim::DmaOptions o = dma_options(trigger, queue);
+        if (py::len(src) == 5)
+          builder.dma_transpose(tile_ref(builder, dst), hbm_pattern(builder, src.cast<HbmTuple>()),
+                                o);
+        else
+          builder.dma_transpose(tile_ref(builder, dst), tile_ref(builder, src), o);
+      },
+      py::arg("builder"), py::arg("dst"), py::arg("src"), py::arg("trigger"), py::arg("queue"),
+      "dst[f, p] = src[p, f] on the DMA engines (NeuronCore-v3 and later).");
   core.def(
       "nki_dma_gather",
       [](const py::capsule& h, const py::object& dst, uint32_t tensor, int64_t row_offset,

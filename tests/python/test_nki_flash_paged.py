@@ -3,6 +3,10 @@ traced by tilelab.nki: its outputs against the CPU kernel tilelab.nki.flash_page
 fp64 reference and the simulator's C++ kernel on the same numbers; its timed report on the
 default batch against `tilelab sim paged-attention`."""
 
+import importlib.util
+import os
+import pathlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -83,3 +87,64 @@ def test_default_batch_times_like_the_cpp_kernel(kernel):
     theirs = {e["name"]: e["instruction_count"] for e in reference.engines}
     assert ours == theirs
     assert report.total_time_ns == pytest.approx(reference.total_time_ns, rel=0.02)
+
+
+# vLLM's own kernel file (vllm/attention/ops/nki_flash_attn.py), run unmodified when a copy is on
+# disk: TILELAB_VLLM_NKI_FLASH_ATTN=/path/to/nki_flash_attn.py.
+VLLM_KERNEL_FILE = os.environ.get("TILELAB_VLLM_NKI_FLASH_ATTN")
+
+
+def load_vllm_kernel_file(path: str, stubs: pathlib.Path):
+    """The file's module, through the neuronxcc alias. Besides neuronxcc it imports torch (for
+    annotations of its host-side helpers) and vLLM's ceil_div: stand-ins are put on the path
+    for whichever of the two is not installed."""
+    tn.install_neuronxcc_alias()
+    if importlib.util.find_spec("vllm") is None:
+        package = stubs / "vllm/model_executor/layers/quantization/utils"
+        package.mkdir(parents=True)
+        for parent in [
+            package,
+            *list(package.parents)[: len(package.relative_to(stubs).parts) - 1],
+        ]:
+            (parent / "__init__.py").touch()
+        (package / "fp8_utils.py").write_text("def ceil_div(a, b):\n    return -(-a // b)\n")
+    if importlib.util.find_spec("torch") is None:
+        (stubs / "torch").mkdir()
+        (stubs / "torch/__init__.py").write_text("class Tensor:\n    pass\n")
+    spec = importlib.util.spec_from_file_location("vllm_nki_flash_attn", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(
+    not VLLM_KERNEL_FILE, reason="TILELAB_VLLM_NKI_FLASH_ATTN names no copy of vLLM's file"
+)
+@pytest.mark.parametrize("machine", ["trn1", "trn2"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{len(c[0])}req-d{c[3]}-bs{c[4]}")
+def test_vllm_kernel_file_unmodified(rng, tmp_path, monkeypatch, machine, case):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    vllm_kernel = load_vllm_kernel_file(VLLM_KERNEL_FILE, tmp_path).flash_paged_attention
+    requests, heads, kv_heads, d, block_size, large, dtype, mixed = case
+    args = continuous_batch(
+        rng,
+        requests,
+        n_heads=heads,
+        n_kv_heads=kv_heads,
+        head_dim=d,
+        block_size=block_size,
+        large_tile=large,
+        dtype=dtype,
+    )
+    natural = args.pop("mask")
+    mask = tn.reorder_context_mask(natural, large, block_size).astype(np.uint8)
+    out, _ = tn.profile_kernel(
+        vllm_kernel[1, kv_heads],
+        **args,
+        mask=mask,
+        mixed_precision=mixed,
+        LARGE_TILE_SZ=large,
+        machine=machine,
+    )
+    cpu = tn.flash_paged_attention(**args, mask=mask, mixed_precision=mixed, LARGE_TILE_SZ=large)
+    np.testing.assert_allclose(out.astype(np.float64), cpu.astype(np.float64), atol=1e-2)

@@ -988,3 +988,113 @@ def test_index_sum_errors():
     with pytest.raises(NotImplementedError, match="free axes") as error:
         tn.simulate_kernel(reduce_partition_axis, x)
     assert_names_line(error.value, "axis=0")
+
+
+# --- what vLLM's kernel file needs: integer transposes, views of views, DMA transposes ----------
+
+
+@tn.jit
+def integer_transpose(table):
+    p, f = table.shape
+    out = nl.ndarray((f, p), dtype=nl.int32, buffer=nl.shared_hbm)
+    result = nl.ndarray((f, p), dtype=nl.int32, buffer=nl.sbuf)
+    result[...] = nl.transpose(nl.load(table))
+    nl.store(out, value=result)
+    return out
+
+
+def test_integer_transpose_goes_through_fp32_exactly(rng):
+    table = rng.integers(-(2**24), 2**24, (96, 40), dtype=np.int32)
+    out, report = tn.profile_kernel(integer_transpose, table)
+    np.testing.assert_array_equal(out, table.T)
+    # int -> fp32 copy, the PE transpose, the PSUM -> int32 copy.
+    engines = {e["name"]: e["instruction_count"] for e in report.engines}
+    assert engines["tensor"] == 1 and engines["vector"] == 2
+
+
+@tn.jit
+def views_of_views(x, y):
+    out = nl.ndarray((2, 3, x.shape[0], 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    buffers = nl.zeros((2, 3, nl.par_dim(x.shape[0]), 4), dtype=nl.float32, buffer=nl.sbuf)
+    block = buffers[1, 2]
+    block[:, 0:1] = nl.load(x)  # a column of one block, written through the block's view
+    buffers[0, 1][:, 3] = nl.load(y)
+    column = buffers[1, 2][:, 0:1]
+    buffers[0, 0][:, 1:2] = nl.multiply(column, 2.0)
+    # [P, n, 1] broadcast along its trailing axis.
+    wide = nl.load(y).reshape((x.shape[0], 1, 1)).broadcast_to((x.shape[0], 1, 4))
+    buffers[1, 0][...] = nl.copy(wide)
+    for i in range(2):
+        for j in range(3):
+            nl.store(out[i, j], value=buffers[i, j])
+    return out
+
+
+def test_views_of_views_and_trailing_broadcast(rng):
+    x = rng.standard_normal((20, 1)).astype(np.float32)
+    y = rng.standard_normal((20, 1)).astype(np.float32)
+    out = tn.simulate_kernel(views_of_views, x, y)
+    expected = np.zeros((2, 3, 20, 4), np.float32)
+    expected[1, 2][:, 0:1] = x
+    expected[0, 1][:, 3] = y[:, 0]
+    expected[0, 0][:, 1:2] = 2 * x
+    expected[1, 0] = np.repeat(y, 4, axis=1)
+    np.testing.assert_array_equal(out, expected)
+
+
+@tn.jit
+def psum_declared_on_many_lines(x, eye):
+    out = nl.ndarray((10, x.shape[0], x.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    t, e = nl.load(x), nl.load(eye)
+    # Ten declarations of a whole PSUM bank (there are 8), each dead after its line: its bank
+    # goes back to the allocator for the later ones.
+    nl.store(out[0], value=nl.matmul(e, t, transpose_x=True))
+    nl.store(out[1], value=nl.matmul(e, t, transpose_x=True))
+    nl.store(out[2], value=nl.matmul(e, t, transpose_x=True))
+    nl.store(out[3], value=nl.matmul(e, t, transpose_x=True))
+    nl.store(out[4], value=nl.matmul(e, t, transpose_x=True))
+    nl.store(out[5], value=nl.matmul(e, t, transpose_x=True))
+    nl.store(out[6], value=nl.matmul(e, t, transpose_x=True))
+    nl.store(out[7], value=nl.matmul(e, t, transpose_x=True))
+    nl.store(out[8], value=nl.matmul(e, t, transpose_x=True))
+    nl.store(out[9], value=nl.matmul(e, t, transpose_x=True))
+    return out
+
+
+@tn.jit
+def psum_banks_all_held(x, eye):
+    held = [nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(8)]
+    extra = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    held.append(extra)
+    return None
+
+
+def test_dead_declarations_return_their_memory(rng):
+    x = rng.standard_normal((128, 512)).astype(np.float32)
+    eye = np.eye(128, dtype=np.float32)
+    out = tn.simulate_kernel(psum_declared_on_many_lines, x, eye)
+    np.testing.assert_array_equal(out, np.broadcast_to(x, out.shape))
+    with pytest.raises(tn.NkiError, match="PSUM allocation failed") as error:
+        tn.simulate_kernel(psum_banks_all_held, x, eye)
+    assert_names_line(error.value, "extra")
+
+
+@tn.jit
+def dma_transposes(x):
+    p, f = x.shape
+    out = nl.ndarray((2, f, p), dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out[0], value=nisa.dma_transpose(x))  # HBM -> SBUF
+    nl.store(out[1], value=nisa.dma_transpose(nl.load(x)))  # SBUF -> SBUF
+    return out
+
+
+def test_dma_transpose(rng):
+    x = rng.standard_normal((64, 96)).astype(ml_dtypes.bfloat16)
+    out, report = tn.profile_kernel(dma_transposes, x, machine="trn2")
+    np.testing.assert_array_equal(out[0], x.T)
+    np.testing.assert_array_equal(out[1], x.T)
+    kinds = {k["kind"]: k["transfers"] for k in report.dma_by_kind}
+    assert kinds["dma_transpose"] == 2
+    with pytest.raises(tn.NkiError, match="dma_transpose_supported") as error:
+        tn.simulate_kernel(dma_transposes, x)  # trn1: NeuronCore-v2 has no DMA transpose
+    assert_names_line(error.value, "dma_transpose")

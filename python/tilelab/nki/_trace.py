@@ -254,21 +254,36 @@ class Tracer:
         None when memory is full."""
         file, line, _ = site[0] if site else ("kernel", 0, "")
         name = f"{os.path.basename(file)}:{line}"
-        tile = self.emit(
-            "nki_tile",
-            name,
-            memory,
-            partitions,
-            free_elements,
-            sim_dtype(dtype),
-            not entry.buffers,
-        )
+        args = (name, memory, partitions, free_elements, sim_dtype(dtype))
+        tile = self.emit("nki_tile", *args, False)
+        if tile < 0 and self._reclaim(memory, entry):
+            tile = self.emit("nki_tile", *args, False)
+        if tile < 0 and not entry.buffers:
+            tile = self.emit("nki_tile", *args, True)  # fails, naming the live tiles
         if tile < 0:
             return None
         entry.buffers.append(tile)
         entry.owners.append(None)
         entry.next = len(entry.buffers) - 1
         return entry.next
+
+    def _reclaim(self, memory: str, keep: _Site) -> bool:
+        """Returns to the allocator the buffers of other declaration sites in `memory` none of
+        whose tiles the kernel still references (the compiler frees a tile after its last use);
+        a tile later placed at those addresses waits for their accesses. True if any."""
+        released = False
+        for (_, site_memory, *_), entry in self.sites.items():
+            if site_memory != memory or entry is keep or not entry.buffers:
+                continue
+            if any(owner is not None and owner() is not None for owner in entry.owners):
+                continue
+            for buffer in entry.buffers:
+                _core.nki_release_tile(self.builder, buffer)
+            entry.buffers.clear()
+            entry.owners.clear()
+            entry.next = 0
+            released = True
+        return released
 
     def hbm_tensor(
         self, name: str, shape: tuple[int, ...], dtype: np.dtype, kind: str
@@ -1201,12 +1216,37 @@ class TileAccess:
         )
 
     def __getitem__(self, key) -> TileAccess:
+        """A view of this view (e.g. `buffers[i, j][:, 0]`): indices into its shape."""
         if key == Ellipsis or key == (Ellipsis,):
             return self
-        raise fail(
-            "indexing an indexed tile again is not supported; index the tile once",
-            NotImplementedError,
-        )
+        if self.limits or len(self.dims) != len(self.shape) - 1:
+            raise fail(
+                "indexing this tile view again is not supported (it has index-expression "
+                "ranges to check or merged axes); index the tile once",
+                NotImplementedError,
+            )
+        starts, axes = _resolve(self.shape, key, "tile view")
+        if any(limit is not None for *_, limit in axes):
+            raise fail(
+                "index expressions into a tile view are not supported; index the tile once",
+                NotImplementedError,
+            )
+        partition_axes = [a for a in axes if a[0] == 0]
+        if partition_axes and axes[0][0] != 0:
+            raise fail(
+                "the partition dimension must be the first dimension of a tile access",
+                NotImplementedError,
+            )
+        if partition_axes and partition_axes[0][3] != 1:
+            raise fail(
+                f"partition dimension access with step {partition_axes[0][3]}: partitions "
+                "cannot be strided"
+            )
+        pcount = partition_axes[0][2] if partition_axes else 1
+        strides = (0, *(stride for _, stride in self.dims))
+        offset = self.offset + sum(st * sd for st, sd in zip(starts[1:], strides[1:], strict=True))
+        dims = [(count, step * strides[dim]) for dim, _, count, step, _, _ in axes if dim != 0]
+        return TileAccess(self.tile, self.p0 + starts[0], pcount, offset, dims)
 
     def __setitem__(self, key, value) -> None:
         assign(self[key], value)
@@ -1222,7 +1262,10 @@ class TileAccess:
                     "can be broadcast"
                 )
             return self._broadcast_partitions(shape[0]).broadcast_to(shape)
-        free = [d for d in self.dims if d[0] != 1]
+        if len(self.dims) == len(self.shape) - 1 <= len(shape) - 1:
+            free = list(self.dims)  # one (count, stride) per axis of the access's shape
+        else:
+            free = [d for d in self.dims if d[0] != 1]
         if len(free) > len(shape) - 1:
             raise fail(f"broadcast_to {shape} from {self.shape}: ranks do not match")
         # Existing axes align with the trailing target axes, as in numpy.

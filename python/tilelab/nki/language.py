@@ -398,13 +398,18 @@ def transpose(x, *, dtype=None, mask=None, **kwargs) -> Deferred:
     src = as_access(x, "nl.transpose")
     if src.memory != "sbuf":
         raise fail("nl.transpose: the input must be in SBUF (TensorE reads SBUF only)")
+    integer = src.dtype.kind in "iu"
+    if integer:
+        # TensorE moves floats: integers go through fp32 (exact below 2^24) and come out as
+        # fp32 in PSUM; assigning the result to an integer tile converts back.
+        src = _copy_into_new(src, np.float32)
 
     def emit(dst: TileAccess) -> None:
         _trace.prepare_write(dst)
         tracer().emit("nki_pe_transpose", dst.ref(), src.ref())
 
     # NeuronCore-v2's PE array writes a transpose to PSUM in fp32 only.
-    out_dtype = src.dtype if dtype is None else _trace.np_dtype(dtype)
+    out_dtype = src.dtype if dtype is None or integer else _trace.np_dtype(dtype)
     if out_dtype.itemsize == 2 and not tracer().machine["pe_transpose_16bit_output_supported"]:
         out_dtype = np.dtype(np.float32)
     return Deferred("nl.transpose", emit, (src.free_size, src.partitions), out_dtype, "psum")
