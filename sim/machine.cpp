@@ -120,6 +120,7 @@ const std::vector<KeySpec>& key_specs() {
       integer_key("dma_partitions_per_engine", &Machine::dma_partitions_per_engine, 1, 128),
       number_key("dma_bytes_per_ns_per_engine", &Machine::dma_bytes_per_ns_per_engine, 1e-3, 1e6),
       number_key("dma_fixed_cost_ns_per_piece", &Machine::dma_fixed_cost_ns_per_piece, 0, 1e7),
+      number_key("dma_descriptor_ns", &Machine::dma_descriptor_ns, 0, 1e7),
       number_key("dma_start_latency_ns", &Machine::dma_start_latency_ns, 0, 1e9),
       integer_key("dma_trigger_cycles", &Machine::dma_trigger_cycles, 0, 1 << 20),
       {"dma_efficiency_curve", Kind::curve, 0, 1,

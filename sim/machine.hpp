@@ -74,6 +74,8 @@ struct Machine {
   int dma_partitions_per_engine = 0;
   double dma_bytes_per_ns_per_engine = 0;
   double dma_fixed_cost_ns_per_piece = 0;
+  // An engine starts at most one contiguous run (descriptor) per this many ns.
+  double dma_descriptor_ns = 0;
   double dma_start_latency_ns = 0;
   int dma_trigger_cycles = 0;
   std::vector<DmaEfficiencyPoint> dma_efficiency_curve;

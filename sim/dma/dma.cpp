@@ -31,9 +31,8 @@ DmaEngineSpan dma_engine_span(const Machine& m, uint32_t partition_start, uint32
 }
 
 double dma_efficiency_factor(const Machine& m, const DmaRecord& dma) {
-  const double bytes_per_descriptor =
-      static_cast<double>(std::min(dma.bytes_per_partition, std::max<uint64_t>(dma.run_bytes, 1)));
-  double efficiency = m.dma_efficiency(bytes_per_descriptor);
+  double efficiency =
+      m.dma_efficiency(static_cast<double>(std::max<uint64_t>(dma.bytes_per_partition, 1)));
   if (dma.transpose)
     efficiency *= dma.hbm.tensor != kNone ? m.dma_transpose_efficiency_hbm_to_sbuf
                                           : m.dma_transpose_efficiency_sbuf_to_sbuf;
@@ -41,8 +40,11 @@ double dma_efficiency_factor(const Machine& m, const DmaRecord& dma) {
 }
 
 DmaPieceCost dma_piece_cost(const Machine& m, const DmaRecord& dma) {
+  const uint64_t run_bytes =
+      std::clamp<uint64_t>(dma.run_bytes, 1, std::max<uint64_t>(dma.bytes_per_partition, 1));
   return DmaPieceCost{m.dma_fixed_cost_ns_per_piece,
-                      m.dma_bytes_per_ns_per_engine * dma_efficiency_factor(m, dma)};
+                      m.dma_bytes_per_ns_per_engine * dma_efficiency_factor(m, dma), run_bytes,
+                      m.dma_descriptor_ns};
 }
 
 double dma_piece_ns(const Machine& m, const DmaRecord& dma, uint64_t bytes) {

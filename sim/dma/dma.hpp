@@ -2,6 +2,7 @@
 // partitions); each engine runs its pieces in FIFO order; HBM bandwidth is capped for all engines.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -24,7 +25,7 @@ DmaEngineSpan dma_engine_span(const Machine& machine, uint32_t partition_start,
                               uint32_t partitions);
 
 // Fraction of per-engine DMA bandwidth a transfer reaches: the efficiency curve at its bytes per
-// descriptor (contiguous run, at most the bytes per partition), times the DMA-transpose factor.
+// partition (the curve measures transfers of that size), times the DMA-transpose factor.
 double dma_efficiency_factor(const Machine& machine, const DmaRecord& dma);
 
 // Cost of the pieces of one transfer: every piece has the same bytes per partition, hence the same
@@ -32,9 +33,17 @@ double dma_efficiency_factor(const Machine& machine, const DmaRecord& dma);
 struct DmaPieceCost {
   double fixed_ns = 0;
   double bytes_per_ns = 0;  // per-engine bandwidth x efficiency
+  uint64_t run_bytes = 1;   // contiguous bytes per descriptor
+  double descriptor_ns = 0;
 
-  // fixed cost + bytes / (bandwidth x efficiency)
-  double ns(uint64_t bytes) const { return fixed_ns + static_cast<double>(bytes) / bytes_per_ns; }
+  // The engine is bound by its bandwidth (fixed cost + bytes / (bandwidth x efficiency)) and by
+  // its descriptor rate (one contiguous run per descriptor_ns): element-strided transfers are
+  // descriptor-bound.
+  double ns(uint64_t bytes) const {
+    const double streaming = fixed_ns + static_cast<double>(bytes) / bytes_per_ns;
+    const double runs = static_cast<double>((bytes + run_bytes - 1) / run_bytes);
+    return std::max(streaming, runs * descriptor_ns);
+  }
 };
 DmaPieceCost dma_piece_cost(const Machine& machine, const DmaRecord& dma);
 
