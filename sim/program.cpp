@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <sstream>
 
 #include <tilelab/error.hpp>
@@ -281,12 +282,15 @@ TileRef ProgramBuilder::view(Tile tile) const {
   return view(tile, 0, static_cast<int>(b.partitions), 0, static_cast<int64_t>(b.free_elements));
 }
 
-TileRef ProgramBuilder::view(Tile tile, int p0, int partitions, int64_t offset, int64_t count,
-                             int64_t stride) const {
-  TILELAB_REQUIRE(tile.id < program_.buffers.size() &&
-                  program_.buffers[tile.id].memory != Memory::hbm)
+namespace {
+
+[[noreturn, gnu::cold, gnu::noinline]] void bad_view(const Program& program, Tile tile, int p0,
+                                                     int partitions, int64_t offset, int64_t count,
+                                                     int64_t stride) {
+  TILELAB_REQUIRE(tile.id < program.buffers.size() &&
+                  program.buffers[tile.id].memory != Memory::hbm)
       << "view: not a tile (id " << tile.id << ")";
-  const Buffer& b = program_.buffers[tile.id];
+  const Buffer& b = program.buffers[tile.id];
   TILELAB_REQUIRE(p0 >= 0 && partitions >= 1 && p0 + partitions <= static_cast<int>(b.partitions))
       << "view of '" << b.name << "': partitions [" << p0 << ", " << p0 + partitions
       << ") outside the tile's [0, " << b.partitions << ")";
@@ -295,9 +299,23 @@ TileRef ProgramBuilder::view(Tile tile, int p0, int partitions, int64_t offset, 
   TILELAB_REQUIRE(stride >= 0 && stride <= INT32_MAX)
       << "view of '" << b.name << "': free stride must be in [0, 2^31), got " << stride;
   const int64_t last = offset + (count - 1) * stride;
-  TILELAB_REQUIRE(offset >= 0 && last < static_cast<int64_t>(b.free_elements))
-      << "view of '" << b.name << "': free elements [" << offset << ", " << last + 1
-      << ") outside the tile's [0, " << b.free_elements << ")";
+  TILELAB_REQUIRE(false) << "view of '" << b.name << "': free elements [" << offset << ", "
+                         << last + 1 << ") outside the tile's [0, " << b.free_elements << ")";
+  std::abort();  // unreachable: the last check always throws
+}
+
+}  // namespace
+
+TileRef ProgramBuilder::view(Tile tile, int p0, int partitions, int64_t offset, int64_t count,
+                             int64_t stride) const {
+  // The checks of bad_view, without building messages on the path every operand takes.
+  if (tile.id >= program_.buffers.size() || program_.buffers[tile.id].memory == Memory::hbm ||
+      p0 < 0 || partitions < 1 ||
+      p0 + partitions > static_cast<int>(program_.buffers[tile.id].partitions) || count < 1 ||
+      stride < 0 || stride > INT32_MAX || offset < 0 ||
+      offset + (count - 1) * stride >=
+          static_cast<int64_t>(program_.buffers[tile.id].free_elements)) [[unlikely]]
+    bad_view(program_, tile, p0, partitions, offset, count, stride);
   TileRef r;
   r.tile = tile.id;
   r.partition_start = static_cast<uint16_t>(p0);
@@ -399,15 +417,32 @@ HbmPattern ProgramBuilder::hbm_pattern(Tensor tensor, int64_t offset, int64_t pa
   return p;
 }
 
+namespace {
+
+// The error paths of the per-operand checks, out of line: building an error message inlined into
+// the checks would make every instruction pay for its stack frame.
+[[noreturn, gnu::cold, gnu::noinline]] void operand_is_not_a_tile(const Program& p,
+                                                                  const TileRef& ref,
+                                                                  const char* instruction,
+                                                                  const char* operand) {
+  const bool tile =
+      ref.valid() && ref.tile < p.buffers.size() && p.buffers[ref.tile].memory != Memory::hbm;
+  TILELAB_REQUIRE(tile) << instruction << ": operand '" << operand << "' is not a tile view";
+  TILELAB_REQUIRE(false) << instruction << ": operand '" << operand << "' uses tile '"
+                         << p.buffers[ref.tile].name << "' after it was released";
+  std::abort();  // unreachable: the second check always throws
+}
+
+}  // namespace
+
 const Buffer& ProgramBuilder::buffer_of(const TileRef& ref, const char* instruction,
                                         const char* operand) const {
-  TILELAB_REQUIRE(ref.valid() && ref.tile < program_.buffers.size() &&
-                  program_.buffers[ref.tile].memory != Memory::hbm)
-      << instruction << ": operand '" << operand << "' is not a tile view";
-  const Buffer& b = program_.buffers[ref.tile];
-  TILELAB_REQUIRE(!b.released) << instruction << ": operand '" << operand << "' uses tile '"
-                               << b.name << "' after it was released";
-  return b;
+  if (ref.tile < program_.buffers.size()) [[likely]] {  // kNone is out of range too
+    const Buffer& b = program_.buffers[ref.tile];
+    if (b.memory != Memory::hbm && !b.released) [[likely]]
+      return b;
+  }
+  operand_is_not_a_tile(program_, ref, instruction, operand);
 }
 
 void ProgramBuilder::check_compute_operand(const TileRef& ref, const char* instruction,
