@@ -32,9 +32,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{len(c[0])}req-d{c[3]}-bs{c[4]}")
-def test_outputs_match_the_cpu_kernel_and_the_cpp_program(kernel, rng, case):
-    requests, heads, kv_heads, d, block_size, large, dtype, mixed = case
+def case_inputs(rng, case):
+    """A case's kernel arguments without the mask, its mask in natural order, and the mask
+    reordered for the kernel (uint8)."""
+    requests, heads, kv_heads, d, block_size, large, dtype, _ = case
     args = continuous_batch(
         rng,
         requests,
@@ -46,7 +47,13 @@ def test_outputs_match_the_cpu_kernel_and_the_cpp_program(kernel, rng, case):
         dtype=dtype,
     )
     natural = args.pop("mask")
-    mask = tn.reorder_context_mask(natural, large, block_size).astype(np.uint8)
+    return args, natural, tn.reorder_context_mask(natural, large, block_size).astype(np.uint8)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{len(c[0])}req-d{c[3]}-bs{c[4]}")
+def test_outputs_match_the_cpu_kernel_and_the_cpp_program(kernel, rng, case):
+    d, large, dtype, mixed = case[3], case[5], case[6], case[7]
+    args, natural, mask = case_inputs(rng, case)
     out = tn.simulate_kernel(kernel, **args, mask=mask, mixed_precision=mixed, LARGE_TILE_SZ=large)
     assert out.dtype == np.dtype(dtype) and out.shape == (
         *args["query"].shape[:2],
@@ -125,19 +132,8 @@ def load_vllm_kernel_file(path: str, stubs: pathlib.Path):
 def test_vllm_kernel_file_unmodified(rng, tmp_path, monkeypatch, machine, case):
     monkeypatch.syspath_prepend(str(tmp_path))
     vllm_kernel = load_vllm_kernel_file(VLLM_KERNEL_FILE, tmp_path).flash_paged_attention
-    requests, heads, kv_heads, d, block_size, large, dtype, mixed = case
-    args = continuous_batch(
-        rng,
-        requests,
-        n_heads=heads,
-        n_kv_heads=kv_heads,
-        head_dim=d,
-        block_size=block_size,
-        large_tile=large,
-        dtype=dtype,
-    )
-    natural = args.pop("mask")
-    mask = tn.reorder_context_mask(natural, large, block_size).astype(np.uint8)
+    kv_heads, large, mixed = case[2], case[5], case[7]
+    args, _, mask = case_inputs(rng, case)
     out, _ = tn.profile_kernel(
         vllm_kernel[1, kv_heads],
         **args,
