@@ -137,6 +137,12 @@ double instruction_cycles(const Program& p, const Machine& m, const Instruction&
       const double streaming = half ? src0.free_count / 2.0 : src0.free_count;
       return max_ii(m, streaming * stride_factor(p, m, instr)) + access_overhead;
     }
+    case Opcode::bn_stats:
+      // max(MIN_II, N) (I, nki.isa.bn_stats).
+      return max_ii(m, src0.free_count * stride_factor(p, m, instr)) + access_overhead;
+    case Opcode::bn_aggr:
+      // max(MIN_II, 13 * (N / 3)) (I, nki.isa.bn_aggr).
+      return max_ii(m, 13.0 * (src0.free_count / 3) * stride_factor(p, m, instr)) + access_overhead;
     case Opcode::memset: {
       // max(MIN_II, N/2) for 0 in bf16/fp16, else max(MIN_II, N) (I).
       const bool half = instr.imm0 == 0.0f && is_16bit_float(buffer(p, dst).dtype);

@@ -471,6 +471,50 @@ void FunctionalExecutor::execute(const Instruction& instr) {
       }
       return;
     }
+    case Opcode::bn_stats: {
+      // Per parity: count, mean and the sum of squared deviations (variance x count), in fp32.
+      std::vector<float> row(src0.free_count);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        read_row(src0, p, row.data());
+        float out[6];
+        for (uint32_t parity = 0; parity < 2; ++parity) {
+          float count = 0.0f, sum = 0.0f;
+          for (size_t j = parity; j < row.size(); j += 2) {
+            sum += row[j];
+            count += 1.0f;
+          }
+          const float mean = count > 0.0f ? sum / count : 0.0f;
+          float squares = 0.0f;
+          for (size_t j = parity; j < row.size(); j += 2)
+            squares += (row[j] - mean) * (row[j] - mean);
+          out[3 * parity] = count;
+          out[3 * parity + 1] = mean;
+          out[3 * parity + 2] = squares;
+        }
+        write_row(dst, p, out);
+      }
+      return;
+    }
+    case Opcode::bn_aggr: {
+      // Chan et al.'s combination of (count, mean, M2) groups; variance = M2 / count.
+      std::vector<float> row(src0.free_count);
+      for (uint32_t p = 0; p < dst.partition_count; ++p) {
+        read_row(src0, p, row.data());
+        float count = 0.0f, mean = 0.0f, m2 = 0.0f;
+        for (size_t g = 0; g + 2 < row.size(); g += 3) {
+          const float n = row[g], group_mean = row[g + 1], group_m2 = row[g + 2];
+          if (n == 0.0f) continue;  // an empty group (the odd half of a one-element row)
+          const float total = count + n;
+          const float delta = group_mean - mean;
+          mean += delta * (n / total);
+          m2 += group_m2 + delta * delta * (count * n / total);
+          count = total;
+        }
+        const float out[2] = {mean, count > 0.0f ? m2 / count : 0.0f};
+        write_row(dst, p, out);
+      }
+      return;
+    }
     case Opcode::tensor_copy: {
       std::vector<float> row(dst.free_count);
       for (uint32_t p = 0; p < dst.partition_count; ++p) {

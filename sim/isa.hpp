@@ -34,6 +34,8 @@ enum class Opcode : uint8_t {
   tensor_tensor_scan,  // VectorE: r[j] = (a[j] op0 r[j-1]) op1 b[j] along the free axis
   tensor_scalar,       // VectorE/ScalarE: (x op0 s0) op1 s1 with per-partition or constant scalars
   tensor_reduce,       // VectorE: free-axis reduction to [P, 1]
+  bn_stats,            // VectorE: [P, 6] count, mean, variance x count of the even and odd elements
+  bn_aggr,             // VectorE: [P, 2] mean and variance from bn_stats groups
   tensor_copy,         // VectorE/ScalarE/GpSimd: copy with cast
   select,              // VectorE: cond != 0 ? x : y
   memset,              // VectorE/GpSimd: fill with a constant
@@ -128,6 +130,7 @@ enum : uint8_t {
 //   tensor_tensor_scan: dst, src0 = data0, src1 = data1; op0, op1; initial in imm0 or aux0 [P,1]
 //   tensor_scalar: dst, src0; op0 with imm0 or src1 [P,1]; op1 with imm1 or aux0 [P,1]
 //   tensor_reduce: dst [P,1], src0; op0
+//   bn_stats:      dst [P,6], src0;  bn_aggr: dst [P,2], src0 [P,3k] (bn_stats groups)
 //   tensor_copy:   dst, src0
 //   select:        dst, src0 = condition, src1 = x, aux0 = y tile or imm0
 //   memset:        dst; imm0
@@ -224,6 +227,8 @@ inline constexpr std::array<OpcodeInfo, kOpcodeCount> kOpcodeTable = [] {
        {w, r, r, r, n},
        kScalarImmediate | kScalarPerPartition},
       {O::tensor_reduce, "tensor_reduce", kVector, false, K::alu, {w, r, n, n, n}, 0},
+      {O::bn_stats, "bn_stats", kVector, false, K::none, {w, r, n, n, n}, 0},
+      {O::bn_aggr, "bn_aggr", kVector, false, K::none, {w, r, n, n, n}, 0},
       {O::tensor_copy,
        "tensor_copy",
        kVector | kScalar | kGpsimd,

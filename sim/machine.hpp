@@ -45,6 +45,7 @@ struct Machine {
   int matmul_max_moving_free = 0;
   int64_t engine_max_free_elements_sbuf = 0;
   int64_t engine_max_free_elements_psum = 0;
+  int64_t bn_stats_max_free_elements = 0;  // nl.tile_size.bn_stats_fmax
   // pe_transpose may write a bf16/fp16 input's own dtype to PSUM instead of fp32.
   bool pe_transpose_16bit_output_supported = false;
 

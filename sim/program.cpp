@@ -999,6 +999,42 @@ void ProgramBuilder::tensor_reduce(const TileRef& dst, const TileRef& src, AluOp
   push(instr);
 }
 
+void ProgramBuilder::bn_stats(const TileRef& dst, const TileRef& src) {
+  check_compute_operand(dst, "bn_stats", "dst", Engine::vector);
+  check_compute_operand(src, "bn_stats", "data", Engine::vector);
+  check_same_partitions(dst, src, "bn_stats", "dst", "data");
+  TILELAB_REQUIRE(dst.free_count == 6)
+      << "bn_stats: dst must be [P, 6] (count, mean, variance x count of the even and the odd "
+      << "elements), got " << dst.free_count << " free elements";
+  const int64_t limit = program_.machine.bn_stats_max_free_elements;
+  TILELAB_REQUIRE(src.free_count <= limit)
+      << "bn_stats: data has " << src.free_count << " elements per partition; at most " << limit
+      << " (bn_stats_max_free_elements); split the row and combine the groups with bn_aggr";
+  Instruction instr;
+  instr.opcode = Opcode::bn_stats;
+  instr.engine = Engine::vector;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  push(instr);
+}
+
+void ProgramBuilder::bn_aggr(const TileRef& dst, const TileRef& src) {
+  check_compute_operand(dst, "bn_aggr", "dst", Engine::vector);
+  check_compute_operand(src, "bn_aggr", "data", Engine::vector);
+  check_same_partitions(dst, src, "bn_aggr", "dst", "data");
+  TILELAB_REQUIRE(src.free_count % 3 == 0)
+      << "bn_aggr: data must hold (count, mean, variance x count) groups, a multiple of 3 "
+      << "elements per partition; got " << src.free_count;
+  TILELAB_REQUIRE(dst.free_count == 2)
+      << "bn_aggr: dst must be [P, 2] (mean, variance), got " << dst.free_count << " free elements";
+  Instruction instr;
+  instr.opcode = Opcode::bn_aggr;
+  instr.engine = Engine::vector;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  push(instr);
+}
+
 void ProgramBuilder::tensor_copy(const TileRef& dst, const TileRef& src, Engine engine) {
   require_engine(Opcode::tensor_copy, engine);
   check_compute_operand(dst, "tensor_copy", "dst", engine);

@@ -230,6 +230,12 @@ class ProgramBuilder {
   void tensor_scalar(const TileRef& dst, const TileRef& src, AluOp op0, Scalar s0,
                      AluOp op1 = AluOp::bypass, Scalar s1 = {}, Engine engine = Engine::vector);
   void tensor_reduce(const TileRef& dst, const TileRef& src, AluOp op, bool negate = false);
+  // dst [P, 6]: count, mean and variance x count of src's even elements, then of its odd ones
+  // (at most bn_stats_max_free_elements of src per partition).
+  void bn_stats(const TileRef& dst, const TileRef& src);
+  // dst [P, 2]: mean and (population) variance of all the elements that the bn_stats groups of
+  // src [P, 3k] (count, mean, variance x count) describe.
+  void bn_aggr(const TileRef& dst, const TileRef& src);
   void tensor_copy(const TileRef& dst, const TileRef& src, Engine engine = Engine::vector);
   void select(const TileRef& dst, const TileRef& condition, const TileRef& x, Scalar y);
   void memset(const TileRef& dst, float value, Engine engine = Engine::vector);

@@ -357,6 +357,20 @@ void register_nki_builder_bindings(py::module_& core) {
       },
       py::arg("builder"), py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("negate"));
   core.def(
+      "nki_bn_stats",
+      [](const py::capsule& h, const py::object& dst, const py::object& src) {
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.bn_stats(tile_ref(builder, dst), tile_ref(builder, src));
+      },
+      py::arg("builder"), py::arg("dst"), py::arg("src"));
+  core.def(
+      "nki_bn_aggr",
+      [](const py::capsule& h, const py::object& dst, const py::object& src) {
+        sim::ProgramBuilder& builder = builder_of(h);
+        builder.bn_aggr(tile_ref(builder, dst), tile_ref(builder, src));
+      },
+      py::arg("builder"), py::arg("dst"), py::arg("src"));
+  core.def(
       "nki_tensor_copy",
       [](const py::capsule& h, const py::object& dst, const py::object& src,
          const std::string& engine) {

@@ -148,3 +148,28 @@ def test_avgpool_rejects_too_many_channels(rng):
     kernel = load_example("avgpool").avgpool2d
     with pytest.raises(tn.NkiError, match="pmax"):
         tn.simulate_kernel(kernel, np.ones((130, 4, 4), np.float32), 2)
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(1, 7), (300, 1100), (128, 512)])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_layernorm_with_bn_stats(rng, rows, cols, dtype):
+    norms = load_example("norms")
+    x = (3 * rng.standard_normal((rows, cols)) + 5).astype(dtype)
+    g = rng.uniform(0.5, 1.5, cols).astype(dtype)
+    b = rng.standard_normal(cols).astype(dtype)
+    out, report = tn.profile_kernel(norms.layernorm_bn_stats, x, g, b)
+    a = x.astype(np.float64)
+    centered = a - a.mean(1, keepdims=True)
+    expected = centered / np.sqrt((centered**2).mean(1, keepdims=True) + 1e-5) * g.astype(
+        np.float64
+    ) + b.astype(np.float64)
+    tolerance = 2e-5 if dtype == np.float32 else 6e-2
+    np.testing.assert_allclose(out.astype(np.float64), expected, atol=tolerance, rtol=tolerance)
+    # One bn_stats per 512 columns and one bn_aggr per row tile, all on VectorE.
+    tiles, chunks = -(-rows // 128), -(-cols // 512)
+
+    def instructions(call: str) -> int:
+        return next(line["instructions"] for line in report.by_line if call in line["text"])
+
+    assert instructions("nisa.bn_stats(") == tiles * chunks
+    assert instructions("nisa.bn_aggr(") == tiles

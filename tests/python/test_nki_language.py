@@ -1098,3 +1098,72 @@ def test_dma_transpose(rng):
     with pytest.raises(tn.NkiError, match="dma_transpose_supported") as error:
         tn.simulate_kernel(dma_transposes, x)  # trn1: NeuronCore-v2 has no DMA transpose
     assert_names_line(error.value, "dma_transpose")
+
+
+# --- nisa.bn_stats / bn_aggr --------------------------------------------------------------------
+
+
+@tn.jit
+def batch_norm_stats(x, y):
+    p = x.shape[0]
+    out = nl.ndarray((p, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+    stats = nl.ndarray((p, 12), dtype=nl.float32, buffer=nl.sbuf)
+    stats[:, 0:6] = nisa.bn_stats(nl.load(x), dtype=nl.float32)
+    stats[:, 6:12] = nisa.bn_stats(nl.load(y), dtype=nl.float32)
+    nl.store(out[:, 0:12], value=stats)
+    nl.store(out[:, 12:14], value=nisa.bn_aggr(stats))
+    nl.store(out[:, 14:16], value=nisa.bn_aggr(stats[:, 0:6]))
+    return out
+
+
+def parity_stats(a):
+    out = []
+    for half in (a[:, 0::2], a[:, 1::2]):
+        n = half.shape[1]
+        mean = half.mean(1) if n else np.zeros(len(a))
+        out += [np.full(len(a), n), mean, ((half - mean[:, None]) ** 2).sum(1) if n else mean * 0]
+    return np.stack(out, axis=1)
+
+
+@pytest.mark.parametrize(("fx", "fy"), [(1, 1), (37, 512), (300, 2)])
+def test_bn_stats_and_bn_aggr(rng, fx, fy):
+    x = (rng.standard_normal((20, fx)) * 2 + 3).astype(np.float32)
+    y = (rng.standard_normal((20, fy)) - 1).astype(np.float32)
+    out = tn.simulate_kernel(batch_norm_stats, x, y)
+    a, b = x.astype(np.float64), y.astype(np.float64)
+    np.testing.assert_allclose(out[:, 0:6], parity_stats(a), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out[:, 6:12], parity_stats(b), rtol=1e-5, atol=1e-4)
+    both = np.concatenate([a, b], axis=1)
+    np.testing.assert_allclose(out[:, 12], both.mean(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[:, 13], both.var(1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out[:, 14], a.mean(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[:, 15], a.var(1), rtol=1e-4, atol=1e-5)
+
+
+def test_bn_stats_propagates_nan():
+    x = np.ones((3, 8), np.float32)
+    x[1, 3] = np.nan
+    out = tn.simulate_kernel(batch_norm_stats, x, x)
+    assert np.isnan(out[1, 4:6]).all() and np.isfinite(out[1, 0:3]).all()  # the odd half only
+    assert np.isnan(out[1, 12:16]).all() and np.isfinite(np.delete(out, 1, axis=0)).all()
+
+
+@tn.jit
+def bn_stats_too_wide(x):
+    nisa.bn_stats(nl.load(x))
+    return None
+
+
+@tn.jit
+def bn_aggr_not_groups(x):
+    nisa.bn_aggr(nl.load(x))
+    return None
+
+
+def test_bn_stats_errors():
+    with pytest.raises(tn.NkiError, match="bn_stats_max_free_elements") as error:
+        tn.simulate_kernel(bn_stats_too_wide, np.ones((4, 513), np.float32))
+    assert_names_line(error.value, "bn_stats")
+    with pytest.raises(tn.NkiError, match="multiple of 3") as error:
+        tn.simulate_kernel(bn_aggr_not_groups, np.ones((4, 7), np.float32))
+    assert_names_line(error.value, "bn_aggr")

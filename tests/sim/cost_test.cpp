@@ -131,6 +131,27 @@ TEST_CASE("cost: tensor_tensor_scan is max(MIN_II, 2N) on VectorE", "[sim][cost]
   CHECK(cycles_of(trn2(), scan(512, false)) == 1024);
 }
 
+TEST_CASE("cost: bn_stats is max(MIN_II, N), bn_aggr max(MIN_II, 13 N / 3)", "[sim][cost]") {
+  auto stats = [](int64_t n) {
+    return [=](ProgramBuilder& b) {
+      const Tile x = b.sbuf_tile("x", 128, n, DType::bf16);
+      const Tile s = b.sbuf_tile("s", 128, 6, DType::fp32);
+      b.bn_stats(b.view(s), b.view(x));
+    };
+  };
+  auto aggr = [](int64_t groups) {
+    return [=](ProgramBuilder& b) {
+      const Tile s = b.sbuf_tile("s", 128, 6 * groups, DType::fp32);
+      const Tile m = b.sbuf_tile("m", 128, 2, DType::fp32);
+      b.bn_aggr(b.view(m), b.view(s));
+    };
+  };
+  CHECK(cycles_of(trn1(), stats(512)) == 512);
+  CHECK(cycles_of(trn1(), stats(20)) == 64);
+  CHECK(cycles_of(trn1(), aggr(4)) == 13 * 8);  // 24 elements: 8 groups of 3
+  CHECK(cycles_of(trn1(), aggr(1)) == 64);
+}
+
 TEST_CASE("cost: tensor_scalar and tensor_copy are max(MIN_II, N)", "[sim][cost]") {
   auto ts = [](Engine engine, int64_t n) {
     return [=](ProgramBuilder& b) {

@@ -106,6 +106,7 @@ class _TileSize:
     psum_fmax = 512
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512
+    bn_stats_fmax = 512
 
 
 tile_size = _TileSize()
