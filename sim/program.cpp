@@ -894,19 +894,26 @@ void ProgramBuilder::activation(const TileRef& dst, const TileRef& src, ActFunc 
   push(instr);
 }
 
+void ProgramBuilder::check_vector_pair(const TileRef& dst, const TileRef& a, const TileRef& b,
+                                       const char* instruction, const char* a_name,
+                                       const char* b_name) const {
+  check_compute_operand(dst, instruction, "dst", Engine::vector);
+  check_compute_operand(a, instruction, a_name, Engine::vector);
+  check_compute_operand(b, instruction, b_name, Engine::vector);
+  check_elements(dst, a, instruction);
+  check_same_partitions(a, b, instruction, a_name, b_name);
+  TILELAB_REQUIRE(a.free_count == b.free_count)
+      << instruction << ": " << a_name << " has " << a.free_count << " free elements, " << b_name
+      << " has " << b.free_count;
+  TILELAB_REQUIRE(!(program_.buffers[a.tile].memory == Memory::psum &&
+                    program_.buffers[b.tile].memory == Memory::psum))
+      << instruction << ": both inputs are in PSUM; at most one input may be in PSUM";
+}
+
 void ProgramBuilder::tensor_tensor(const TileRef& dst, const TileRef& a, const TileRef& b,
                                    AluOp op) {
   TILELAB_REQUIRE(op != AluOp::bypass) << "tensor_tensor: op must not be bypass";
-  check_compute_operand(dst, "tensor_tensor", "dst", Engine::vector);
-  check_compute_operand(a, "tensor_tensor", "in0", Engine::vector);
-  check_compute_operand(b, "tensor_tensor", "in1", Engine::vector);
-  check_elements(dst, a, "tensor_tensor");
-  check_same_partitions(a, b, "tensor_tensor", "in0", "in1");
-  TILELAB_REQUIRE(a.free_count == b.free_count)
-      << "tensor_tensor: in0 has " << a.free_count << " free elements, in1 has " << b.free_count;
-  TILELAB_REQUIRE(!(program_.buffers[a.tile].memory == Memory::psum &&
-                    program_.buffers[b.tile].memory == Memory::psum))
-      << "tensor_tensor: both inputs are in PSUM; at most one input may be in PSUM";
+  check_vector_pair(dst, a, b, "tensor_tensor", "in0", "in1");
   Instruction instr;
   instr.opcode = Opcode::tensor_tensor;
   instr.engine = Engine::vector;
@@ -922,16 +929,7 @@ void ProgramBuilder::tensor_tensor_scan(const TileRef& dst, const TileRef& a, co
                                         bool reverse1) {
   TILELAB_REQUIRE(op0 != AluOp::bypass && op1 != AluOp::bypass)
       << "tensor_tensor_scan: op0 and op1 must be arithmetic operators, not bypass";
-  check_compute_operand(dst, "tensor_tensor_scan", "dst", Engine::vector);
-  check_compute_operand(a, "tensor_tensor_scan", "data0", Engine::vector);
-  check_compute_operand(b, "tensor_tensor_scan", "data1", Engine::vector);
-  check_elements(dst, a, "tensor_tensor_scan");
-  check_same_partitions(a, b, "tensor_tensor_scan", "data0", "data1");
-  TILELAB_REQUIRE(a.free_count == b.free_count) << "tensor_tensor_scan: data0 has " << a.free_count
-                                                << " free elements, data1 has " << b.free_count;
-  TILELAB_REQUIRE(!(program_.buffers[a.tile].memory == Memory::psum &&
-                    program_.buffers[b.tile].memory == Memory::psum))
-      << "tensor_tensor_scan: both inputs are in PSUM; at most one input may be in PSUM";
+  check_vector_pair(dst, a, b, "tensor_tensor_scan", "data0", "data1");
   check_scalar(initial, a, "tensor_tensor_scan", "initial");
   Instruction instr;
   instr.opcode = Opcode::tensor_tensor_scan;
