@@ -979,48 +979,22 @@ class Tile:
             base = block * self.free_size
         else:
             base = 0
-        shape = (self.partitions, *self.free)
-        starts, axes = _resolve(shape, key, "tile")
-        strides = (0, *self.free_strides)
-        offset = base + sum(s * st for s, st in zip(starts[1:], strides[1:], strict=False))
-        partition_axes = [a for a in axes if a[0] == 0]
-        if axes and axes[0][0] != 0 and partition_axes:
-            raise fail(
-                "the partition dimension must be the first dimension of a tile access",
-                NotImplementedError,
-            )
-        if partition_axes:
-            _, p0, pcount, pstep, _, _ = partition_axes[0]
-            if pstep != 1:
-                raise fail(
-                    f"partition dimension access with step {pstep}: partitions cannot be strided",
-                    NkiError,
-                )
-        else:
-            p0, pcount = starts[0], 1
-        dims = [(count, step * strides[dim]) for dim, _, count, step, _, _ in axes if dim != 0]
-        partition = partition_axes[0] if partition_axes else (0, p0, 1, 1, None, None)
-        aranges = (partition[4], *(axis[4] for axis in axes if axis[0] != 0))
-        limits = (partition[5], *(axis[5] for axis in axes if axis[0] != 0))
-        if all(limit is None for limit in limits):
-            limits = ()  # nothing to check when the access is used
-        access = TileAccess(self, p0, pcount, offset, dims, aranges, limits)
+        starts, axes = _resolve((self.partitions, *self.free), key, "tile")
+        access = _indexed_view(self, starts, axes, self.free_strides, base, 0)
         if cache_key is not None:
-            tail = None
             unmasked = _current is None or _current.mask is None
-            if unmasked and not limits and len(merge_dims(dims)) <= 2:
-                tail = access.ref()[1:]
-                access.ref_tail = tail
+            if unmasked and not access.limits and len(merge_dims(access.dims)) <= 2:
+                access.ref_tail = access.ref()[1:]
             _TILE_INDEX_CACHE[cache_key] = (
-                p0,
-                pcount,
-                offset,
-                dims,
-                aranges,
-                limits,
+                access.p0,
+                access.partitions,
+                access.offset,
+                access.dims,
+                access.aranges,
+                access.limits,
                 access.shape,
                 access.free_size,
-                tail,
+                access.ref_tail,
             )
         return access
 
@@ -1058,6 +1032,35 @@ class Tile:
 
     def __repr__(self) -> str:
         return f"Tile({self.memory}, shape={self.shape}, dtype={self.dtype})"
+
+
+def _indexed_view(
+    tile: Tile, starts: list[int], axes: list[tuple], free_strides, offset: int, p0: int
+) -> TileAccess:
+    """The access that `_resolve`'s (starts, axes) select from a [partitions, free...] region
+    of `tile` at element `offset` and partition `p0`, whose free axes have `free_strides`."""
+    strides = (0, *free_strides)
+    offset += sum(s * st for s, st in zip(starts[1:], strides[1:], strict=True))
+    partition_axes = [a for a in axes if a[0] == 0]
+    if axes and axes[0][0] != 0 and partition_axes:
+        raise fail(
+            "the partition dimension must be the first dimension of a tile access",
+            NotImplementedError,
+        )
+    if partition_axes and partition_axes[0][3] != 1:
+        raise fail(
+            f"partition dimension access with step {partition_axes[0][3]}: partitions cannot "
+            "be strided",
+            NkiError,
+        )
+    pcount = partition_axes[0][2] if partition_axes else 1
+    dims = [(count, step * strides[dim]) for dim, _, count, step, _, _ in axes if dim != 0]
+    partition = partition_axes[0] if partition_axes else (0, starts[0], 1, 1, None, None)
+    aranges = (partition[4], *(axis[4] for axis in axes if axis[0] != 0))
+    limits = (partition[5], *(axis[5] for axis in axes if axis[0] != 0))
+    if all(limit is None for limit in limits):
+        limits = ()  # nothing to check when the access is used
+    return TileAccess(tile, p0 + starts[0], pcount, offset, dims, aranges, limits)
 
 
 def access_values(access: TileAccess, tile_values: np.ndarray) -> np.ndarray:
@@ -1231,22 +1234,8 @@ class TileAccess:
                 "index expressions into a tile view are not supported; index the tile once",
                 NotImplementedError,
             )
-        partition_axes = [a for a in axes if a[0] == 0]
-        if partition_axes and axes[0][0] != 0:
-            raise fail(
-                "the partition dimension must be the first dimension of a tile access",
-                NotImplementedError,
-            )
-        if partition_axes and partition_axes[0][3] != 1:
-            raise fail(
-                f"partition dimension access with step {partition_axes[0][3]}: partitions "
-                "cannot be strided"
-            )
-        pcount = partition_axes[0][2] if partition_axes else 1
-        strides = (0, *(stride for _, stride in self.dims))
-        offset = self.offset + sum(st * sd for st, sd in zip(starts[1:], strides[1:], strict=True))
-        dims = [(count, step * strides[dim]) for dim, _, count, step, _, _ in axes if dim != 0]
-        return TileAccess(self.tile, self.p0 + starts[0], pcount, offset, dims)
+        free_strides = tuple(stride for _, stride in self.dims)
+        return _indexed_view(self.tile, starts, axes, free_strides, self.offset, self.p0)
 
     def __setitem__(self, key, value) -> None:
         assign(self[key], value)

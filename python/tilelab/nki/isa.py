@@ -332,36 +332,35 @@ def tensor_reduce(
     )
 
 
-def bn_stats(data, *, mask=None, dtype=None, **kwargs) -> Deferred:
-    """[P, 6] per partition: count, mean and variance x count of data's even elements, then of
-    its odd ones (fp32 on VectorE; data at most nl.tile_size.bn_stats_fmax wide)."""
+def _vector_statistics(name: str, width: int, data, mask, dtype, kwargs) -> Deferred:
+    """A VectorE statistics instruction writing `width` fp32-computed values per partition."""
     if kwargs:
-        raise unsupported(f"nisa.bn_stats({', '.join(kwargs)}=...)")
-    src = as_access(data, "nisa.bn_stats data")
+        raise unsupported(f"nisa.{name}({', '.join(kwargs)}=...)")
+    src = as_access(data, f"nisa.{name} data")
 
     def emit(dst: TileAccess) -> None:
         materialize_zero(src)
-        tracer().emit("nki_bn_stats", dst.ref(), src.ref())
+        tracer().emit(f"nki_{name}", dst.ref(), src.ref())
 
     return Deferred(
-        "nisa.bn_stats", emit, (src.partitions, 6), src.dtype if dtype is None else dtype, mask=mask
+        f"nisa.{name}",
+        emit,
+        (src.partitions, width),
+        src.dtype if dtype is None else dtype,
+        mask=mask,
     )
+
+
+def bn_stats(data, *, mask=None, dtype=None, **kwargs) -> Deferred:
+    """[P, 6] per partition: count, mean and variance x count of data's even elements, then of
+    its odd ones (fp32 on VectorE; data at most nl.tile_size.bn_stats_fmax wide)."""
+    return _vector_statistics("bn_stats", 6, data, mask, dtype, kwargs)
 
 
 def bn_aggr(data, *, mask=None, dtype=None, **kwargs) -> Deferred:
     """[P, 2] per partition: the mean and (population) variance of everything the bn_stats
     groups in data (a multiple of 3 elements) describe."""
-    if kwargs:
-        raise unsupported(f"nisa.bn_aggr({', '.join(kwargs)}=...)")
-    src = as_access(data, "nisa.bn_aggr data")
-
-    def emit(dst: TileAccess) -> None:
-        materialize_zero(src)
-        tracer().emit("nki_bn_aggr", dst.ref(), src.ref())
-
-    return Deferred(
-        "nisa.bn_aggr", emit, (src.partitions, 2), src.dtype if dtype is None else dtype, mask=mask
-    )
+    return _vector_statistics("bn_aggr", 2, data, mask, dtype, kwargs)
 
 
 def tensor_copy(src, *, dtype=None, mask=None, engine=None, **kwargs) -> Deferred:

@@ -597,6 +597,13 @@ abs = _activation("abs", "abs")
 identity = _activation("identity", "copy")
 
 
+def _divide_in_place(dst: TileAccess, n: int) -> None:
+    """dst *= 1 / n on VectorE: a sum becomes a mean."""
+    tracer().emit(
+        "nki_tensor_scalar", dst.ref(), dst.ref(), "multiply", 1.0 / n, "bypass", None, "vector"
+    )
+
+
 def _reduce(name: str, op: str, negate: bool = False, mean: bool = False):
     def reduce(x, axis, *, dtype=None, keepdims: bool = False, mask=None, **kwargs) -> Deferred:
         if kwargs:
@@ -619,16 +626,7 @@ def _reduce(name: str, op: str, negate: bool = False, mean: bool = False):
             materialize_zero(src)
             tracer().emit("nki_tensor_reduce", dst.ref(), src.ref(), op, negate)
             if mean:
-                tracer().emit(
-                    "nki_tensor_scalar",
-                    dst.ref(),
-                    dst.ref(),
-                    "multiply",
-                    1.0 / n,
-                    "bypass",
-                    None,
-                    "vector",
-                )
+                _divide_in_place(dst, n)
 
         shape = (src.partitions,) + ((1,) * len(free_axes) if keepdims else (1,))
         return Deferred(f"nl.{name}", emit, shape, src.dtype if dtype is None else dtype, mask=mask)
@@ -684,16 +682,7 @@ def _partial_reduce(
         for view in views[2:]:
             t.emit("nki_tensor_tensor", dst.ref(), dst.ref(), view.ref(), op)
         if mean:
-            t.emit(
-                "nki_tensor_scalar",
-                dst.ref(),
-                dst.ref(),
-                "multiply",
-                1.0 / pieces,
-                "bypass",
-                None,
-                "vector",
-            )
+            _divide_in_place(dst, pieces)
 
     shape = tuple(
         1 if i in reduced else extent
