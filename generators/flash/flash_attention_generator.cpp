@@ -25,6 +25,10 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
   GeneratorParam<bool> has_bias{"has_bias", false};
   // "prefill" or "decode": the tiling of schedules/flash/tiling.hpp the runtime picks by.
   GeneratorParam<std::string> variant{"variant", "prefill"};
+  // bf16 prefill: q·k and P·V on bf16 dot products with P rounded to bf16 (FlashAttention's mixed
+  // precision), on targets that have them (AVX-512 BF16); elsewhere, and when false, P stays fp32
+  // and the products run on fp32 FMAs.
+  GeneratorParam<bool> bf16_products{"bf16_products", false};
 
   // Indexed by d, i, h, b (head dim innermost).
   Input<Buffer<void, 4>> q{"q"};
@@ -62,6 +66,12 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     s.key_block = KB;
     s.query_tile = QT;
     s.value_is_f32 = io_type.value() == Float(32);
+    TILELAB_REQUIRE(!bf16_products || io_type.value() == BFloat(16))
+        << "bf16_products: needs io_type bfloat16, got " << io_type.value();
+    s.bf16_products =
+        bf16_products && !decode && tilelab::schedules::target_has_bf16_dot_products(get_target());
+    static_assert(tilelab::schedules::flash::kPrefillTiling.key_block % 2 == 0,
+                  "bf16 products pair the keys of a block");
 
     Expr head_dim = q.dim(0).extent();
     Expr q_len = q.dim(1).extent();
@@ -86,7 +96,25 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     s.value_f32(d, jj, jb, hk, b) = cast<float>(v(min(d, head_dim - 1), key_c, hk, b));
 
     s.decode = decode;
-    tilelab::generators::define_scores(s, head_dim);
+    if (s.bf16_products) {
+      // Zeros past D (not a clamped column): 0 · inf would be NaN.
+      Expr dd = 2 * s.dh + s.dp;
+      s.query_bf16(s.dp, ii, s.dh, io, hk, b) = select(
+          dd < head_dim, q(min(dd, head_dim - 1), s.row_query(ii, io), s.row_head(ii, io, hk), b),
+          cast(BFloat(16), 0.0f));
+      s.key_bf16(d, jj, jb, hk, b) =
+          select(d < head_dim, k(min(d, head_dim - 1), key_c, hk, b), cast(BFloat(16), 0.0f));
+      // Pairs of keys are interleaved from whole rows: clamping each key of a pair would make
+      // every load a gather, and so would an index that mixes the pair into the vector lanes;
+      // a select of the two rows is two dense loads and a blend.
+      s.value_rows(d, jj, jb, hk, b) = v(min(d, head_dim - 1), key_c, hk, b);
+      s.value_bf16(s.jp, d, s.jo, jb, hk, b) =
+          select(s.jp == 0, s.value_rows(d, 2 * s.jo, jb, hk, b),
+                 s.value_rows(d, 2 * s.jo + 1, jb, hk, b));
+      tilelab::generators::define_scores_bf16(s, head_dim, scale);
+    } else {
+      tilelab::generators::define_scores(s, head_dim);
+    }
     Expr biased = s.score(ii, jj, jb, io, hk, b);
     Expr visible = key <= s.row_key_limit(ii, io);
     if (has_bias) {

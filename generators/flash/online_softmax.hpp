@@ -77,6 +77,24 @@ inline void define_scores(FlashAttentionStages& s, const Halide::Expr& head_dim)
   s.score(ii, jj, jb, io, hk, b) += s.score_partial(rl, ii, jj, jb, io, hk, b);
 }
 
+// Defines s.score = scale · Σ query_bf16 · key_bf16 for s.bf16_products: bf16 × bf16 products are
+// exact in fp32, so the reduction (vdpbf16ps: two products per fp32 lane, added in fp32) rounds
+// only the sums, like the fp32 path; the scale is applied to the sum, so q is never rounded.
+// Head dims pair up (rdp within a pair, rd over pairs); an odd D's last pair reads zeros.
+inline void define_scores_bf16(FlashAttentionStages& s, const Halide::Expr& head_dim,
+                               const Halide::Expr& scale) {
+  using namespace Halide;
+  Var &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
+  RDom rd(0, 2, 0, (head_dim + 1) / 2, "rd");
+  s.rdp = rd.x;
+  s.rd = rd.y;
+  s.score_products(ii, jj, jb, io, hk, b) = 0.0f;
+  s.score_products(ii, jj, jb, io, hk, b) +=
+      cast<float>(s.query_bf16(rd.x, ii, rd.y, io, hk, b)) *
+      cast<float>(s.key_bf16(2 * rd.y + rd.x, jj, jb, hk, b));
+  s.score(ii, jj, jb, io, hk, b) = s.score_products(ii, jj, jb, io, hk, b) * scale;
+}
+
 // Defines, from s.masked (the classified scores), the block statistics, the probabilities, the
 // per-block P·V and the running state s.state, merged over key blocks 0 .. num_blocks - 1 in order.
 // `block_is_live(rk)`, when given, says which blocks the merge visits (a predicate on the pure vars
@@ -117,7 +135,21 @@ inline void define_online_softmax(
   s.block_sum_in_block(ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b);
   s.block_sum(ii, jb, io, hk, b) = s.block_sum_in_block(ii, jb, io, hk, b);
   s.block_pv(d, ii, jb, io, hk, b) = 0.0f;
-  s.block_pv(d, ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b) * s.value_f32(d, rj, jb, hk, b);
+  if (s.bf16_products) {
+    // P rounded to bf16 (round to nearest even) before P·V, as FlashAttention's mixed precision
+    // does; the block sum above stays fp32. Keys pair up like the head dims of the scores.
+    Var &jp = s.jp, &jo = s.jo;
+    s.prob_bf16(jp, ii, jo, jb, io, hk, b) =
+        cast(BFloat(16), s.prob(ii, 2 * jo + jp, jb, io, hk, b));
+    RDom rp(0, 2, 0, s.key_block / 2, "rp");
+    s.rjp = rp.x;
+    s.rjo = rp.y;
+    s.block_pv(d, ii, jb, io, hk, b) += cast<float>(s.prob_bf16(rp.x, ii, rp.y, jb, io, hk, b)) *
+                                        cast<float>(s.value_bf16(rp.x, d, rp.y, jb, hk, b));
+  } else {
+    s.block_pv(d, ii, jb, io, hk, b) +=
+        s.prob(ii, rj, jb, io, hk, b) * s.value_f32(d, rj, jb, hk, b);
+  }
 
   // Merge block rk into (m, l, o): two FMAs per element, the exps were per row.
   RDom rk(0, num_blocks, "rk");

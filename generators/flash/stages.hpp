@@ -15,7 +15,15 @@ struct FlashAttentionStages {
   Halide::Func key_f32{"key_f32"};  // (d, jj, jb, hk, b) fp32 K block
   Halide::Func value_f32{"value_f32"};          // (d, jj, jb, hk, b) fp32 V block
   Halide::Func score_partial{"score_partial"};  // (dl, ii, jj, jb, io, hk, b) decode: per-lane sums
-  Halide::Func score{"score"};                  // (ii, jj, jb, io, hk, b) q·k, scaled
+  // bf16 products (bf16_products): operands laid out in pairs along the reduced dimension, so
+  // that one 32-bit lane holds the two bf16 values a vdpbf16ps lane multiplies and adds.
+  Halide::Func query_bf16{"query_bf16"};  // (dp, ii, dh, io, hk, b) q at d = 2·dh + dp, 0 past D
+  Halide::Func key_bf16{"key_bf16"};      // (d, jj, jb, hk, b) K block, 0 past D
+  Halide::Func value_rows{"value_rows"};  // (d, jj, jb, hk, b) V block as stored, clamped
+  Halide::Func value_bf16{"value_bf16"};  // (jp, d, jo, jb, hk, b) value_rows at jj = 2·jo + jp
+  Halide::Func prob_bf16{"prob_bf16"};    // (jp, ii, jo, jb, io, hk, b) prob rounded to bf16
+  Halide::Func score_products{"score_products"};  // (ii, jj, jb, io, hk, b) q·k, unscaled
+  Halide::Func score{"score"};                    // (ii, jj, jb, io, hk, b) q·k, scaled
   Halide::Func masked{
       "masked"};  // (ii, jj, jb, io, hk, b) score + bias, or kMasked where not visible
   Halide::Func row_query{"row_query"};                    // (ii, io) query index of a row
@@ -34,12 +42,18 @@ struct FlashAttentionStages {
   Halide::Func out{"out"};  // (d, i, h, b)
   Halide::Func lse{"lse"};  // (i, h, b)
   Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, i{"i"}, h{"h"};
-  Halide::RVar rk;            // key blocks, reduced by `state`
-  Halide::RVar rd;            // head dim, reduced by `score`
-  Halide::RVar rj;            // keys of a block, reduced by block_max / block_sum / block_pv
-  Halide::RVar rl;            // decode: lanes of score_partial, reduced by `score`
-  Halide::Var dl{"dl"};       // decode: lane of score_partial
-  Halide::RVar rb;            // blocks 0..jb, reduced by running_max
+  Halide::RVar rk;       // key blocks, reduced by `state`
+  Halide::RVar rd;       // head dim, reduced by `score`
+  Halide::RVar rj;       // keys of a block, reduced by block_max / block_sum / block_pv
+  Halide::RVar rl;       // decode: lanes of score_partial, reduced by `score`
+  Halide::Var dl{"dl"};  // decode: lane of score_partial
+  Halide::RVar rb;       // blocks 0..jb, reduced by running_max
+  // bf16 products: rdp the pair within rd (rd then counts pairs); block_pv reduces the keys of a
+  // block as pairs, rjp within the pair and rjo over pairs.
+  Halide::RVar rdp, rjp, rjo;
+  Halide::Var dp{"dp"}, dh{"dh"}, jp{"jp"}, jo{"jo"};  // bf16 products: pair and pair index
+  // q·k and P·V as bf16 × bf16 products with fp32 accumulation (vdpbf16ps); P is rounded to bf16.
+  bool bf16_products = false;
   bool value_is_f32 = false;  // K and V are fp32 already: read in place, no conversion copy
   int key_block = 0;          // keys per block
   int query_tile = 0;         // rows per query tile

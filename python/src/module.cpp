@@ -102,11 +102,13 @@ py::object flash_attention(const py::handle& q, const py::handle& k, const py::h
                            const py::handle& return_lse_value, const py::handle& sliding_window,
                            const py::handle& softcap, const py::handle& alibi_slopes,
                            const py::handle& sinks, const py::handle& k_scale,
-                           const py::handle& v_scale, const py::handle& implementation) {
+                           const py::handle& v_scale, const py::handle& fp32_probabilities,
+                           const py::handle& implementation) {
   const bool return_lse = parse_bool(return_lse_value, "return_lse");
   AttentionCall call =
       prepare_call(q, k, v, causal, causal_alignment, scale, bias, return_lse, implementation,
                    ScoreKeywords{sliding_window, softcap, alibi_slopes, sinks, k_scale, v_scale});
+  call.options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
   {
     // The views point into arrays `call` keeps alive; no Python object is touched in here.
     py::gil_scoped_release release;
@@ -200,7 +202,7 @@ PYBIND11_MODULE(_core, module) {
              py::arg("return_lse") = false, py::arg("sliding_window") = py::make_tuple(-1, -1),
              py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
              py::arg("sinks") = py::none(), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
-             py::arg("implementation") = "automatic",
+             py::arg("fp32_probabilities") = false, py::arg("implementation") = "automatic",
              "Flash attention forward; returns out or (out, lse). See tilelab.flash_attention.");
   module.def("flash_attention_implementation", &flash_attention_implementation, py::arg("q"),
              py::arg("k"), py::arg("v"), py::kw_only(), py::arg("causal") = false,

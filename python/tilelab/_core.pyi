@@ -18,6 +18,7 @@ def flash_attention(
     sinks: np.ndarray | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp32_probabilities: bool = False,
     implementation: str = "automatic",
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 def flash_attention_implementation(

@@ -30,6 +30,7 @@ struct AttentionProblem {
   DType kv_dtype = DType::f32;  // k and v: dtype, or fp8
   ResolvedScoreOptions score;
   float k_scale = 1.0f, v_scale = 1.0f;
+  bool fp32_probabilities = false;  // FlashAttentionOptions::fp32_probabilities
 
   // Calls with score options or fp8 k/v run on the paged kernel (neither the generated dense
   // kernels nor the dense reference implement them).

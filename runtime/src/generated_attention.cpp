@@ -6,7 +6,9 @@
 #include "attention_problem.hpp"
 #include "flash_fwd_bf16.h"
 #include "flash_fwd_bf16_bias.h"
+#include "flash_fwd_bf16_bias_fp32_probabilities.h"
 #include "flash_fwd_bf16_decode.h"
+#include "flash_fwd_bf16_fp32_probabilities.h"
 #include "flash_fwd_f16.h"
 #include "flash_fwd_f16_bias.h"
 #include "flash_fwd_f16_decode.h"
@@ -34,7 +36,12 @@ KernelFn pick_kernel(const AttentionProblem& p) {
     case DType::f16:
       return has_bias ? flash_fwd_f16_bias : decode ? flash_fwd_f16_decode : flash_fwd_f16;
     case DType::bf16:
-      return has_bias ? flash_fwd_bf16_bias : decode ? flash_fwd_bf16_decode : flash_fwd_bf16;
+      if (decode) return flash_fwd_bf16_decode;
+      if (p.fp32_probabilities) {
+        return has_bias ? flash_fwd_bf16_bias_fp32_probabilities
+                        : flash_fwd_bf16_fp32_probabilities;
+      }
+      return has_bias ? flash_fwd_bf16_bias : flash_fwd_bf16;
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:

@@ -123,6 +123,7 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
   require_kv_scales(problem.kv_dtype, options.k_scale, options.v_scale);
   problem.k_scale = options.k_scale;
   problem.v_scale = options.v_scale;
+  problem.fp32_probabilities = options.fp32_probabilities;
   TILELAB_REQUIRE(!(problem.bias && problem.needs_paged_kernel()))
       << "bias: expected no bias together with score options (softcap, alibi_slopes, "
          "sliding_window, sinks) or fp8 k/v, which do not take a bias yet; got a bias of shape "

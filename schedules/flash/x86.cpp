@@ -62,9 +62,20 @@ Var schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   // stored to out); fast paths for 64 and 128 have no rounding.
   flash::split_register_tiles(merge, s.d, s.ii, pv_rows, head_dim, VL, dout);
 
-  s.query_t.compute_at(s.state, tile);
-  if (!s.decode) s.query_t.vectorize(s.ii, VL, TailStrategy::GuardWithIf);
-  if (!s.value_is_f32 && !s.decode) {
+  if (s.bf16_products) {
+    // bf16 operands in pairs: q once per tile, K, V and P once per (tile, block).
+    s.query_bf16.compute_at(s.state, tile).vectorize(s.dp).vectorize(s.ii, RV);
+    s.key_bf16.compute_at(s.state, s.rk).vectorize(s.d, 2 * VL, TailStrategy::GuardWithIf);
+    s.value_rows.compute_at(s.state, s.rk).vectorize(s.d, 2 * VL, TailStrategy::GuardWithIf);
+    s.value_bf16.compute_at(s.state, s.rk)
+        .vectorize(s.jp)
+        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    s.prob_bf16.compute_at(s.state, s.rk).vectorize(s.jp).vectorize(s.ii, RV);
+  } else {
+    s.query_t.compute_at(s.state, tile);
+    if (!s.decode) s.query_t.vectorize(s.ii, VL, TailStrategy::GuardWithIf);
+  }
+  if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
     // (Decode tiles have 4 rows: there the conversion is fused into the loads instead.)
     s.key_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);
@@ -77,8 +88,21 @@ Var schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
         .vectorize(iii, VL)
         .unroll(iii)
         .unroll(jji);
-    s.score.compute_at(s.masked, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
-    s.score.update().reorder(s.ii, s.jj, s.rd).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+    if (s.bf16_products) {
+      // Per pair of head dims: 2 row vectors of (q pair) × 16 rows, 8 key-pair broadcasts, 16
+      // vdpbf16ps into 16 accumulators.
+      s.score_products.compute_at(s.masked, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+      s.score_products.update()
+          .reorder(s.rdp, s.ii, s.jj, s.rd)
+          .atomic()
+          .vectorize(s.rdp)
+          .vectorize(s.ii, VL)
+          .unroll(s.ii)
+          .unroll(s.jj);
+    } else {
+      s.score.compute_at(s.masked, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+      s.score.update().reorder(s.ii, s.jj, s.rd).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+    }
   } else {
     // Decode: partial sums of (QT rows) × (4 keys) in head-dim lanes, QT·4 registers; per lane
     // vector of d, QT query loads and 4 key loads feed QT·4 FMAs. Then one horizontal sum per
@@ -112,7 +136,12 @@ Var schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   }
   s.prob.compute_at(s.state, s.rk).vectorize(s.ii, RV).unroll(s.jj, 4);
 
-  flash::schedule_tile_product(s.block_pv, s.d, s.ii, s.rj, LoopLevel(s.state, dout), VL);
+  if (s.bf16_products) {
+    flash::schedule_tile_product_bf16_pairs(s.block_pv, s.d, s.ii, s.rjp, s.rjo,
+                                            LoopLevel(s.state, dout), VL);
+  } else {
+    flash::schedule_tile_product(s.block_pv, s.d, s.ii, s.rj, LoopLevel(s.state, dout), VL);
+  }
   return tile;
 }
 

@@ -9,6 +9,14 @@ namespace tilelab::schedules {
 
 using generators::FlashAttentionStages;
 
+// Whether `target` has AVX-512 BF16 dot products (vdpbf16ps): Zen 4 and later, Sapphire Rapids
+// and later (Halide names no separate feature; these imply it).
+inline bool target_has_bf16_dot_products(const Halide::Target& target) {
+  return target.has_feature(Halide::Target::AVX512_Zen4) ||
+         target.has_feature(Halide::Target::AVX512_Zen5) ||
+         target.has_feature(Halide::Target::AVX512_SapphireRapids);
+}
+
 // Schedules `stages` for an x86 CPU (AVX-512 or AVX2 or baseline, from `target`); `head_dim` is the
 // head dimension Expr the fast paths specialize on.
 void schedule_flash_attention_x86(FlashAttentionStages& stages, const Halide::Target& target,

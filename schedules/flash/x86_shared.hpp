@@ -69,4 +69,23 @@ inline void schedule_tile_product(Halide::Func f, const Halide::Var& d, const Ha
       .unroll(second);
 }
 
+// schedule_tile_product for a product reduced in pairs of bf16 (`pair`, extent 2, innermost, then
+// `r` over pairs): the pair and the head-dim vector form one 2·lanes-wide bf16 operand, and the
+// atomic vectorized pair reduction becomes one vdpbf16ps per accumulator.
+inline void schedule_tile_product_bf16_pairs(Halide::Func f, const Halide::Var& d,
+                                             const Halide::Var& second, const Halide::RVar& pair,
+                                             const Halide::RVar& r, const Halide::LoopLevel& level,
+                                             int lanes) {
+  Halide::Var dvo("dvo"), dvi("dvi");
+  f.compute_at(level).split(d, dvo, dvi, lanes).vectorize(dvi).unroll(dvo).unroll(second);
+  f.update()
+      .split(d, dvo, dvi, lanes)
+      .reorder(pair, dvi, dvo, second, r)
+      .atomic()
+      .vectorize(pair)
+      .vectorize(dvi)
+      .unroll(dvo)
+      .unroll(second);
+}
+
 }  // namespace tilelab::schedules::flash

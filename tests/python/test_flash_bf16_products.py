@@ -1,0 +1,136 @@
+"""bfloat16 flash attention on bf16 dot products: P rounded to bf16 before P·V (the default) or kept
+in float32 (fp32_probabilities=True), both against the fp64 reference, with ragged shapes, every
+option, NaN and inf."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from attention_reference import (
+    assert_attention_close,
+    assert_lse_close,
+    random_qkv,
+    reference_attention,
+)
+
+import tilelab
+
+
+def cpu_has_bf16_dot_products():
+    """Whether the generated kernels run their AVX-512 BF16 variant on this CPU (Linux flags)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return any(
+                line.startswith("flags") and "avx512_bf16" in line.split() for line in cpuinfo
+            )
+    except OSError:
+        return False
+
+
+# (B, Hq, Hkv, M, N, D), all with more than 8 rows per kv head (the prefill kernels): odd and
+# ragged head dims (the last pair of head dims reads a zero), ragged M and N around the 32-row
+# tile and the 64-key block (odd N: the last pair of keys reads a clamped key), GQA.
+SHAPES = {
+    "odd_everything": (1, 2, 1, 37, 65, 7),
+    "gqa4_ragged": (2, 8, 2, 19, 131, 33),
+    "d1": (1, 1, 1, 33, 5, 1),
+    "d128_block_edges": (1, 2, 2, 64, 129, 128),
+    "d256": (1, 1, 1, 17, 100, 256),
+    "d96_long": (1, 2, 1, 90, 300, 96),
+}
+
+
+@pytest.mark.parametrize("fp32_probabilities", [False, True])
+@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_matches_fp64_reference(rng, shape, causal, fp32_probabilities):
+    q, k, v = random_qkv(rng, *shape, "bfloat16")
+    options = {} if causal == "none" else {"causal": True, "causal_alignment": causal}
+    out, lse = tilelab.flash_attention(
+        q,
+        k,
+        v,
+        return_lse=True,
+        implementation="generated",
+        fp32_probabilities=fp32_probabilities,
+        **options,
+    )
+    reference_out, reference_lse = reference_attention(q, k, v, **options)
+    assert out.dtype == ml_dtypes.bfloat16
+    assert_attention_close(out, reference_out, "bfloat16", v, k.shape[2])
+    assert_lse_close(lse, reference_lse, q.shape[3], k.shape[2])
+
+
+@pytest.mark.parametrize("fp32_probabilities", [False, True])
+def test_bias_and_scale(rng, fp32_probabilities):
+    q, k, v = random_qkv(rng, 2, 4, 2, 21, 70, 63, "bfloat16")
+    bias = 2 * rng.standard_normal((1, 4, 21, 70), dtype=np.float32)
+    options = {"bias": bias, "scale": 0.3, "causal": True, "causal_alignment": "bottom_right"}
+    out, lse = tilelab.flash_attention(
+        q, k, v, return_lse=True, fp32_probabilities=fp32_probabilities, **options
+    )
+    reference_out, reference_lse = reference_attention(q, k, v, **options)
+    assert_attention_close(out, reference_out, "bfloat16", v, k.shape[2])
+    assert_lse_close(lse, reference_lse, q.shape[3], k.shape[2])
+
+
+def test_rounding_of_p_is_what_the_option_says():
+    """Two keys with probabilities 1 and exp(-0.001) and values 1 and -1: out = (1 - p) / (1 + p)
+    is 5.0e-4 with float32 P, and exactly 0 once p = 0.999 rounds to 1.0 in bf16."""
+    rows = 16  # more than 8 rows: the prefill kernels
+    q = np.ones((1, 1, rows, 1), ml_dtypes.bfloat16)
+    k = np.array([0.0, -0.001], np.float32).reshape(1, 1, 2, 1).astype(ml_dtypes.bfloat16)
+    v = np.array([1.0, -1.0], np.float32).reshape(1, 1, 2, 1).astype(ml_dtypes.bfloat16)
+    p = np.exp(np.float64(k[0, 0, 1, 0]))
+    exact = (1 - p) / (1 + p)
+
+    kept = tilelab.flash_attention(q, k, v, scale=1.0, fp32_probabilities=True)
+    np.testing.assert_allclose(kept.astype(np.float64), exact, rtol=1e-2)
+    rounded = tilelab.flash_attention(q, k, v, scale=1.0)
+    expected = 0.0 if cpu_has_bf16_dot_products() else exact
+    np.testing.assert_allclose(rounded.astype(np.float64), expected, rtol=1e-2, atol=0)
+    # The reference keeps P in float32 whatever the option says.
+    reference = tilelab.flash_attention(q, k, v, scale=1.0, implementation="reference")
+    np.testing.assert_allclose(reference.astype(np.float64), exact, rtol=1e-2)
+
+
+@pytest.mark.parametrize("fp32_probabilities", [False, True])
+def test_nan_and_inf_propagate(rng, fp32_probabilities):
+    """The semantics of tilelab.flash_attention: NaN or a +inf score makes the row NaN, a -inf
+    score contributes nothing, an inf value gives inf in its column."""
+    q, k, v = random_qkv(rng, 1, 2, 1, 40, 70, 7, "bfloat16")
+    q[0, 0, 3, 6] = np.nan  # the odd head dim's last column: its pair partner is padding
+    k[0, 0, 50, 0] = np.inf  # score +inf where q[..., 0] > 0, -inf where q[..., 0] < 0
+    v[0, 0, 10, 2] = np.inf  # an unmasked key: column 2 of every other row is +inf
+    out, lse = tilelab.flash_attention(
+        q, k, v, return_lse=True, fp32_probabilities=fp32_probabilities
+    )
+    out64 = out.astype(np.float64)
+    nan_rows = q[..., 0].astype(np.float32) > 0
+    nan_rows[0, 0, 3] = True
+    assert np.isnan(out64[nan_rows]).all() and np.isnan(lse[nan_rows]).all()
+
+    # The other rows: key 50 contributes nothing, column 2 is +inf, the rest is attention over
+    # the keys without key 50.
+    keep = np.arange(70) != 50
+    reference_out, reference_lse = reference_attention(q, k[:, :, keep], v[:, :, keep])
+    rows = ~nan_rows
+    assert np.all(np.isposinf(out64[rows][:, 2]))
+    columns = np.arange(7) != 2
+    error = np.abs(out64[rows][:, columns] - reference_out[rows][:, columns]).max()
+    assert error < 0.02
+    assert np.abs(lse[rows] - reference_lse[rows]).max() < 1e-3
+
+
+def test_overflowing_products_give_nan():
+    """bf16 reaches 3e38: q·k products overflow float32 to inf (inf - inf in the softmax)."""
+    q = np.full((1, 1, 20, 4), 1e30, ml_dtypes.bfloat16)
+    k = np.full((1, 1, 9, 4), 1e30, ml_dtypes.bfloat16)
+    v = np.ones((1, 1, 9, 4), ml_dtypes.bfloat16)
+    out, lse = tilelab.flash_attention(q, k, v, return_lse=True)
+    assert np.isnan(out.astype(np.float32)).all() and np.isnan(lse).all()
+
+
+def test_fp32_probabilities_must_be_a_bool(rng):
+    q, k, v = random_qkv(rng, 1, 1, 1, 16, 16, 8, "bfloat16")
+    with pytest.raises(TypeError, match="fp32_probabilities"):
+        tilelab.flash_attention(q, k, v, fp32_probabilities=1)
