@@ -134,10 +134,11 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
 
     // Schedule: the dense forward's block loop, then the rows out, parallel over tasks.
     const int VL = get_target().natural_vector_size<float>();
-    const Var tile = tilelab::schedules::schedule_online_softmax_x86(s, get_target(), head_dim);
-    row_token.compute_at(s.state, tile);
-    row_head.compute_at(s.state, tile);
-    row_key_limit.compute_at(s.state, tile);
+    const LoopLevel task(out_f, b);
+    tilelab::schedules::schedule_online_softmax_x86(s, get_target(), head_dim, task);
+    row_token.compute_at(task);
+    row_head.compute_at(task);
+    row_key_limit.compute_at(task);
     tile_first_key.compute_at(s.state, s.rk);
     row_keeps.compute_at(s.state, s.rk);
     out_f.parallel(b).vectorize(d, VL, TailStrategy::GuardWithIf);

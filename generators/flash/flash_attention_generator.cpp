@@ -102,8 +102,7 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
       s.query_bf16(s.dp, ii, s.dh, io, hk, b) = select(
           dd < head_dim, q(min(dd, head_dim - 1), s.row_query(ii, io), s.row_head(ii, io, hk), b),
           cast(BFloat(16), 0.0f));
-      s.key_bf16(d, jj, jb, hk, b) =
-          select(d < head_dim, k(min(d, head_dim - 1), key_c, hk, b), cast(BFloat(16), 0.0f));
+      s.key_bf16(d, jj, jb, hk, b) = k(d, key_c, hk, b);  // read where d < D only
       // Pairs of keys are interleaved from whole rows: clamping each key of a pair would make
       // every load a gather, and so would an index that mixes the pair into the vector lanes;
       // a select of the two rows is two dense loads and a blend.
@@ -133,14 +132,20 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
       return rk * KB <= tile_max_i + causal_offset;
     });
 
+    // Finished rows: out per column, and the row's lse (a log per row, not per column).
+    Tuple first_column = s.state(0, ii, io, hk, b);
+    s.row_lse(ii, io, hk, b) = tilelab::generators::row_lse(first_column[0], first_column[1]);
+    Tuple state = s.state(d, ii, io, hk, b);
+    s.out_rows(d, ii, io, hk, b) = {
+        tilelab::generators::normalized_out(state[0], state[1], state[2]),
+        s.row_lse(ii, io, hk, b)};
     // Back from rows to (i, h).
     Expr out_row = (h % group) * q_len + i;
-    auto state_at = [&](const Expr& dd) {
-      return s.state(dd, out_row % QT, out_row / QT, h / group, b);
+    auto rows_at = [&](const Expr& dd) {
+      return s.out_rows(dd, out_row % QT, out_row / QT, h / group, b);
     };
-    s.out(d, i, h, b) = cast(io_type, tilelab::generators::normalized_out(
-                                          state_at(d)[0], state_at(d)[1], state_at(d)[2]));
-    s.lse(i, h, b) = tilelab::generators::row_lse(state_at(0)[0], state_at(0)[1]);
+    s.out(d, i, h, b) = cast(io_type, rows_at(d)[0]);
+    s.lse(i, h, b) = rows_at(0)[1];
     out = s.out;
     lse = s.lse;
 

@@ -80,19 +80,25 @@ inline void define_scores(FlashAttentionStages& s, const Halide::Expr& head_dim)
 // Defines s.score = scale · Σ query_bf16 · key_bf16 for s.bf16_products: bf16 × bf16 products are
 // exact in fp32, so the reduction (vdpbf16ps: two products per fp32 lane, added in fp32) rounds
 // only the sums, like the fp32 path; the scale is applied to the sum, so q is never rounded.
-// Head dims pair up (rdp within a pair, rd over pairs); an odd D's last pair reads zeros.
+// Whole pairs of head dims are reduced in pairs (rdp within a pair, rd over pairs), reading K in
+// place; an odd D's last head dim is one more product per score.
 inline void define_scores_bf16(FlashAttentionStages& s, const Halide::Expr& head_dim,
                                const Halide::Expr& scale) {
   using namespace Halide;
   Var &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
-  RDom rd(0, 2, 0, (head_dim + 1) / 2, "rd");
+  RDom rd(0, 2, 0, head_dim / 2, "rd");
   s.rdp = rd.x;
   s.rd = rd.y;
   s.score_products(ii, jj, jb, io, hk, b) = 0.0f;
   s.score_products(ii, jj, jb, io, hk, b) +=
       cast<float>(s.query_bf16(rd.x, ii, rd.y, io, hk, b)) *
       cast<float>(s.key_bf16(2 * rd.y + rd.x, jj, jb, hk, b));
-  s.score(ii, jj, jb, io, hk, b) = s.score_products(ii, jj, jb, io, hk, b) * scale;
+  Expr last = head_dim - 1;
+  Expr odd_dim = select(head_dim % 2 == 1,
+                        cast<float>(s.query_bf16(0, ii, head_dim / 2, io, hk, b)) *
+                            cast<float>(s.key_bf16(last, jj, jb, hk, b)),
+                        0.0f);
+  s.score(ii, jj, jb, io, hk, b) = (s.score_products(ii, jj, jb, io, hk, b) + odd_dim) * scale;
 }
 
 // Defines, from s.masked (the classified scores), the block statistics, the probabilities, the

@@ -18,8 +18,8 @@ struct FlashAttentionStages {
   // bf16 products (bf16_products): operands laid out in pairs along the reduced dimension, so
   // that one 32-bit lane holds the two bf16 values a vdpbf16ps lane multiplies and adds.
   Halide::Func query_bf16{"query_bf16"};  // (dp, ii, dh, io, hk, b) q at d = 2·dh + dp, 0 past D
-  Halide::Func key_bf16{"key_bf16"};      // (d, jj, jb, hk, b) K block, 0 past D
-  Halide::Func value_rows{"value_rows"};  // (d, jj, jb, hk, b) V block as stored, clamped
+  Halide::Func key_bf16{"key_bf16"};      // (d, jj, jb, hk, b) K block, read in place
+  Halide::Func value_rows{"value_rows"};  // (d, jj, jb, hk, b) V block, read in place, clamped
   Halide::Func value_bf16{"value_bf16"};  // (jp, d, jo, jb, hk, b) value_rows at jj = 2·jo + jp
   Halide::Func prob_bf16{"prob_bf16"};    // (jp, ii, jo, jb, io, hk, b) prob rounded to bf16
   Halide::Func score_products{"score_products"};  // (ii, jj, jb, io, hk, b) q·k, unscaled
@@ -38,9 +38,13 @@ struct FlashAttentionStages {
   Halide::Func block_sum{"block_sum"};  // (ii, jb, io, hk, b) Σ prob
   Halide::Func block_pv{"block_pv"};    // (d, ii, jb, io, hk, b) Σ prob · v
   Halide::Func state{
-      "state"};             // (d, ii, io, hk, b) Tuple(running max, running sum, unnormalized out)
-  Halide::Func out{"out"};  // (d, i, h, b)
-  Halide::Func lse{"lse"};  // (i, h, b)
+      "state"};  // (d, ii, io, hk, b) Tuple(running max, running sum, unnormalized out)
+  // (d, ii, io, hk, b) Tuple(out, row_lse) of finished rows in the state's layout: the dense
+  // forward computes each tile's state inside its loop over tiles.
+  Halide::Func out_rows{"out_rows"};
+  Halide::Func row_lse{"row_lse"};  // (ii, io, hk, b) lse of a finished row
+  Halide::Func out{"out"};          // (d, i, h, b)
+  Halide::Func lse{"lse"};          // (i, h, b)
   Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, i{"i"}, h{"h"};
   Halide::RVar rk;       // key blocks, reduced by `state`
   Halide::RVar rd;       // head dim, reduced by `score`

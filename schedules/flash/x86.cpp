@@ -37,42 +37,50 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
                                   const Expr& head_dim) {
   const int VL = target.natural_vector_size<float>();
   // Outputs: stream the normalized rows out, parallel over heads.
-  Var hb("hb");
+  Var hb("hb"), tile("tile");
   s.out.fuse(s.h, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   s.lse.fuse(s.h, s.b, hb).parallel(hb);
-  const Var tile = schedule_online_softmax_x86(s, target, head_dim);
+  // Finished tiles in the state's row layout, parallel over (io, hk, b); each tile's state lives
+  // inside one iteration.
+  s.out_rows.compute_root()
+      .fuse(s.io, s.hk, tile)
+      .fuse(tile, s.b, tile)
+      .parallel(tile)
+      .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  const LoopLevel at_tile(s.out_rows, tile);
+  schedule_online_softmax_x86(s, target, head_dim, at_tile);
   const int RV = std::min(VL, s.query_tile);
-  for (Func f : {s.row_query, s.row_key_limit}) f.compute_at(s.state, tile).vectorize(s.ii, RV);
-  s.row_head.compute_at(s.state, tile).vectorize(s.ii, RV);
+  for (Func f : {s.row_query, s.row_key_limit, s.row_head, s.row_lse}) {
+    f.compute_at(at_tile).vectorize(s.ii, RV);
+  }
 }
 
-Var schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
-                                const Expr& head_dim) {
+void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
+                                 const Expr& head_dim, const LoopLevel& tile) {
   const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
   const int QT = s.query_tile;
   const int score_rows = std::min(QT, 2 * VL);  // rows per score register tile
   const int pv_rows = std::min(QT, 4);          // rows per block_pv register tile
   const int RV = std::min(VL, QT);              // lanes for per-row vectors (never pad rows)
-  Var tile("tile"), dout("dout"), iii("iii"), jjo("jjo"), jji("jji");
+  Var dout("dout"), iii("iii"), jjo("jjo"), jji("jji");
 
-  // The running state lives in memory for the whole call; each (io, hk, b) owns a slice.
-  Stage merge = flash::schedule_parallel_accumulator(s.state, s.io, s.hk, s.b, s.d,
-                                                     {s.d, s.ii, s.rk, s.io, s.hk, s.b}, VL, tile);
+  // The running state of one tile (io, hk, b).
+  s.state.compute_at(tile).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  Stage merge = s.state.update();
+  merge.reorder(s.d, s.ii, s.rk, s.io, s.hk, s.b);
   // Head dims are rounded up to the register tile (extra columns read a clamped V and are never
   // stored to out); fast paths for 64 and 128 have no rounding.
   flash::split_register_tiles(merge, s.d, s.ii, pv_rows, head_dim, VL, dout);
 
   if (s.bf16_products) {
-    // bf16 operands in pairs: q once per tile, K, V and P once per (tile, block).
-    s.query_bf16.compute_at(s.state, tile).vectorize(s.dp).vectorize(s.ii, RV);
-    s.key_bf16.compute_at(s.state, s.rk).vectorize(s.d, 2 * VL, TailStrategy::GuardWithIf);
-    s.value_rows.compute_at(s.state, s.rk).vectorize(s.d, 2 * VL, TailStrategy::GuardWithIf);
+    // bf16 operands in pairs: q once per tile, V and P once per (tile, block); K in place.
+    s.query_bf16.compute_at(tile).vectorize(s.dp).vectorize(s.ii, RV);
     s.value_bf16.compute_at(s.state, s.rk)
         .vectorize(s.jp)
         .vectorize(s.d, VL, TailStrategy::GuardWithIf);
     s.prob_bf16.compute_at(s.state, s.rk).vectorize(s.jp).vectorize(s.ii, RV);
   } else {
-    s.query_t.compute_at(s.state, tile);
+    s.query_t.compute_at(tile);
     if (!s.decode) s.query_t.vectorize(s.ii, VL, TailStrategy::GuardWithIf);
   }
   if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
@@ -122,7 +130,7 @@ Var schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
 
   // Block maxima are kept for the whole tile (store_at) and computed per block: the sliding
   // window computes each block once while running_max reads blocks 0..rk.
-  s.block_max.store_at(s.state, tile).compute_at(s.state, s.rk).vectorize(s.ii, RV);
+  s.block_max.store_at(tile).compute_at(s.state, s.rk).vectorize(s.ii, RV);
   s.running_max.compute_at(s.state, s.rk).vectorize(s.ii, RV);
   s.running_max.update().reorder(s.ii, s.rb).vectorize(s.ii, RV);
   s.rescale.compute_at(s.state, s.rk).vectorize(s.ii, RV);
@@ -142,7 +150,6 @@ Var schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   } else {
     flash::schedule_tile_product(s.block_pv, s.d, s.ii, s.rj, LoopLevel(s.state, dout), VL);
   }
-  return tile;
 }
 
 }  // namespace tilelab::schedules

@@ -25,8 +25,10 @@ void schedule_flash_attention_x86(FlashAttentionStages& stages, const Halide::Ta
 // Schedules everything from the stages that feed the scores to `state` (the loop nest per
 // (query tile io, kv head hk, batch b) described in x86.cpp), leaving out and lse to the caller:
 // shared by the dense forward and the block-sparse forward, whose outputs and per-row lookups
-// differ. Returns the parallel loop over (io, hk, b), where per-tile lookups are computed.
-Halide::Var schedule_online_softmax_x86(FlashAttentionStages& stages, const Halide::Target& target,
-                                        const Halide::Expr& head_dim);
+// differ. The state of one tile is computed at `tile`, the caller's (parallel) loop over tiles of
+// the Func that reads the finished state, so that it stays in cache from its initialization to
+// its last read; per-tile lookups belong there too.
+void schedule_online_softmax_x86(FlashAttentionStages& stages, const Halide::Target& target,
+                                 const Halide::Expr& head_dim, const Halide::LoopLevel& tile);
 
 }  // namespace tilelab::schedules
