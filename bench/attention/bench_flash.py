@@ -41,8 +41,10 @@ class Workload:
     dtype: str  # "float32" or "bfloat16"
     causal: bool
     # Decode is bound by reading K and V: it is reported in GB/s against the triad bandwidth;
-    # everything else in GFLOP/s against the FMA peak.
+    # everything else in GFLOP/s against the FMA peak (bf16: also the bf16 dot-product peak).
     decode: bool = False
+    # bf16: keep P in fp32 (fp32 FMAs) instead of bf16 dot products.
+    fp32_probabilities: bool = False
 
     @property
     def name(self) -> str:
@@ -55,7 +57,8 @@ class Workload:
             f"S{self.q_len}" if self.q_len == self.kv_len else f"M{self.q_len} N{self.kv_len}"
         )
         prefix = "decode " if self.decode else ""
-        return f"{prefix}B{self.batch} {heads} {lengths} D{self.head_dim}"
+        suffix = " fp32 P" if self.fp32_probabilities else ""
+        return f"{prefix}B{self.batch} {heads} {lengths} D{self.head_dim}{suffix}"
 
     @property
     def flops(self) -> float:
@@ -73,6 +76,7 @@ WORKLOADS = [
     Workload(1, 16, 16, 512, 512, 128, "float32", causal=True),
     Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=False),
     Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=True),
+    Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=False, fp32_probabilities=True),
     Workload(1, 25, 25, 1024, 1024, 64, "float32", causal=False),
     Workload(1, 32, 8, 2048, 2048, 128, "bfloat16", causal=True),
     # One new query per sequence sees every cached key: not causal.
@@ -169,6 +173,8 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
     q, k, v = make_inputs(workload, rng)
     options = dict(causal=workload.causal)
     implementation = tilelab.flash_attention_implementation(q, k, v, **options)
+    if workload.fp32_probabilities:
+        options["fp32_probabilities"] = True
     ours = tilelab.flash_attention(q, k, v, **options)
 
     def ours_call():
@@ -197,6 +203,9 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
         "ours_fraction_of_fma_peak": workload.flops / ours_s * 1e-9
         / peak["fma_peak_fp32_gflop_per_s"],
     }
+    if uses_bf16_dot_products(workload, peak):
+        result["ours_fraction_of_bf16_dot_peak"] = workload.flops / ours_s * 1e-9 / peak[
+            "bf16_dot_peak_gflop_per_s"]
     if workload.decode:
         kv_bytes = workload.kv_bytes(q.dtype.itemsize)
         result["kv_bytes"] = kv_bytes
@@ -216,6 +225,14 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
     return result
 
 
+def uses_bf16_dot_products(workload: Workload, peak: dict) -> bool:
+    """Whether the kernel runs on bf16 dot products here (bf16 prefill, rounded P, a CPU with
+    them): its rate is then judged against their peak."""
+    return (workload.dtype == "bfloat16" and not workload.decode
+            and not workload.fp32_probabilities
+            and peak.get("bf16_dot_peak_gflop_per_s") is not None)
+
+
 def format_row(result: dict) -> list[str]:
     workload = result["shape"]
     if workload["decode"]:
@@ -226,6 +243,8 @@ def format_row(result: dict) -> list[str]:
     else:
         ours_rate = f"{result['ours_gflop_per_s']:.1f} GFLOP/s"
         fraction = f"{100 * result['ours_fraction_of_fma_peak']:.1f}% FMA"
+        if "ours_fraction_of_bf16_dot_peak" in result:
+            fraction = f"{100 * result['ours_fraction_of_bf16_dot_peak']:.1f}% bf16 dot"
         torch_rate = f"{result['torch_gflop_per_s']:.1f} GFLOP/s" \
             if "torch_gflop_per_s" in result else "-"
     torch_ms = f"{1e3 * result['torch_median_s']:.2f}" if "torch_median_s" in result else "-"
@@ -255,9 +274,11 @@ def print_table(header: list[str], rows: list[list[str]], left_aligned: int) -> 
 
 def print_run_header(tilelab, torch, peak: dict, args: argparse.Namespace) -> None:
     """The machine, its peaks measured in this run, and the versions compared."""
+    bf16_peak = peak.get("bf16_dot_peak_gflop_per_s")
+    bf16_text = f"bf16 dot peak {bf16_peak:.0f} GFLOP/s" if bf16_peak else "no bf16 dot products"
     print(f"machine: {cpu_model()}, {args.threads} threads; fp32 FMA peak "
-          f"{peak['fma_peak_fp32_gflop_per_s']:.0f} GFLOP/s ({peak['fma_isa']}), triad "
-          f"{peak['triad_bandwidth_gb_per_s']:.1f} GB/s (tilelab_machine_peak, "
+          f"{peak['fma_peak_fp32_gflop_per_s']:.0f} GFLOP/s ({peak['fma_isa']}), {bf16_text}, "
+          f"triad {peak['triad_bandwidth_gb_per_s']:.1f} GB/s (tilelab_machine_peak, "
           f"{peak['statistic']})")
     torch_text = (f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
                   if torch is not None else "torch not importable: no comparison")
@@ -317,8 +338,33 @@ def main() -> None:
     header = ["workload", "dtype", "mask", "tilelab impl", "ours ms", "torch ms",
               "torch/ours", "ours rate", "of peak", "torch rate"]
     print_table(header, rows, left_aligned=4)
+    print_ratios(results)
 
     write_json_report(args, "tilelab.bench_flash", tilelab, torch, peak, results)
+
+
+def print_ratios(results: list[dict]) -> None:
+    """Ratios between our own workloads of this run: bf16 against fp32 at the same shape, causal
+    against full, bf16 dot products against fp32 probabilities."""
+    by_name = {(r["workload"], r["shape"]["dtype"], r["shape"]["causal"]): r["ours_median_s"]
+               for r in results}
+    lines = []
+    for (name, dtype, causal), seconds in by_name.items():
+        mask = "causal" if causal else "full"
+        fp32 = by_name.get((name, "float32", causal))
+        if dtype == "bfloat16" and fp32 is not None:
+            lines.append(f"{name} {mask}: bf16 {fp32 / seconds:.2f}x faster than fp32")
+        full = by_name.get((name, dtype, False))
+        if causal and full is not None:
+            lines.append(f"{name} {dtype}: causal {full / seconds:.2f}x faster than full")
+        exact = by_name.get((f"{name} fp32 P", dtype, causal))
+        if exact is not None:
+            lines.append(f"{name} {dtype} {mask}: bf16 P {exact / seconds:.2f}x faster than "
+                         "fp32 P")
+    if lines:
+        print("\nours against ours, same run:")
+        for line in lines:
+            print(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-// tilelab_machine_peak: this machine's fp32 FMA peak (GFLOP/s) and STREAM triad bandwidth (GB/s)
-// with N OpenMP threads, as JSON; bench_flash.py divides its figures by these.
+// tilelab_machine_peak: this machine's fp32 FMA peak and, where the CPU has AVX-512 BF16, its bf16
+// dot-product peak (GFLOP/s), and STREAM triad bandwidth (GB/s) with N OpenMP threads, as JSON;
+// bench_flash.py divides its figures by these.
 #include <omp.h>
 
 #include <algorithm>
@@ -65,6 +66,25 @@ __attribute__((target("avx2,fma"))) float fma_chains_avx2(std::int64_t iteration
   for (float lane : lanes) total += lane;
   return total;
 }
+
+// vdpbf16ps: acc += a[2i]·b[2i] + a[2i+1]·b[2i+1] per fp32 lane, 32 multiply-adds per zmm. The
+// products (1e-6) keep the sums finite and normal over any iteration count.
+__attribute__((target("avx512f,avx512bf16"))) float bf16_dot_chains(std::int64_t iterations) {
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  for (std::int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, a);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
 #endif
 
 // Portable fallback: whatever the compiler makes of scalar multiply-adds.
@@ -81,7 +101,7 @@ float fma_chains_scalar(std::int64_t iterations) {
 
 struct FmaKernel {
   const char* isa;
-  int lanes;  // fp32 lanes per vector
+  int lanes;  // multiply-adds per instruction
   float (*run)(std::int64_t iterations);
 };
 
@@ -94,6 +114,15 @@ FmaKernel best_fma_kernel() {
   }
 #endif
   return {"scalar", 1, fma_chains_scalar};
+}
+
+// The bf16 dot-product kernel, when the CPU has one (its `run` is null otherwise).
+FmaKernel bf16_dot_kernel() {
+#if TILELAB_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512bf16")) return {"avx512bf16", 32, bf16_dot_chains};
+#endif
+  return {"none", 0, nullptr};
 }
 
 // Keeps the accumulator results observable so the loops are not removed.
@@ -189,20 +218,31 @@ int main(int argc, char** argv) {
   const double fma_gflops = measure_fma_gflops(kernel, threads, fma_iterations, trials);
   const std::int64_t triad_elements = triad_mib * 1024 * 1024 / 8;
   const double triad_gb_per_s = measure_triad_gb_per_s(threads, triad_elements, trials);
+  // The same number of instructions as the FMA probe: one bf16 dot product does two multiply-adds
+  // per fp32 lane.
+  const FmaKernel bf16_kernel = bf16_dot_kernel();
+  std::string bf16_peak = "null";
+  if (bf16_kernel.run) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f",
+                  measure_fma_gflops(bf16_kernel, threads, fma_iterations, trials));
+    bf16_peak = text;
+  }
 
   std::printf(
       "{\n"
       "  \"schema\": \"tilelab.machine_peak\",\n"
-      "  \"schema_version\": 1,\n"
+      "  \"schema_version\": 2,\n"
       "  \"threads\": %d,\n"
       "  \"fma_isa\": \"%s\",\n"
       "  \"fma_chains_per_thread\": %d,\n"
       "  \"fma_peak_fp32_gflop_per_s\": %.2f,\n"
+      "  \"bf16_dot_peak_gflop_per_s\": %s,\n"
       "  \"triad_array_bytes\": %lld,\n"
       "  \"triad_bandwidth_gb_per_s\": %.2f,\n"
       "  \"statistic\": \"best of %d trials\"\n"
       "}\n",
-      threads, kernel.isa, kChains, fma_gflops, static_cast<long long>(triad_elements * 8),
-      triad_gb_per_s, trials);
+      threads, kernel.isa, kChains, fma_gflops, bf16_peak.c_str(),
+      static_cast<long long>(triad_elements * 8), triad_gb_per_s, trials);
   return 0;
 }

@@ -132,13 +132,15 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
       return rk * KB <= tile_max_i + causal_offset;
     });
 
-    // Finished rows: out per column, and the row's lse (a log per row, not per column).
+    // Finished rows: out per column, and the row's lse and 1 / l once per row.
     Tuple first_column = s.state(0, ii, io, hk, b);
-    s.row_lse(ii, io, hk, b) = tilelab::generators::row_lse(first_column[0], first_column[1]);
+    s.row_lse(ii, io, hk, b) = {tilelab::generators::row_lse(first_column[0], first_column[1]),
+                                1.0f / first_column[1]};
     Tuple state = s.state(d, ii, io, hk, b);
+    Tuple finished_row = s.row_lse(ii, io, hk, b);
     s.out_rows(d, ii, io, hk, b) = {
-        tilelab::generators::normalized_out(state[0], state[1], state[2]),
-        s.row_lse(ii, io, hk, b)};
+        tilelab::generators::normalized_out(state[0], state[1], state[2], finished_row[1]),
+        finished_row[0]};
     // Back from rows to (i, h).
     Expr out_row = (h % group) * q_len + i;
     auto rows_at = [&](const Expr& dd) {

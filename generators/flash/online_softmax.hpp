@@ -176,10 +176,14 @@ inline void define_online_softmax(
 inline Halide::Expr row_is_nan(const Halide::Expr& m) {
   return m == ScoreMarkers::kPoisoned || m == ScoreMarkers::minus_infinity();
 }
+// `inverse_l`, when given, is 1 / l computed once per row: a multiply per element instead of a
+// division (within one rounding of o / l).
 inline Halide::Expr normalized_out(const Halide::Expr& m, const Halide::Expr& l,
-                                   const Halide::Expr& o) {
+                                   const Halide::Expr& o,
+                                   const Halide::Expr& inverse_l = Halide::Expr()) {
   using namespace Halide;
-  Expr out_bits = reinterpret<uint32_t>(select(l > 0.0f, o / l, 0.0f));
+  Expr quotient = inverse_l.defined() ? o * inverse_l : o / l;
+  Expr out_bits = reinterpret<uint32_t>(select(l > 0.0f, quotient, 0.0f));
   return reinterpret<float>(select(row_is_nan(m), Expr(detail::kFp32QuietNanBits), out_bits));
 }
 inline Halide::Expr row_lse(const Halide::Expr& m, const Halide::Expr& l) {

@@ -42,7 +42,7 @@ struct FlashAttentionStages {
   // (d, ii, io, hk, b) Tuple(out, row_lse) of finished rows in the state's layout: the dense
   // forward computes each tile's state inside its loop over tiles.
   Halide::Func out_rows{"out_rows"};
-  Halide::Func row_lse{"row_lse"};  // (ii, io, hk, b) lse of a finished row
+  Halide::Func row_lse{"row_lse"};  // (ii, io, hk, b) Tuple(lse, 1 / l) of a finished row
   Halide::Func out{"out"};          // (d, i, h, b)
   Halide::Func lse{"lse"};          // (i, h, b)
   Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, i{"i"}, h{"h"};

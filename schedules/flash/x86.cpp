@@ -73,11 +73,19 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   flash::split_register_tiles(merge, s.d, s.ii, pv_rows, head_dim, VL, dout);
 
   if (s.bf16_products) {
-    // bf16 operands in pairs: q once per tile, V and P once per (tile, block); K in place.
+    // bf16 operands in pairs: q once per tile, P once per (tile, block); K in place.
     s.query_bf16.compute_at(tile).vectorize(s.dp).vectorize(s.ii, RV);
-    s.value_bf16.compute_at(s.state, s.rk)
+    // V in key pairs once per call, before the tiles: every query tile of a kv head reads the
+    // same blocks, and interleaving them per tile cost about 5% of the call.
+    // (Specialized like the merge: the fast head dims read V without a clamp.)
+    Var blocks("blocks");
+    s.value_bf16.compute_root()
+        .fuse(s.jb, s.hk, blocks)
+        .fuse(blocks, s.b, blocks)
+        .parallel(blocks)
         .vectorize(s.jp)
         .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    for (int dims : flash::kFastHeadDims) s.value_bf16.specialize(head_dim == dims);
     s.prob_bf16.compute_at(s.state, s.rk).vectorize(s.jp).vectorize(s.ii, RV);
   } else {
     s.query_t.compute_at(tile);

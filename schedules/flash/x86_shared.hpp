@@ -29,6 +29,9 @@ inline Halide::Stage schedule_parallel_accumulator(Halide::Func f, const Halide:
   return update;
 }
 
+// Head dims with fast paths: specialized, and split into register tiles without rounding.
+inline constexpr int kFastHeadDims[] = {128, 64};
+
 // Splits an update over (d, second) into register tiles: head dims rounded up to 4 vectors (fast
 // paths for D = 64 and 128, which need no rounding) or else one vector, × `second_tile` of
 // `second`, unrolled. `dout` is the loop over head-dim tiles, where each tile's product is
@@ -38,7 +41,7 @@ inline void split_register_tiles(Halide::Stage stage, const Halide::Var& d,
                                  const Halide::Expr& head_dim, int lanes, const Halide::Var& dout) {
   using Halide::TailStrategy;
   Halide::Var din("din"), so("so"), si("si");
-  for (int dims : {128, 64}) {
+  for (int dims : kFastHeadDims) {
     stage.specialize(head_dim == dims)
         .split(d, dout, din, std::min(dims, 4 * lanes), TailStrategy::RoundUp)
         .split(second, so, si, second_tile)
