@@ -38,12 +38,14 @@ struct ScoreMarkers {
 inline Halide::Expr classify_score(const Halide::Expr& biased, const Halide::Expr& visible) {
   using namespace Halide;
   using S = ScoreMarkers;
+  // One test for "not finite" (NaN or ±inf), then -inf apart: fewer vector ops per score than
+  // testing NaN, +inf and finiteness separately.
   Expr bits = reinterpret<uint32_t>(biased);
-  Expr poisoned = detail::fp32_bits_is_nan(bits) || bits == Expr(detail::kFp32PlusInfinityBits);
+  Expr not_finite = !detail::fp32_bits_is_finite(bits);
+  Expr marker =
+      select(bits == Expr(detail::kFp32MinusInfinityBits), S::minus_infinity(), S::kPoisoned);
   Expr classified =
-      select(poisoned, S::kPoisoned,
-             select(detail::fp32_bits_is_finite(bits),
-                    clamp(biased, S::lowest_score(), S::highest_score()), S::minus_infinity()));
+      select(not_finite, marker, clamp(biased, S::lowest_score(), S::highest_score()));
   return select(visible, classified, S::kMasked);
 }
 
