@@ -74,7 +74,12 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
 
   if (s.bf16_products) {
     // bf16 operands in pairs: q once per tile, P once per (tile, block); K in place.
-    s.query_bf16.compute_at(tile).vectorize(s.dp).vectorize(s.ii, RV);
+    // Pairs of head dims copied along a row (each a 32-bit move): vectorizing over rows made
+    // every lane a gather of two bf16 values from a different row.
+    s.query_bf16.compute_at(tile)
+        .reorder(s.dp, s.dh, s.ii)
+        .vectorize(s.dp)
+        .unroll(s.dh, 4, TailStrategy::GuardWithIf);
     // V in key pairs once per call, before the tiles: every query tile of a kv head reads the
     // same blocks, and interleaving them per tile cost about 5% of the call.
     // (Specialized like the merge: the fast head dims read V without a clamp.)
