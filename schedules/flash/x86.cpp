@@ -94,7 +94,8 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     s.prob_bf16.compute_at(s.state, s.rk).vectorize(s.jp).vectorize(s.ii, RV);
   } else {
     s.query_t.compute_at(tile);
-    if (!s.decode) s.query_t.vectorize(s.ii, VL, TailStrategy::GuardWithIf);
+    // Copied along each row of q (scalar moves): vectorized over rows, every lane was a gather.
+    if (!s.decode) s.query_t.reorder(s.d, s.ii).unroll(s.d, 4, TailStrategy::GuardWithIf);
   }
   if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
