@@ -50,6 +50,7 @@ struct Case {
   bool q_transposed = false;
   bool out_padded = false;
   bool kv_inner_strided = false;
+  bool fp32_probabilities = false;  // bf16: P kept in fp32 instead of bf16 dot products
 };
 
 const char* dtype_label(DType dtype) {
@@ -91,7 +92,8 @@ std::string describe(const Case& c) {
        << " D=" << c.head_dim << " mask=" << mask_label(c.mask) << " bias=" << bias_label(c.bias)
        << " scale=" << (c.scale ? std::to_string(*c.scale) : std::string("default"))
        << (c.q_transposed ? " q[B,M,H,D]" : "") << (c.out_padded ? " out/bias/lse padded" : "")
-       << (c.kv_inner_strided ? " k/v inner stride 2" : "");
+       << (c.kv_inner_strided ? " k/v inner stride 2" : "")
+       << (c.fp32_probabilities ? " fp32 probabilities" : "");
   return text.str();
 }
 
@@ -172,6 +174,7 @@ struct Inputs {
     options.causal_alignment =
         c.mask == Mask::bottom_right ? CausalAlignment::bottom_right : CausalAlignment::top_left;
     options.scale = c.scale;
+    options.fp32_probabilities = c.fp32_probabilities;
   }
 };
 
@@ -376,6 +379,28 @@ TEST_CASE("flash_attention: matches fp64 on large problems", "[runtime][attentio
   c.head_dim = 64;
   SECTION(describe(c)) {
     run_case(c);
+  }
+}
+
+TEST_CASE("flash_attention: bf16 with fp32 probabilities matches fp64", "[runtime][attention]") {
+  // The bf16 kernels' other path: P kept in fp32 (the grid above runs the default, bf16 dot
+  // products with P rounded to bf16, on CPUs that have them).
+  for (const Mask mask : kMasks) {
+    for (const BiasShape bias : {BiasShape::none, BiasShape::b_h_m_n}) {
+      for (const std::int64_t head_dim : {33, 128}) {
+        Case c;
+        c.dtype = DType::bf16;
+        c.mask = mask;
+        c.bias = bias;
+        c.heads = {4, 2};
+        c.lengths = {70, 131};
+        c.head_dim = head_dim;
+        c.fp32_probabilities = true;
+        SECTION(describe(c)) {
+          run_case(c);
+        }
+      }
+    }
   }
 }
 
