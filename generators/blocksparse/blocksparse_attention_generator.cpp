@@ -33,6 +33,9 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
   GeneratorParam<Type> io_type{"io_type", Float(32)};  // q, k, v and out element type
   // "prefill" or "decode": the tiling of schedules/flash/tiling.hpp the runtime picks by.
   GeneratorParam<std::string> variant{"variant", "prefill"};
+  // bf16 prefill on bf16 dot products with P rounded to bf16, where the target has them (as the
+  // dense forward's bf16_products).
+  GeneratorParam<bool> bf16_products{"bf16_products", false};
 
   Input<Buffer<void, 3>> q{"q"};             // (d, h, token): [total_q, Hq, D]
   Input<Buffer<void, 3>> k{"k"};             // (d, hk, token): [total_k, Hkv, D]
@@ -71,6 +74,12 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     s.value_is_f32 = io_type.value() == Float(32);
     s.decode = tiling.decode;
     s.decode_lanes = get_target().natural_vector_size<float>();
+    TILELAB_REQUIRE(!bf16_products || io_type.value() == BFloat(16))
+        << "bf16_products: needs io_type bfloat16, got " << io_type.value();
+    s.bf16_products = bf16_products && !s.decode &&
+                      tilelab::schedules::target_has_bf16_dot_products(get_target());
+    // Each task's key tiles come from its own blocks: V pairs are made per (task, tile).
+    s.value_pairs_shared_by_tiles = false;
 
     Expr head_dim = q.dim(0).extent();
     Expr q_heads = q.dim(1).extent();
@@ -118,7 +127,23 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     s.key_f32(d, jj, jb, hk, b) = cast<float>(k(d, kv_head, key_token));
     s.value_f32(d, jj, jb, hk, b) =
         select(is_key, cast<float>(v(min(d, head_dim - 1), kv_head, key_token)), 0.0f);
-    tilelab::generators::define_scores(s, head_dim);
+    if (s.bf16_products) {
+      // As the dense forward (flash_attention_generator.cpp): q in head-dim pairs with zeros past
+      // D, K in place, V in key pairs (0 past the block's keys, like value_f32).
+      Expr dd = 2 * s.dh + s.dp;
+      s.query_bf16(s.dp, ii, s.dh, io, hk, b) =
+          select(dd < head_dim, q(min(dd, head_dim - 1), row_head(ii, b), row_token(ii, b)),
+                 cast(BFloat(16), 0.0f));
+      s.key_bf16(d, jj, jb, hk, b) = k(d, kv_head, key_token);
+      s.value_rows(d, jj, jb, hk, b) =
+          select(is_key, v(min(d, head_dim - 1), kv_head, key_token), cast(BFloat(16), 0.0f));
+      s.value_bf16(s.jp, d, s.jo, jb, hk, b) =
+          select(s.jp == 0, s.value_rows(d, 2 * s.jo, jb, hk, b),
+                 s.value_rows(d, 2 * s.jo + 1, jb, hk, b));
+      tilelab::generators::define_scores_bf16(s, head_dim, scale);
+    } else {
+      tilelab::generators::define_scores(s, head_dim);
+    }
     Expr visible = is_key && key <= row_key_limit(ii, b) && row_keeps(ii, jb, b);
     s.masked(ii, jj, jb, io, hk, b) =
         tilelab::generators::classify_score(s.score(ii, jj, jb, io, hk, b), visible);

@@ -58,6 +58,8 @@ struct FlashAttentionStages {
   Halide::Var dp{"dp"}, dh{"dh"}, jp{"jp"}, jo{"jo"};  // bf16 products: pair and pair index
   // q·k and P·V as bf16 × bf16 products with fp32 accumulation (vdpbf16ps); P is rounded to bf16.
   bool bf16_products = false;
+  // value_bf16 depends on the block only (not the query tile): made once per call for all tiles.
+  bool value_pairs_shared_by_tiles = true;
   bool value_is_f32 = false;  // K and V are fp32 already: read in place, no conversion copy
   int key_block = 0;          // keys per block
   int query_tile = 0;         // rows per query tile

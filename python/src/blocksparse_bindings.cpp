@@ -104,7 +104,8 @@ std::string layout_repr(const BlockSparseLayout& layout) {
 py::array blocksparse_attention(const py::handle& q, const py::handle& k, const py::handle& v,
                                 const BlockSparseLayout& layout, const py::handle& cu_seqlens_q,
                                 const py::handle& cu_seqlens_k, const py::handle& scale,
-                                const py::handle& out, const py::handle& implementation) {
+                                const py::handle& out, const py::handle& fp32_probabilities,
+                                const py::handle& implementation) {
   const ArrayView q_view = view_array(require_attention_array(q, "q"), "q");
   const ArrayView k_view = view_array(require_attention_array(k, "k"), "k");
   const ArrayView v_view = view_array(require_attention_array(v, "v"), "v");
@@ -112,6 +113,7 @@ py::array blocksparse_attention(const py::handle& q, const py::handle& k, const 
   const auto cu_k = require_int32_array(cu_seqlens_k, "cu_seqlens_k", 1, "[num_seqs + 1]");
   BlockSparseAttentionOptions options;
   options.scale = parse_optional_scale(scale, "scale");
+  options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
   options.implementation = parse_implementation(implementation);
 
   const WrittenArray written = packed_output(out, q_view, "q", "[total_q, Hq, D]");
@@ -178,7 +180,7 @@ void register_blocksparse_bindings(py::module_& core) {
   core.def("blocksparse_attention", &blocksparse_attention, py::arg("q"), py::arg("k"),
            py::arg("v"), py::arg("layout"), py::kw_only(), py::arg("cu_seqlens_q"),
            py::arg("cu_seqlens_k"), py::arg("scale") = py::none(), py::arg("out") = py::none(),
-           py::arg("implementation") = "automatic",
+           py::arg("fp32_probabilities") = false, py::arg("implementation") = "automatic",
            "Block-sparse attention over packed varlen sequences; returns out. See "
            "tilelab.blocksparse_attention.");
 }

@@ -323,6 +323,7 @@ def blocksparse_attention(
     cu_seqlens_k: np.ndarray,
     scale: float | None = None,
     out: np.ndarray | None = None,
+    fp32_probabilities: bool = False,
     implementation: Implementation = "automatic",
 ) -> np.ndarray:
     """Block-sparse attention over packed variable-length sequences; only the layout's blocks are
@@ -353,6 +354,8 @@ def blocksparse_attention(
         scale: multiplies ``q @ k^T`` before the softmax; default ``1 / sqrt(D)``; must be finite.
         out: when given, a writeable ``[total_q, Hq, D]`` array of q's dtype that tilelab can
             write in place (it is returned); default a new C-contiguous array.
+        fp32_probabilities: bfloat16: keep P in float32 instead of rounding it to bfloat16 for
+            bf16 dot products (as in :func:`flash_attention`).
         implementation: ``"automatic"``, ``"generated"`` (ValueError when no generated kernel
             covers the call) or ``"reference"``.
 
@@ -371,6 +374,7 @@ def blocksparse_attention(
         cu_seqlens_k=cu_seqlens_k,
         scale=scale,
         out=out,
+        fp32_probabilities=fp32_probabilities,
         implementation=implementation,
     )
 

@@ -63,6 +63,7 @@ def blocksparse_attention(
     cu_seqlens_k: np.ndarray,
     scale: float | None = None,
     out: np.ndarray | None = None,
+    fp32_probabilities: bool = False,
     implementation: str = "automatic",
 ) -> np.ndarray: ...
 def paged_attention(

@@ -20,6 +20,7 @@ struct BlockSparseProblem {
   std::int64_t num_seqs = 0, total_q = 0, total_k = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   std::int64_t max_q_len = 0, max_k_len = 0;
   float scale = 1.0f;
+  bool fp32_probabilities = false;  // BlockSparseAttentionOptions::fp32_probabilities
 
   // The layout head query head h uses: h (one layout head per query head), its kv head (one per kv
   // head), or 0 (a single-head layout).

@@ -82,6 +82,7 @@ BlockSparseProblem validate_blocksparse_attention(
   }
 
   problem.scale = resolve_attention_scale(options.scale, problem.head_dim);
+  problem.fp32_probabilities = options.fp32_probabilities;
 
   // out is written while the inputs are still read, rows concurrently.
   require_no_self_overlap(out, "out");

@@ -15,6 +15,7 @@
 
 #include "blocksparse_bf16_decode.h"
 #include "blocksparse_bf16_prefill.h"
+#include "blocksparse_bf16_prefill_fp32_probabilities.h"
 #include "blocksparse_f16_decode.h"
 #include "blocksparse_f16_prefill.h"
 #include "blocksparse_f32_decode.h"
@@ -38,14 +39,16 @@ using schedules::flash::kBlockSparsePrefillTiling;
 using schedules::flash::kBlockSparseTaskFields;
 using schedules::flash::kDecodeMaxRows;
 
-KernelFn pick_kernel(DType dtype, bool decode) {
+KernelFn pick_kernel(DType dtype, bool decode, bool fp32_probabilities) {
   switch (dtype) {
     case DType::f32:
       return decode ? blocksparse_f32_decode : blocksparse_f32_prefill;
     case DType::f16:
       return decode ? blocksparse_f16_decode : blocksparse_f16_prefill;
     case DType::bf16:
-      return decode ? blocksparse_bf16_decode : blocksparse_bf16_prefill;
+      if (decode) return blocksparse_bf16_decode;
+      return fp32_probabilities ? blocksparse_bf16_prefill_fp32_probabilities
+                                : blocksparse_bf16_prefill;
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:
@@ -241,7 +244,7 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
     if (view->stride(2) != 1 || !offsets_fit_int32(*view)) return false;
   }
   const BlockSparseLayout& layout = *p.layout;
-  if (p.head_dim > 256 || !pick_kernel(p.dtype, false) ||
+  if (p.head_dim > 256 || !pick_kernel(p.dtype, false, false) ||
       !fits_int32(layout.num_row_blocks() * layout.block_size())) {
     return false;
   }
@@ -290,7 +293,7 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
     HalideView q(p.q), k(k_view), v(v_view), tasks_h(tasks), columns_h(columns_view),
         keeps_h(keeps_view), out(task_out_view);
     halide_error_message_of_thread().clear();
-    const int status = pick_kernel(p.dtype, batch.decode)(
+    const int status = pick_kernel(p.dtype, batch.decode, p.fp32_probabilities)(
         q.get(), k.get(), v.get(), tasks_h.get(), columns_h.get(), keeps_h.get(),
         static_cast<int32_t>(layout.block_size()), batch.live_tiles,
         static_cast<int32_t>(plan.folded_heads), layout.causal(), p.scale, out.get());

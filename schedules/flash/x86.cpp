@@ -80,17 +80,23 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
         .reorder(s.dp, s.dh, s.ii)
         .vectorize(s.dp)
         .unroll(s.dh, 4, TailStrategy::GuardWithIf);
-    // V in key pairs once per call, before the tiles: every query tile of a kv head reads the
-    // same blocks, and interleaving them per tile cost about 5% of the call.
-    // (Specialized like the merge: the fast head dims read V without a clamp.)
-    Var blocks("blocks");
-    s.value_bf16.compute_root()
-        .fuse(s.jb, s.hk, blocks)
-        .fuse(blocks, s.b, blocks)
-        .parallel(blocks)
-        .vectorize(s.jp)
-        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
-    for (int dims : flash::kFastHeadDims) s.value_bf16.specialize(head_dim == dims);
+    if (s.value_pairs_shared_by_tiles) {
+      // V in key pairs once per call, before the tiles: every query tile of a kv head reads the
+      // same blocks, and interleaving them per tile cost about 5% of the call. (Specialized like
+      // the merge: the fast head dims read V without a clamp.)
+      Var blocks("blocks");
+      s.value_bf16.compute_root()
+          .fuse(s.jb, s.hk, blocks)
+          .fuse(blocks, s.b, blocks)
+          .parallel(blocks)
+          .vectorize(s.jp)
+          .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+      for (int dims : flash::kFastHeadDims) s.value_bf16.specialize(head_dim == dims);
+    } else {
+      s.value_bf16.compute_at(s.state, s.rk)
+          .vectorize(s.jp)
+          .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    }
     s.prob_bf16.compute_at(s.state, s.rk).vectorize(s.jp).vectorize(s.ii, RV);
   } else {
     s.query_t.compute_at(tile);

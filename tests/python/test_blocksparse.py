@@ -675,3 +675,63 @@ def test_errors_leave_out_untouched(rng):
     with pytest.raises(ValueError):
         _call(arguments)
     assert (out == 7.0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16 on bf16 dot products (P rounded to bf16) and with fp32 probabilities
+
+
+@pytest.mark.parametrize("fp32_probabilities", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_bf16_both_probability_precisions_match_the_sparse_reference(rng, case, fp32_probabilities):
+    q_heads, kv_heads, head_dim, layout_args, q_lens, k_lens = CASES[case]
+    layout = tilelab.BlockSparseLayout.local_strided(**layout_args)
+    q, k, v = random_packed(rng, q_lens, k_lens, q_heads, kv_heads, head_dim, "bfloat16")
+    check(q, k, v, layout, q_lens, k_lens, "bfloat16", fp32_probabilities=fp32_probabilities)
+
+
+@pytest.mark.parametrize("fp32_probabilities", [False, True])
+@pytest.mark.parametrize("head_dim", [7, 64])
+def test_bf16_absent_blocks_and_padding_keys_are_never_read(rng, head_dim, fp32_probabilities):
+    # As test_absent_blocks_are_never_read, in bf16: the key pairs of a tile that runs past its
+    # block's keys must read zeros, not the NaN of a key no query sees.
+    layout = tilelab.BlockSparseLayout.local_strided(2, 256, 24, 2, 4)
+    q_lens, k_lens = [250, 1], [250, 201]
+    q, k, v = random_packed(rng, q_lens, k_lens, 2, 1, head_dim, "bfloat16")
+    k_starts = cu_seqlens(k_lens)
+    seen = np.zeros(k.shape[0], dtype=bool)
+    for s, (q_len, k_len) in enumerate(zip(q_lens, k_lens, strict=True)):
+        for h in range(2):
+            tokens = layout.token_mask(k_len, head=h)[k_len - q_len :]
+            seen[k_starts[s] : k_starts[s + 1]] |= tokens.any(axis=0)
+    assert (~seen).sum() > 50
+    clean_k, clean_v = k.copy(), v.copy()
+    k[~seen] = np.nan
+    v[~seen] = np.nan
+    out = tilelab.blocksparse_attention(
+        q,
+        k,
+        v,
+        layout,
+        cu_seqlens_q=cu_seqlens(q_lens),
+        cu_seqlens_k=k_starts,
+        fp32_probabilities=fp32_probabilities,
+    )
+    assert np.isfinite(out.astype(np.float32)).all()
+    expected = reference_blocksparse(q, clean_k, clean_v, layout, cu_seqlens(q_lens), k_starts)
+    assert_attention_close(out, expected, "bfloat16", clean_v, max(k_lens))
+
+
+def test_fp32_probabilities_must_be_a_bool(rng):
+    layout = tilelab.BlockSparseLayout.local_strided(1, 64, 16, 4, 1)
+    q, k, v = random_packed(rng, [64], [64], 1, 1, 8, "bfloat16")
+    with pytest.raises(TypeError, match="fp32_probabilities"):
+        tilelab.blocksparse_attention(
+            q,
+            k,
+            v,
+            layout,
+            cu_seqlens_q=cu_seqlens([64]),
+            cu_seqlens_k=cu_seqlens([64]),
+            fp32_probabilities="yes",
+        )

@@ -99,6 +99,9 @@ class BlockSparseLayout {
 struct BlockSparseAttentionOptions {
   // Multiplies q·k before the softmax; default 1/sqrt(D). Must be finite.
   std::optional<float> scale;
+  // bf16: keep P in fp32 instead of rounding it to bf16 for bf16 dot products (the meaning of
+  // FlashAttentionOptions::fp32_probabilities).
+  bool fp32_probabilities = false;
   Implementation implementation = Implementation::automatic;
 };
 
