@@ -9,12 +9,15 @@
 #include "flash_fwd_bf16_bias_fp32_probabilities.h"
 #include "flash_fwd_bf16_decode.h"
 #include "flash_fwd_bf16_fp32_probabilities.h"
+#include "flash_fwd_bf16_wide.h"
 #include "flash_fwd_f16.h"
 #include "flash_fwd_f16_bias.h"
 #include "flash_fwd_f16_decode.h"
+#include "flash_fwd_f16_wide.h"
 #include "flash_fwd_f32.h"
 #include "flash_fwd_f32_bias.h"
 #include "flash_fwd_f32_decode.h"
+#include "flash_fwd_f32_wide.h"
 #include "halide_glue.hpp"
 #include "schedules/flash/tiling.hpp"
 #include "tilelab/error.hpp"
@@ -27,21 +30,27 @@ using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, h
 
 using schedules::flash::kDecodeMaxRows;
 
+// Without a bias: decode for few rows per kv head, else 128-key blocks without a causal mask
+// (kPrefillWideTiling) and 64-key blocks with one.
 KernelFn pick_kernel(const AttentionProblem& p) {
   const bool has_bias = p.bias.has_value();
   const bool decode = !has_bias && p.q_len * (p.q_heads / p.kv_heads) <= kDecodeMaxRows;
+  const bool wide = !has_bias && !decode && !p.causal;
   switch (p.dtype) {
     case DType::f32:
-      return has_bias ? flash_fwd_f32_bias : decode ? flash_fwd_f32_decode : flash_fwd_f32;
+      if (has_bias) return flash_fwd_f32_bias;
+      return decode ? flash_fwd_f32_decode : wide ? flash_fwd_f32_wide : flash_fwd_f32;
     case DType::f16:
-      return has_bias ? flash_fwd_f16_bias : decode ? flash_fwd_f16_decode : flash_fwd_f16;
+      if (has_bias) return flash_fwd_f16_bias;
+      return decode ? flash_fwd_f16_decode : wide ? flash_fwd_f16_wide : flash_fwd_f16;
     case DType::bf16:
       if (decode) return flash_fwd_bf16_decode;
       if (p.fp32_probabilities) {
         return has_bias ? flash_fwd_bf16_bias_fp32_probabilities
                         : flash_fwd_bf16_fp32_probabilities;
       }
-      return has_bias ? flash_fwd_bf16_bias : flash_fwd_bf16;
+      if (has_bias) return flash_fwd_bf16_bias;
+      return wide ? flash_fwd_bf16_wide : flash_fwd_bf16;
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:

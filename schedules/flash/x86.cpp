@@ -19,12 +19,19 @@
 // The rescale then depends on the state, so it is computed per output element: one or two exps
 // per (d, row, block), about a third of the FMA work at D = 128, KB = 64. Keeping the running
 // max as its own Func (recomputed from stored block maxima) moves the exps to per-row work.
-// Tried, no gain: key blocks of 32 or 128 (64 balances per-block overhead against causal skipping:
-// B1 H16 S512 D128 fp32 full 8.4 / 7.6 / 7.4 ms, causal 5.1 / 4.8 / 5.1 ms; 2026-11, machine and
-// peak not recorded, so only the ratios between the three carry over); fast_exp (within
-// noise); software prefetch of the next K/V block in decode (0-10% slower: the hardware
-// prefetchers already follow the two streams); (m, l) in their own Func fused with compute_with
-// (bounds become unions over both stages' loops: 300x slower).
+// Key blocks: 64 for causal calls, 128 without a causal mask (kPrefillWideTiling: 4-8% faster in
+// fp32 and bf16, measured side by side on Zen 4; 32 was slower). Tried, no gain: fast_exp (within
+// noise); software prefetch of the next K/V block in decode (0-10% slower on Zen 3: the hardware
+// prefetchers already follow the two streams; Halide prefetch two blocks ahead, no change on
+// Zen 4); (m, l) in their own Func fused with compute_with (bounds become unions over both
+// stages' loops: 300x slower); no initialization pass for the state (undef, block 0 writes): the
+// select per merged element cost what the pass did; 64-row query tiles for bf16 (full no faster,
+// causal slower).
+//
+// bf16 with bf16 products (AVX-512 BF16 targets): the same nest on paired operands. q·k: 2 row
+// vectors of (head-dim pair) × 16 rows and 8 key-pair broadcasts read from K in place → 16
+// vdpbf16ps. P·V: 4 vectors of (key pair) × 16 head dims from V interleaved in key pairs once per
+// call, 4 broadcast P pairs → 16 vdpbf16ps. P is rounded to bf16 once per (tile, block).
 #include "schedules/flash/x86.hpp"
 
 #include "schedules/flash/x86_shared.hpp"
