@@ -29,9 +29,9 @@ int openmp_do_par_for(void* user_context, halide_task_t task, int min, int size,
   return result;
 }
 
-// Halide's scratch memory, cached per thread. Two kinds of allocation go through here: the
-// running state of a call (B·Hkv·rows·D·3 floats, 12 MiB for B1 H16 S512 D128), which malloc
-// would serve with a fresh mmap whose page faults cost ~15% of the call, and small per-block
+// Halide's scratch memory, cached per thread. Two kinds of allocation go through here: large
+// per-call buffers (the backward's accumulators, the bf16 forward's V in key pairs: MiBs), which
+// malloc would serve with a fresh mmap whose page faults cost ~15% of a call, and small per-block
 // buffers whose extents bounds inference cannot prove constant (so they are not on the stack),
 // allocated and freed once per key block by each task. A task allocates and frees on its own
 // thread, so a thread-local cache needs no lock.
