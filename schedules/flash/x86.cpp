@@ -26,7 +26,9 @@
 // Zen 4); (m, l) in their own Func fused with compute_with (bounds become unions over both
 // stages' loops: 300x slower); no initialization pass for the state (undef, block 0 writes): the
 // select per merged element cost what the pass did; 64-row query tiles for bf16 (full no faster,
-// causal slower).
+// causal slower); trimming a diagonal block's masked end with an RDom where-clause on the block's
+// keys (rj <= the tile's last visible key): bounds inference then widened block_pv to a range of
+// blocks and kept the clause as an if in the innermost loop, 1.5x slower everywhere.
 //
 // bf16 with bf16 products (AVX-512 BF16 targets): the same nest on paired operands. q·k: 2 row
 // vectors of (head-dim pair) × 16 rows and 8 key-pair broadcasts read from K in place → 16
