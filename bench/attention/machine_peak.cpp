@@ -30,6 +30,18 @@ constexpr float kMultiplier = 0.999999f;
 constexpr float kAddend = 1e-6f;
 
 #if TILELAB_X86
+// The sum of every lane of the chains, so that none of them is dead code.
+__attribute__((target("avx512f"))) float sum_of_chains(const __m512 (&acc)[kChains]) {
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  // A store instead of _mm512_reduce_add_ps, whose GCC 12 header trips -Wuninitialized.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
 __attribute__((target("avx512f"))) float fma_chains_avx512(std::int64_t iterations) {
   const __m512 a = _mm512_set1_ps(kMultiplier);
   const __m512 b = _mm512_set1_ps(kAddend);
@@ -39,14 +51,7 @@ __attribute__((target("avx512f"))) float fma_chains_avx512(std::int64_t iteratio
 #pragma GCC unroll 12
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
   }
-  __m512 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  // A store instead of _mm512_reduce_add_ps, whose GCC 12 header trips -Wuninitialized.
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  float total = 0.0f;
-  for (float lane : lanes) total += lane;
-  return total;
+  return sum_of_chains(acc);
 }
 
 __attribute__((target("avx2,fma"))) float fma_chains_avx2(std::int64_t iterations) {
@@ -77,13 +82,7 @@ __attribute__((target("avx512f,avx512bf16"))) float bf16_dot_chains(std::int64_t
 #pragma GCC unroll 12
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, a);
   }
-  __m512 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  float total = 0.0f;
-  for (float lane : lanes) total += lane;
-  return total;
+  return sum_of_chains(acc);
 }
 #endif
 

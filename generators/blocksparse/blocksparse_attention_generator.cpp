@@ -128,19 +128,15 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     s.value_f32(d, jj, jb, hk, b) =
         select(is_key, cast<float>(v(min(d, head_dim - 1), kv_head, key_token)), 0.0f);
     if (s.bf16_products) {
-      // As the dense forward (flash_attention_generator.cpp): q in head-dim pairs with zeros past
-      // D, K in place, V in key pairs (0 past the block's keys, like value_f32).
-      Expr dd = 2 * s.dh + s.dp;
-      s.query_bf16(s.dp, ii, s.dh, io, hk, b) =
-          select(dd < head_dim, q(min(dd, head_dim - 1), row_head(ii, b), row_token(ii, b)),
-                 cast(BFloat(16), 0.0f));
-      s.key_bf16(d, jj, jb, hk, b) = k(d, kv_head, key_token);
-      s.value_rows(d, jj, jb, hk, b) =
-          select(is_key, v(min(d, head_dim - 1), kv_head, key_token), cast(BFloat(16), 0.0f));
-      s.value_bf16(s.jp, d, s.jo, jb, hk, b) =
-          select(s.jp == 0, s.value_rows(d, 2 * s.jo, jb, hk, b),
-                 s.value_rows(d, 2 * s.jo + 1, jb, hk, b));
-      tilelab::generators::define_scores_bf16(s, head_dim, scale);
+      // V is 0 past the block's keys, like value_f32.
+      tilelab::generators::define_bf16_operands(
+          s, head_dim, scale,
+          [&](const Expr& dd) { return q(dd, row_head(ii, b), row_token(ii, b)); },
+          [&](const Expr& dd) { return k(dd, kv_head, key_token); },
+          [&](const Expr& dd) {
+            return select(is_key, v(min(dd, head_dim - 1), kv_head, key_token),
+                          cast(BFloat(16), 0.0f));
+          });
     } else {
       tilelab::generators::define_scores(s, head_dim);
     }

@@ -97,20 +97,11 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
 
     s.decode = decode;
     if (s.bf16_products) {
-      // Zeros past D (not a clamped column): 0 · inf would be NaN.
-      Expr dd = 2 * s.dh + s.dp;
-      s.query_bf16(s.dp, ii, s.dh, io, hk, b) = select(
-          dd < head_dim, q(min(dd, head_dim - 1), s.row_query(ii, io), s.row_head(ii, io, hk), b),
-          cast(BFloat(16), 0.0f));
-      s.key_bf16(d, jj, jb, hk, b) = k(d, key_c, hk, b);  // read where d < D only
-      // Pairs of keys are interleaved from whole rows: clamping each key of a pair would make
-      // every load a gather, and so would an index that mixes the pair into the vector lanes;
-      // a select of the two rows is two dense loads and a blend.
-      s.value_rows(d, jj, jb, hk, b) = v(min(d, head_dim - 1), key_c, hk, b);
-      s.value_bf16(s.jp, d, s.jo, jb, hk, b) =
-          select(s.jp == 0, s.value_rows(d, 2 * s.jo, jb, hk, b),
-                 s.value_rows(d, 2 * s.jo + 1, jb, hk, b));
-      tilelab::generators::define_scores_bf16(s, head_dim, scale);
+      tilelab::generators::define_bf16_operands(
+          s, head_dim, scale,
+          [&](const Expr& dd) { return q(dd, s.row_query(ii, io), s.row_head(ii, io, hk), b); },
+          [&](const Expr& dd) { return k(dd, key_c, hk, b); },
+          [&](const Expr& dd) { return v(min(dd, head_dim - 1), key_c, hk, b); });
     } else {
       tilelab::generators::define_scores(s, head_dim);
     }

@@ -103,6 +103,31 @@ inline void define_scores_bf16(FlashAttentionStages& s, const Halide::Expr& head
   s.score(ii, jj, jb, io, hk, b) = (s.score_products(ii, jj, jb, io, hk, b) + odd_dim) * scale;
 }
 
+// Defines the bf16 operands in pairs and the scores on them (define_scores_bf16), from a
+// generator's element reads: `query_at(d)` is q of row (ii, io, hk, b) at head dim d < D,
+// `key_at(d)` K of key (jj, jb, hk, b) at d < D, `value_at(d)` the V row of key (jj, jb, hk, b)
+// at d (0 <= d, clamped by the caller where the merge's rounding reads past D). q pads an odd D
+// with a zero (not a clamped column: 0 · inf would be NaN). V's key pairs are interleaved from
+// whole rows: clamping each key of a pair would make every load a gather, and so would an index
+// that mixes the pair into the vector lanes; a select of the two rows is two dense loads and a
+// blend.
+inline void define_bf16_operands(FlashAttentionStages& s, const Halide::Expr& head_dim,
+                                 const Halide::Expr& scale,
+                                 const std::function<Halide::Expr(const Halide::Expr&)>& query_at,
+                                 const std::function<Halide::Expr(const Halide::Expr&)>& key_at,
+                                 const std::function<Halide::Expr(const Halide::Expr&)>& value_at) {
+  using namespace Halide;
+  Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
+  Expr dd = 2 * s.dh + s.dp;
+  s.query_bf16(s.dp, ii, s.dh, io, hk, b) =
+      select(dd < head_dim, query_at(min(dd, head_dim - 1)), cast(BFloat(16), 0.0f));
+  s.key_bf16(d, jj, jb, hk, b) = key_at(d);  // read where d < D only (define_scores_bf16)
+  s.value_rows(d, jj, jb, hk, b) = value_at(d);
+  s.value_bf16(s.jp, d, s.jo, jb, hk, b) = select(s.jp == 0, s.value_rows(d, 2 * s.jo, jb, hk, b),
+                                                  s.value_rows(d, 2 * s.jo + 1, jb, hk, b));
+  define_scores_bf16(s, head_dim, scale);
+}
+
 // Defines, from s.masked (the classified scores), the block statistics, the probabilities, the
 // per-block P·V and the running state s.state, merged over key blocks 0 .. num_blocks - 1 in order.
 // `block_is_live(rk)`, when given, says which blocks the merge visits (a predicate on the pure vars

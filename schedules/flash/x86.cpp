@@ -173,12 +173,10 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   }
   s.prob.compute_at(s.state, s.rk).vectorize(s.ii, RV).unroll(s.jj, 4);
 
-  if (s.bf16_products) {
-    flash::schedule_tile_product_bf16_pairs(s.block_pv, s.d, s.ii, s.rjp, s.rjo,
-                                            LoopLevel(s.state, dout), VL);
-  } else {
-    flash::schedule_tile_product(s.block_pv, s.d, s.ii, s.rj, LoopLevel(s.state, dout), VL);
-  }
+  // bf16 products reduce the keys of a block in pairs (rjp within, rjo over pairs).
+  const RVar keys = s.bf16_products ? s.rjo : s.rj;
+  const std::optional<RVar> pair = s.bf16_products ? std::optional<RVar>(s.rjp) : std::nullopt;
+  flash::schedule_tile_product(s.block_pv, s.d, s.ii, keys, LoopLevel(s.state, dout), VL, pair);
 }
 
 }  // namespace tilelab::schedules

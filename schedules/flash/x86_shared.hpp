@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "Halide.h"
@@ -58,37 +59,22 @@ inline void split_register_tiles(Halide::Stage stage, const Halide::Var& d,
 
 // The product of one register tile, f(d, second) = Σ over `r`, computed at `level` (the `dout`
 // loop of split_register_tiles): head dims in vectors, `second` unrolled, the accumulators in
-// registers.
+// registers. With `pair` (bf16 products: `r` counts pairs, `pair` of extent 2 within one), the
+// pair and the head-dim vector form one 2·lanes-wide bf16 operand, and the atomic vectorized pair
+// reduction becomes one vdpbf16ps per accumulator.
 inline void schedule_tile_product(Halide::Func f, const Halide::Var& d, const Halide::Var& second,
-                                  const Halide::RVar& r, const Halide::LoopLevel& level,
-                                  int lanes) {
+                                  const Halide::RVar& r, const Halide::LoopLevel& level, int lanes,
+                                  const std::optional<Halide::RVar>& pair = std::nullopt) {
   Halide::Var dvo("dvo"), dvi("dvi");
   f.compute_at(level).split(d, dvo, dvi, lanes).vectorize(dvi).unroll(dvo).unroll(second);
-  f.update()
-      .split(d, dvo, dvi, lanes)
-      .reorder(dvi, dvo, second, r)
-      .vectorize(dvi)
-      .unroll(dvo)
-      .unroll(second);
-}
-
-// schedule_tile_product for a product reduced in pairs of bf16 (`pair`, extent 2, innermost, then
-// `r` over pairs): the pair and the head-dim vector form one 2·lanes-wide bf16 operand, and the
-// atomic vectorized pair reduction becomes one vdpbf16ps per accumulator.
-inline void schedule_tile_product_bf16_pairs(Halide::Func f, const Halide::Var& d,
-                                             const Halide::Var& second, const Halide::RVar& pair,
-                                             const Halide::RVar& r, const Halide::LoopLevel& level,
-                                             int lanes) {
-  Halide::Var dvo("dvo"), dvi("dvi");
-  f.compute_at(level).split(d, dvo, dvi, lanes).vectorize(dvi).unroll(dvo).unroll(second);
-  f.update()
-      .split(d, dvo, dvi, lanes)
-      .reorder(pair, dvi, dvo, second, r)
-      .atomic()
-      .vectorize(pair)
-      .vectorize(dvi)
-      .unroll(dvo)
-      .unroll(second);
+  Halide::Stage update = f.update();
+  update.split(d, dvo, dvi, lanes);
+  if (pair) {
+    update.reorder(*pair, dvi, dvo, second, r).atomic().vectorize(*pair);
+  } else {
+    update.reorder(dvi, dvo, second, r);
+  }
+  update.vectorize(dvi).unroll(dvo).unroll(second);
 }
 
 }  // namespace tilelab::schedules::flash

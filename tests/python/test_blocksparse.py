@@ -386,6 +386,17 @@ def test_dense_causal_layout_gives_the_dense_flash_result(rng, dtype_name):
         assert difference.max() <= tolerance * np.abs(v.astype(np.float64)).max()
 
 
+def keys_some_query_sees(layout, q_lens, k_lens):
+    """Over the packed keys: whether any query of any layout head sees the key."""
+    k_starts = cu_seqlens(k_lens)
+    seen = np.zeros(k_starts[-1], dtype=bool)
+    for s, (q_len, k_len) in enumerate(zip(q_lens, k_lens, strict=True)):
+        for h in range(layout.n_heads):
+            tokens = layout.token_mask(k_len, head=h)[k_len - q_len :]
+            seen[k_starts[s] : k_starts[s + 1]] |= tokens.any(axis=0)
+    return seen
+
+
 def test_absent_blocks_are_never_read(rng):
     # NaN in every key and value no query may see: a kernel that loaded an absent block (or
     # computed it and masked it afterwards) would turn outputs NaN.
@@ -393,11 +404,7 @@ def test_absent_blocks_are_never_read(rng):
     q_lens, k_lens = [256, 1], [256, 200]
     q, k, v = random_packed(rng, q_lens, k_lens, 2, 1, 32, "float32")
     k_starts = cu_seqlens(k_lens)
-    seen = np.zeros(k.shape[0], dtype=bool)
-    for s, (q_len, k_len) in enumerate(zip(q_lens, k_lens, strict=True)):
-        for h in range(2):
-            tokens = layout.token_mask(k_len, head=h)[k_len - q_len :]
-            seen[k_starts[s] : k_starts[s + 1]] |= tokens.any(axis=0)
+    seen = keys_some_query_sees(layout, q_lens, k_lens)
     assert (~seen).sum() > 50
     clean_k, clean_v = k.copy(), v.copy()
     k[~seen] = np.nan
@@ -699,11 +706,7 @@ def test_bf16_absent_blocks_and_padding_keys_are_never_read(rng, head_dim, fp32_
     q_lens, k_lens = [250, 1], [250, 201]
     q, k, v = random_packed(rng, q_lens, k_lens, 2, 1, head_dim, "bfloat16")
     k_starts = cu_seqlens(k_lens)
-    seen = np.zeros(k.shape[0], dtype=bool)
-    for s, (q_len, k_len) in enumerate(zip(q_lens, k_lens, strict=True)):
-        for h in range(2):
-            tokens = layout.token_mask(k_len, head=h)[k_len - q_len :]
-            seen[k_starts[s] : k_starts[s + 1]] |= tokens.any(axis=0)
+    seen = keys_some_query_sees(layout, q_lens, k_lens)
     assert (~seen).sum() > 50
     clean_k, clean_v = k.copy(), v.copy()
     k[~seen] = np.nan
