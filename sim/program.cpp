@@ -978,12 +978,17 @@ void ProgramBuilder::tensor_scalar(const TileRef& dst, const TileRef& src, AluOp
   push(instr);
 }
 
+void ProgramBuilder::check_vector_rows(const TileRef& dst, const TileRef& src,
+                                       const char* instruction) const {
+  check_compute_operand(dst, instruction, "dst", Engine::vector);
+  check_compute_operand(src, instruction, "data", Engine::vector);
+  check_same_partitions(dst, src, instruction, "dst", "data");
+}
+
 void ProgramBuilder::tensor_reduce(const TileRef& dst, const TileRef& src, AluOp op, bool negate) {
   TILELAB_REQUIRE(op == AluOp::add || op == AluOp::max || op == AluOp::min || op == AluOp::multiply)
       << "tensor_reduce: op " << alu_op_name(op) << " not allowed; add, multiply, max or min";
-  check_compute_operand(dst, "tensor_reduce", "dst", Engine::vector);
-  check_compute_operand(src, "tensor_reduce", "data", Engine::vector);
-  check_same_partitions(dst, src, "tensor_reduce", "dst", "data");
+  check_vector_rows(dst, src, "tensor_reduce");
   TILELAB_REQUIRE(dst.free_count == 1)
       << "tensor_reduce: dst must be [P, 1] (reduction over the free axis), got " << dst.free_count
       << " free elements";
@@ -998,9 +1003,7 @@ void ProgramBuilder::tensor_reduce(const TileRef& dst, const TileRef& src, AluOp
 }
 
 void ProgramBuilder::bn_stats(const TileRef& dst, const TileRef& src) {
-  check_compute_operand(dst, "bn_stats", "dst", Engine::vector);
-  check_compute_operand(src, "bn_stats", "data", Engine::vector);
-  check_same_partitions(dst, src, "bn_stats", "dst", "data");
+  check_vector_rows(dst, src, "bn_stats");
   TILELAB_REQUIRE(dst.free_count == 6)
       << "bn_stats: dst must be [P, 6] (count, mean, variance x count of the even and the odd "
       << "elements), got " << dst.free_count << " free elements";
@@ -1017,9 +1020,7 @@ void ProgramBuilder::bn_stats(const TileRef& dst, const TileRef& src) {
 }
 
 void ProgramBuilder::bn_aggr(const TileRef& dst, const TileRef& src) {
-  check_compute_operand(dst, "bn_aggr", "dst", Engine::vector);
-  check_compute_operand(src, "bn_aggr", "data", Engine::vector);
-  check_same_partitions(dst, src, "bn_aggr", "dst", "data");
+  check_vector_rows(dst, src, "bn_aggr");
   TILELAB_REQUIRE(src.free_count % 3 == 0)
       << "bn_aggr: data must hold (count, mean, variance x count) groups, a multiple of 3 "
       << "elements per partition; got " << src.free_count;

@@ -265,6 +265,9 @@ class ProgramBuilder {
   void check_same_partitions(const TileRef& a, const TileRef& b, const char* instruction,
                              const char* a_name, const char* b_name) const;
   void check_elements(const TileRef& dst, const TileRef& src, const char* instruction) const;
+  // The operands of a VectorE instruction that reduces each partition's row of `src` ("data")
+  // into the same partition of dst.
+  void check_vector_rows(const TileRef& dst, const TileRef& src, const char* instruction) const;
   // The operands of a two-input VectorE instruction: dst like a, a and b alike, not both in PSUM.
   void check_vector_pair(const TileRef& dst, const TileRef& a, const TileRef& b,
                          const char* instruction, const char* a_name, const char* b_name) const;

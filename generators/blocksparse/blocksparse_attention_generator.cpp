@@ -74,10 +74,8 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     s.value_is_f32 = io_type.value() == Float(32);
     s.decode = tiling.decode;
     s.decode_lanes = get_target().natural_vector_size<float>();
-    TILELAB_REQUIRE(!bf16_products || io_type.value() == BFloat(16))
-        << "bf16_products: needs io_type bfloat16, got " << io_type.value();
-    s.bf16_products = bf16_products && !s.decode &&
-                      tilelab::schedules::target_has_bf16_dot_products(get_target());
+    s.bf16_products = tilelab::schedules::uses_bf16_products(bf16_products, io_type.value(),
+                                                             s.decode, get_target());
     // Each task's key tiles come from its own blocks: V pairs are made per (task, tile).
     s.value_pairs_shared_by_tiles = false;
 

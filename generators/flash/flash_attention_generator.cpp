@@ -66,12 +66,8 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     s.key_block = KB;
     s.query_tile = QT;
     s.value_is_f32 = io_type.value() == Float(32);
-    TILELAB_REQUIRE(!bf16_products || io_type.value() == BFloat(16))
-        << "bf16_products: needs io_type bfloat16, got " << io_type.value();
-    s.bf16_products =
-        bf16_products && !decode && tilelab::schedules::target_has_bf16_dot_products(get_target());
-    static_assert(tilelab::schedules::flash::kPrefillTiling.key_block % 2 == 0,
-                  "bf16 products pair the keys of a block");
+    s.bf16_products = tilelab::schedules::uses_bf16_products(bf16_products, io_type.value(), decode,
+                                                             get_target());
 
     Expr head_dim = q.dim(0).extent();
     Expr q_len = q.dim(1).extent();
@@ -125,10 +121,10 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
 
     // Finished rows: out per column, and the row's lse and 1 / l once per row.
     Tuple first_column = s.state(0, ii, io, hk, b);
-    s.row_lse(ii, io, hk, b) = {tilelab::generators::row_lse(first_column[0], first_column[1]),
-                                1.0f / first_column[1]};
+    s.row_lse_and_scale(ii, io, hk, b) = {
+        tilelab::generators::row_lse(first_column[0], first_column[1]), 1.0f / first_column[1]};
     Tuple state = s.state(d, ii, io, hk, b);
-    Tuple finished_row = s.row_lse(ii, io, hk, b);
+    Tuple finished_row = s.row_lse_and_scale(ii, io, hk, b);
     s.out_rows(d, ii, io, hk, b) = {
         tilelab::generators::normalized_out(state[0], state[1], state[2], finished_row[1]),
         finished_row[0]};

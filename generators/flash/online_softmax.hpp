@@ -12,6 +12,7 @@
 #include "Halide.h"
 #include "generators/flash/stages.hpp"
 #include "tilelab/detail/fp32_classes.hpp"
+#include "tilelab/error.hpp"
 
 namespace tilelab::generators {
 
@@ -174,6 +175,8 @@ inline void define_online_softmax(
     Var &jp = s.jp, &jo = s.jo;
     s.prob_bf16(jp, ii, jo, jb, io, hk, b) =
         cast(BFloat(16), s.prob(ii, 2 * jo + jp, jb, io, hk, b));
+    TILELAB_REQUIRE(s.key_block % 2 == 0)
+        << "key_block: bf16 products pair the keys of a block, got " << s.key_block;
     RDom rp(0, 2, 0, s.key_block / 2, "rp");
     s.rjp = rp.x;
     s.rjo = rp.y;

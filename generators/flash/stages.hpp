@@ -39,12 +39,13 @@ struct FlashAttentionStages {
   Halide::Func block_pv{"block_pv"};    // (d, ii, jb, io, hk, b) Σ prob · v
   Halide::Func state{
       "state"};  // (d, ii, io, hk, b) Tuple(running max, running sum, unnormalized out)
-  // (d, ii, io, hk, b) Tuple(out, row_lse) of finished rows in the state's layout: the dense
+  // (d, ii, io, hk, b) Tuple(out, lse) of finished rows in the state's layout: the dense
   // forward computes each tile's state inside its loop over tiles.
   Halide::Func out_rows{"out_rows"};
-  Halide::Func row_lse{"row_lse"};  // (ii, io, hk, b) Tuple(lse, 1 / l) of a finished row
-  Halide::Func out{"out"};          // (d, i, h, b)
-  Halide::Func lse{"lse"};          // (i, h, b)
+  Halide::Func row_lse_and_scale{
+      "row_lse_and_scale"};  // (ii, io, hk, b) Tuple(lse, 1 / l) of a finished row
+  Halide::Func out{"out"};   // (d, i, h, b)
+  Halide::Func lse{"lse"};   // (i, h, b)
   Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, i{"i"}, h{"h"};
   Halide::RVar rk;       // key blocks, reduced by `state`
   Halide::RVar rd;       // head dim, reduced by `score`

@@ -59,7 +59,7 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
   const LoopLevel at_tile(s.out_rows, tile);
   schedule_online_softmax_x86(s, target, head_dim, at_tile);
   const int RV = std::min(VL, s.query_tile);
-  for (Func f : {s.row_query, s.row_key_limit, s.row_head, s.row_lse}) {
+  for (Func f : {s.row_query, s.row_key_limit, s.row_head, s.row_lse_and_scale}) {
     f.compute_at(at_tile).vectorize(s.ii, RV);
   }
 }

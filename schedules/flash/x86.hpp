@@ -4,6 +4,7 @@
 
 #include "Halide.h"
 #include "generators/flash/stages.hpp"
+#include "tilelab/error.hpp"
 
 namespace tilelab::schedules {
 
@@ -15,6 +16,15 @@ inline bool target_has_bf16_dot_products(const Halide::Target& target) {
   return target.has_feature(Halide::Target::AVX512_Zen4) ||
          target.has_feature(Halide::Target::AVX512_Zen5) ||
          target.has_feature(Halide::Target::AVX512_SapphireRapids);
+}
+
+// Whether a forward kernel runs on bf16 products: asked for (the generators' bf16_products
+// param, which needs bf16 inputs), prefill, and a target that has them.
+inline bool uses_bf16_products(bool requested, const Halide::Type& io_type, bool decode,
+                               const Halide::Target& target) {
+  TILELAB_REQUIRE(!requested || io_type == Halide::BFloat(16))
+      << "bf16_products: needs io_type bfloat16, got " << io_type;
+  return requested && !decode && target_has_bf16_dot_products(target);
 }
 
 // Schedules `stages` for an x86 CPU (AVX-512 or AVX2 or baseline, from `target`); `head_dim` is the

@@ -397,12 +397,10 @@ def keys_some_query_sees(layout, q_lens, k_lens):
     return seen
 
 
-def test_absent_blocks_are_never_read(rng):
-    # NaN in every key and value no query may see: a kernel that loaded an absent block (or
-    # computed it and masked it afterwards) would turn outputs NaN.
-    layout = tilelab.BlockSparseLayout.local_strided(2, 256, 16, 2, 4)
-    q_lens, k_lens = [256, 1], [256, 200]
-    q, k, v = random_packed(rng, q_lens, k_lens, 2, 1, 32, "float32")
+def check_unseen_keys_are_never_read(rng, layout, q_lens, k_lens, head_dim, dtype_name, **options):
+    """NaN in every key and value no query may see: a kernel that loaded an absent block (or
+    computed it and masked it afterwards) would turn outputs NaN."""
+    q, k, v = random_packed(rng, q_lens, k_lens, 2, 1, head_dim, dtype_name)
     k_starts = cu_seqlens(k_lens)
     seen = keys_some_query_sees(layout, q_lens, k_lens)
     assert (~seen).sum() > 50
@@ -410,11 +408,16 @@ def test_absent_blocks_are_never_read(rng):
     k[~seen] = np.nan
     v[~seen] = np.nan
     out = tilelab.blocksparse_attention(
-        q, k, v, layout, cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=k_starts
+        q, k, v, layout, cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=k_starts, **options
     )
-    assert np.isfinite(out).all()
+    assert np.isfinite(out.astype(np.float32)).all()
     expected = reference_blocksparse(q, clean_k, clean_v, layout, cu_seqlens(q_lens), k_starts)
-    assert_attention_close(out, expected, "float32", clean_v, max(k_lens))
+    assert_attention_close(out, expected, dtype_name, clean_v, max(k_lens))
+
+
+def test_absent_blocks_are_never_read(rng):
+    layout = tilelab.BlockSparseLayout.local_strided(2, 256, 16, 2, 4)
+    check_unseen_keys_are_never_read(rng, layout, [256, 1], [256, 200], 32, "float32")
 
 
 def test_nan_in_a_visible_key_gives_nan_rows(rng):
@@ -700,29 +703,18 @@ def test_bf16_both_probability_precisions_match_the_sparse_reference(rng, case, 
 @pytest.mark.parametrize("fp32_probabilities", [False, True])
 @pytest.mark.parametrize("head_dim", [7, 64])
 def test_bf16_absent_blocks_and_padding_keys_are_never_read(rng, head_dim, fp32_probabilities):
-    # As test_absent_blocks_are_never_read, in bf16: the key pairs of a tile that runs past its
-    # block's keys must read zeros, not the NaN of a key no query sees.
+    # In bf16 the key pairs of a tile that runs past its block's keys must read zeros, not the NaN
+    # of a key no query sees.
     layout = tilelab.BlockSparseLayout.local_strided(2, 256, 24, 2, 4)
-    q_lens, k_lens = [250, 1], [250, 201]
-    q, k, v = random_packed(rng, q_lens, k_lens, 2, 1, head_dim, "bfloat16")
-    k_starts = cu_seqlens(k_lens)
-    seen = keys_some_query_sees(layout, q_lens, k_lens)
-    assert (~seen).sum() > 50
-    clean_k, clean_v = k.copy(), v.copy()
-    k[~seen] = np.nan
-    v[~seen] = np.nan
-    out = tilelab.blocksparse_attention(
-        q,
-        k,
-        v,
+    check_unseen_keys_are_never_read(
+        rng,
         layout,
-        cu_seqlens_q=cu_seqlens(q_lens),
-        cu_seqlens_k=k_starts,
+        [250, 1],
+        [250, 201],
+        head_dim,
+        "bfloat16",
         fp32_probabilities=fp32_probabilities,
     )
-    assert np.isfinite(out.astype(np.float32)).all()
-    expected = reference_blocksparse(q, clean_k, clean_v, layout, cu_seqlens(q_lens), k_starts)
-    assert_attention_close(out, expected, "bfloat16", clean_v, max(k_lens))
 
 
 def test_fp32_probabilities_must_be_a_bool(rng):
