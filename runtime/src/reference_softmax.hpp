@@ -18,6 +18,45 @@ inline float nan_propagating_max(float a, float b) {
   return std::isnan(b) || b > a ? b : a;
 }
 
+// The nan_propagating_max of s[0, count) (-inf when count is 0), in a form that vectorizes: lane
+// maxima, and a separate NaN test.
+inline float block_max_of(const float* s, std::int64_t count) {
+  constexpr int kLanes = 8;
+  float lane_max[kLanes];
+  bool nan[kLanes] = {};
+  for (float& m : lane_max) m = -std::numeric_limits<float>::infinity();
+  std::int64_t j = 0;
+  for (; j + kLanes <= count; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      lane_max[l] = s[j + l] > lane_max[l] ? s[j + l] : lane_max[l];
+      nan[l] |= s[j + l] != s[j + l];
+    }
+  }
+  float result = -std::numeric_limits<float>::infinity();
+  bool any_nan = false;
+  for (int l = 0; l < kLanes; ++l) {
+    result = lane_max[l] > result ? lane_max[l] : result;
+    any_nan |= nan[l];
+  }
+  for (; j < count; ++j) result = nan_propagating_max(result, s[j]);
+  return any_nan ? std::numeric_limits<float>::quiet_NaN() : result;
+}
+
+// Σ s[0, count) in eight interleaved partial sums (vectorizes; the order is fixed, so the result
+// does not vary from call to call).
+inline float block_sum_of(const float* s, std::int64_t count) {
+  constexpr int kLanes = 8;
+  float lane_sum[kLanes] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= count; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane_sum[l] += s[j + l];
+  }
+  float sum = ((lane_sum[0] + lane_sum[4]) + (lane_sum[1] + lane_sum[5])) +
+              ((lane_sum[2] + lane_sum[6]) + (lane_sum[3] + lane_sum[7]));
+  for (; j < count; ++j) sum += s[j];
+  return sum;
+}
+
 // SLEEF's AVX2 exp, declared here because sleef.h declares it only when the whole translation
 // unit is compiled for AVX; only exp_in_place_avx2 calls it, after checking the CPU.
 extern "C" __m256 Sleef_expf8_u10avx2(__m256);
@@ -56,8 +95,7 @@ inline float softmax_block_update(float* s, std::int64_t visible, float block_ma
   const float correction = Sleef_expf_u10(row_max - new_max);  // 0 on the first block
   for (std::int64_t j = 0; j < visible; ++j) s[j] -= new_max;
   exp_in_place(s, visible);
-  float block_sum = 0.0f;
-  for (std::int64_t j = 0; j < visible; ++j) block_sum += s[j];
+  const float block_sum = block_sum_of(s, visible);
   row_sum = row_sum * correction + block_sum;
   row_max = new_max;
   return correction;

@@ -439,6 +439,44 @@ def test_reshape_and_cache_flash_then_attention():
 # Split-KV
 
 
+# Decode items (one query token) read K and V in place, widened in registers, on CPUs with
+# AVX-512; items with more query tokens widen each chunk of keys into fp32 scratch first. The last
+# token of a two-token prefill and the same token decoded alone see the same keys: both paths must
+# agree to fp32 rounding (and the output dtype's), for every cache dtype, group size (tiles of four
+# rows), head dim (tails of 16- and 32-element vectors) and length around the chunk sizes.
+STREAMED_DTYPES = [("float32", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16"),
+                   ("bfloat16", "float8_e4m3fn"), ("bfloat16", "float8_e5m2"),
+                   ("float32", "float8_e4m3fn"), ("float16", "float8_e5m2")]
+STREAMED_LENGTHS = [2, 63, 64, 65, 127, 128, 129, 130, 300]
+
+
+@pytest.mark.parametrize("dtypes", STREAMED_DTYPES, ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (10, 2), (8, 1)],
+                         ids=lambda h: f"Hq{h[0]}-Hkv{h[1]}")
+@pytest.mark.parametrize("head_dim", [1, 7, 16, 33, 100, 128, 200, 512])
+def test_decode_matches_the_widening_path(dtypes, heads, head_dim):
+    query_dtype, cache_dtype = dtypes
+    rng = np.random.default_rng(head_dim * 100 + heads[0])
+    batch = make_batch(rng, [(2, n) for n in STREAMED_LENGTHS], q_heads=heads[0],
+                       kv_heads=heads[1], head_dim=head_dim, block_size=48,
+                       dtype=query_dtype)
+    cache = FP8.get(cache_dtype, DTYPES.get(cache_dtype))
+    for name in ("key_cache", "value_cache"):
+        batch[name] = np.asarray(batch[name], np.float32).astype(cache)
+    scales = dict(k_scale=0.5, v_scale=2.0) if cache_dtype in FP8 else {}
+    prefill = tilelab.paged_attention(*arguments(batch), **scales)
+    last = batch["query_start_loc"][1:] - 1
+    decode = tilelab.paged_attention(
+        batch["query"][last], batch["key_cache"], batch["value_cache"], batch["block_table"],
+        batch["seq_lens"], np.arange(len(last) + 1, dtype=np.int32), **scales)
+    expected = np.asarray(prefill[last], np.float64)
+    got = np.asarray(decode, np.float64)
+    magnitude = np.max(np.abs(expected), initial=1.0)
+    atol = magnitude * (2 * UNIT_ROUNDOFF[query_dtype] + 64 * UNIT_ROUNDOFF["float32"])
+    error = np.max(np.abs(got - expected))
+    assert np.all(np.isfinite(got)) and error <= atol, f"{error:.3g} > {atol:.3g}"
+
+
 @pytest.mark.parametrize("split_kv", [2, 3, 7, 1000])
 def test_split_kv_matches_unsplit(split_kv):
     rng = np.random.default_rng(31)

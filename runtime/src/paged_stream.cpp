@@ -1,0 +1,498 @@
+// AVX-512 streaming micro-kernels of the paged kernel (paged_stream.hpp).
+//
+// Everything between the target pragmas has internal linkage and uses intrinsics only, so no
+// inline function shared with other translation units is ever emitted with AVX-512 instructions.
+// The entry points below the pragmas dispatch on the dtypes; callers check the CPU first.
+#include "paged_stream.hpp"
+
+#include <immintrin.h>
+
+#include <type_traits>
+
+#include "tilelab/error.hpp"
+
+namespace tilelab::detail {
+
+bool cpu_streams_cache_rows() {
+  static const bool supported =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("f16c");
+  return supported;
+}
+
+float streamed_element_scale(DType cache_dtype) {
+  return cache_dtype == DType::f8e4m3fn ? 0x1p-8f : 1.0f;
+}
+
+namespace {
+
+bool cpu_has_bf16_dot_products() {
+  static const bool supported = __builtin_cpu_supports("avx512bf16");
+  return supported;
+}
+
+}  // namespace
+
+// GCC 12's AVX-512 headers trip -Wuninitialized in their own masked intrinsics (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")
+
+namespace {
+
+constexpr std::int64_t kVector = 16;  // fp32 lanes
+constexpr int kTile = 4;              // rows and keys of one q·k tile
+
+template <DType dtype>
+constexpr std::int64_t element_bytes() {
+  if constexpr (dtype == DType::f32) return 4;
+  if constexpr (dtype == DType::bf16 || dtype == DType::f16) return 2;
+  return 1;
+}
+
+// The lanes of a vector starting `remaining` elements before the row's end.
+__mmask16 lanes(std::int64_t remaining) {
+  if (remaining >= kVector) return 0xffff;
+  if (remaining <= 0) return 0;
+  return static_cast<__mmask16>((1u << remaining) - 1u);
+}
+
+// Elements [element, element + 16) of a cache row widened to fp32, times streamed_element_scale;
+// lanes outside `mask` are zero and their memory is not read.
+template <DType dtype>
+__m512 widen16(const void* row, std::int64_t element, __mmask16 mask);
+
+template <>
+[[gnu::always_inline]] inline __m512 widen16<DType::f32>(const void* row, std::int64_t element,
+                                                         __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(row) + element);
+}
+
+template <>
+[[gnu::always_inline]] inline __m512 widen16<DType::bf16>(const void* row, std::int64_t element,
+                                                          __mmask16 mask) {
+  const __m256i bits =
+      _mm256_maskz_loadu_epi16(mask, static_cast<const std::uint16_t*>(row) + element);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+template <>
+[[gnu::always_inline]] inline __m512 widen16<DType::f16>(const void* row, std::int64_t element,
+                                                         __mmask16 mask) {
+  return _mm512_cvtph_ps(
+      _mm256_maskz_loadu_epi16(mask, static_cast<const std::uint16_t*>(row) + element));
+}
+
+// e4m3fn's sign and 7 magnitude bits, placed at fp16's sign and the low bits of its exponent and
+// mantissa: fp16 bits of the value times 2^-8 (subnormals included); S.1111.111 is NaN.
+[[gnu::always_inline]] inline __m256i f8e4m3fn_to_f16_bits(__m128i bytes) {
+  const __m256i extended = _mm256_cvtepi8_epi16(bytes);
+  // Shifted left by 7, the sign extension lands in bit 15; bit 14 (the sign's copy) is cleared.
+  const __m256i half = _mm256_and_si256(_mm256_slli_epi16(extended, 7),
+                                        _mm256_set1_epi16(static_cast<short>(0xbf80)));
+  const __m256i magnitude_mask = _mm256_set1_epi16(0x7f);
+  const __mmask16 nan =
+      _mm256_cmpeq_epi16_mask(_mm256_and_si256(extended, magnitude_mask), magnitude_mask);
+  return _mm256_mask_mov_epi16(half, nan, _mm256_set1_epi16(0x7e00));
+}
+
+// e5m2 is the upper byte of an fp16 (inf and NaN included).
+[[gnu::always_inline]] inline __m256i f8e5m2_to_f16_bits(__m128i bytes) {
+  return _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8);
+}
+
+template <DType dtype>
+[[gnu::always_inline]] inline __m256i f8_to_f16_bits(__m128i bytes) {
+  if constexpr (dtype == DType::f8e4m3fn) {
+    return f8e4m3fn_to_f16_bits(bytes);
+  } else {
+    static_assert(dtype == DType::f8e5m2);
+    return f8e5m2_to_f16_bits(bytes);
+  }
+}
+
+template <>
+[[gnu::always_inline]] inline __m512 widen16<DType::f8e4m3fn>(const void* row, std::int64_t element,
+                                                              __mmask16 mask) {
+  return _mm512_cvtph_ps(f8e4m3fn_to_f16_bits(
+      _mm_maskz_loadu_epi8(mask, static_cast<const std::uint8_t*>(row) + element)));
+}
+
+template <>
+[[gnu::always_inline]] inline __m512 widen16<DType::f8e5m2>(const void* row, std::int64_t element,
+                                                            __mmask16 mask) {
+  return _mm512_cvtph_ps(f8e5m2_to_f16_bits(
+      _mm_maskz_loadu_epi8(mask, static_cast<const std::uint8_t*>(row) + element)));
+}
+
+// [x0+x2, x1+x3, y0+y2, y1+y3] of the 128-bit blocks of x and y.
+[[gnu::always_inline]] inline __m512 fold_halves(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xee));
+}
+// [x0+x1, x2+x3, y0+y1, y2+y3] of the 128-bit blocks of x and y.
+[[gnu::always_inline]] inline __m512 fold_pairs(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xdd));
+}
+
+// Four rows' dot products with one key, accumulated over the head dim (16 partial sums each).
+struct KeyColumn {
+  __m512 r0, r1, r2, r3;
+};
+
+// Row r's four 128-bit blocks of partial sums folded into block r of one vector.
+[[gnu::always_inline]] inline __m512 fold_rows(const KeyColumn& c) {
+  return fold_pairs(fold_halves(c.r0, c.r1), fold_halves(c.r2, c.r3));
+}
+
+// scores[r * score_stride + t] for four rows r and four keys t, from each key's fold_rows: block r
+// of key t's vector holds four partial sums of q[r]·k[t]. Two transpose-and-add steps finish the
+// sums with row r's four keys in block r.
+[[gnu::always_inline]] inline void store_tile_sums(__m512 key0, __m512 key1, __m512 key2,
+                                                   __m512 key3, float* scores,
+                                                   std::int64_t score_stride) {
+  const __m512 keys01 =
+      _mm512_add_ps(_mm512_unpacklo_ps(key0, key1), _mm512_unpackhi_ps(key0, key1));
+  const __m512 keys23 =
+      _mm512_add_ps(_mm512_unpacklo_ps(key2, key3), _mm512_unpackhi_ps(key2, key3));
+  const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(keys01), _mm512_castps_pd(keys23));
+  const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(keys01), _mm512_castps_pd(keys23));
+  const __m512 sums = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+  _mm_storeu_ps(scores, _mm512_castps512_ps128(sums));
+  _mm_storeu_ps(scores + score_stride, _mm512_extractf32x4_ps(sums, 1));
+  _mm_storeu_ps(scores + 2 * score_stride, _mm512_extractf32x4_ps(sums, 2));
+  _mm_storeu_ps(scores + 3 * score_stride, _mm512_extractf32x4_ps(sums, 3));
+}
+
+// Four q rows against one key, whose row is read front to back (sequential reads are what the
+// hardware prefetcher follows).
+template <DType dtype>
+__m512 score_key(const float* q, std::int64_t q_stride, const void* key, std::int64_t head_dim) {
+  const __m512 zero = _mm512_setzero_ps();
+  KeyColumn c{zero, zero, zero, zero};
+  for (std::int64_t d = 0; d < head_dim; d += kVector) {
+    const __m512 k = widen16<dtype>(key, d, lanes(head_dim - d));
+    // The q rows are zero past head_dim.
+    c.r0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), k, c.r0);
+    c.r1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + q_stride + d), k, c.r1);
+    c.r2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * q_stride + d), k, c.r2);
+    c.r3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * q_stride + d), k, c.r3);
+  }
+  return fold_rows(c);
+}
+
+template <DType dtype>
+void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
+               std::int64_t head_dim, float* scores, std::int64_t score_stride) {
+  for (std::int64_t r = 0; r < rows; r += kTile) {
+    const float* q_tile = q + r * q_stride;
+    for (std::int64_t j = 0; j < keys.count; j += kTile) {
+      __m512 folded[kTile];
+      for (int t = 0; t < kTile; ++t) {
+        // Past the last key the tile repeats it; those columns are padding.
+        const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
+        folded[t] = score_key<dtype>(q_tile, q_stride, key, head_dim);
+      }
+      store_tile_sums(folded[0], folded[1], folded[2], folded[3], scores + r * score_stride + j,
+                      score_stride);
+    }
+  }
+}
+
+// One row's accumulators over a panel of up to 8 vectors of the head dim (the first `n` used).
+template <int n>
+struct Panel {
+  __m512 v0, v1, v2, v3, v4, v5, v6, v7;
+};
+
+template <int n>
+[[gnu::always_inline]] inline Panel<n> load_panel(const float* acc, const __mmask16* mask,
+                                                  float correction) {
+  const __m512 c = _mm512_set1_ps(correction);
+  const auto load = [&](int v) {
+    return _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[v], acc + v * kVector), c);
+  };
+  Panel<n> panel{};
+  panel.v0 = load(0);
+  if constexpr (n > 1) panel.v1 = load(1);
+  if constexpr (n > 2) panel.v2 = load(2), panel.v3 = load(3);
+  if constexpr (n > 4)
+    panel.v4 = load(4), panel.v5 = load(5), panel.v6 = load(6), panel.v7 = load(7);
+  return panel;
+}
+
+template <int n>
+[[gnu::always_inline]] inline void store_panel(float* acc, const __mmask16* mask,
+                                               const Panel<n>& panel) {
+  _mm512_mask_storeu_ps(acc, mask[0], panel.v0);
+  if constexpr (n > 1) _mm512_mask_storeu_ps(acc + kVector, mask[1], panel.v1);
+  if constexpr (n > 2) {
+    _mm512_mask_storeu_ps(acc + 2 * kVector, mask[2], panel.v2);
+    _mm512_mask_storeu_ps(acc + 3 * kVector, mask[3], panel.v3);
+  }
+  if constexpr (n > 4) {
+    _mm512_mask_storeu_ps(acc + 4 * kVector, mask[4], panel.v4);
+    _mm512_mask_storeu_ps(acc + 5 * kVector, mask[5], panel.v5);
+    _mm512_mask_storeu_ps(acc + 6 * kVector, mask[6], panel.v6);
+    _mm512_mask_storeu_ps(acc + 7 * kVector, mask[7], panel.v7);
+  }
+}
+
+template <DType dtype, int n>
+[[gnu::always_inline]] inline Panel<n> widen_panel(const void* row, std::int64_t d,
+                                                   const __mmask16* mask) {
+  Panel<n> panel{};
+  panel.v0 = widen16<dtype>(row, d, mask[0]);
+  if constexpr (n > 1) panel.v1 = widen16<dtype>(row, d + kVector, mask[1]);
+  if constexpr (n > 2) {
+    panel.v2 = widen16<dtype>(row, d + 2 * kVector, mask[2]);
+    panel.v3 = widen16<dtype>(row, d + 3 * kVector, mask[3]);
+  }
+  if constexpr (n > 4) {
+    panel.v4 = widen16<dtype>(row, d + 4 * kVector, mask[4]);
+    panel.v5 = widen16<dtype>(row, d + 5 * kVector, mask[5]);
+    panel.v6 = widen16<dtype>(row, d + 6 * kVector, mask[6]);
+    panel.v7 = widen16<dtype>(row, d + 7 * kVector, mask[7]);
+  }
+  return panel;
+}
+
+template <int n>
+[[gnu::always_inline]] inline void add_to_panel(Panel<n>& acc, float p, const Panel<n>& v) {
+  const __m512 pv = _mm512_set1_ps(p);
+  acc.v0 = _mm512_fmadd_ps(pv, v.v0, acc.v0);
+  if constexpr (n > 1) acc.v1 = _mm512_fmadd_ps(pv, v.v1, acc.v1);
+  if constexpr (n > 2) {
+    acc.v2 = _mm512_fmadd_ps(pv, v.v2, acc.v2);
+    acc.v3 = _mm512_fmadd_ps(pv, v.v3, acc.v3);
+  }
+  if constexpr (n > 4) {
+    acc.v4 = _mm512_fmadd_ps(pv, v.v4, acc.v4);
+    acc.v5 = _mm512_fmadd_ps(pv, v.v5, acc.v5);
+    acc.v6 = _mm512_fmadd_ps(pv, v.v6, acc.v6);
+    acc.v7 = _mm512_fmadd_ps(pv, v.v7, acc.v7);
+  }
+}
+
+// `tile_rows` rows of the p·v update over panels of `n` vectors of the head dim. With the whole
+// row in one panel (head_dim <= 128), each V row is read front to back once per row tile.
+template <DType dtype, int tile_rows, int n>
+void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std::int64_t head_dim,
+                const float* correction, float* acc, std::int64_t acc_stride) {
+  static_assert(tile_rows >= 1 && tile_rows <= 4 && tile_rows * n <= 16);
+  for (std::int64_t d = 0; d < head_dim; d += n * kVector) {
+    __mmask16 mask[n];
+    for (int v = 0; v < n; ++v) mask[v] = lanes(head_dim - d - v * kVector);
+    Panel<n> row0 = load_panel<n>(acc + d, mask, correction[0]), row1{}, row2{}, row3{};
+    if constexpr (tile_rows > 1) row1 = load_panel<n>(acc + acc_stride + d, mask, correction[1]);
+    if constexpr (tile_rows > 2) {
+      row2 = load_panel<n>(acc + 2 * acc_stride + d, mask, correction[2]);
+    }
+    if constexpr (tile_rows > 3) {
+      row3 = load_panel<n>(acc + 3 * acc_stride + d, mask, correction[3]);
+    }
+    for (std::int64_t j = 0; j < values.count; ++j) {
+      const Panel<n> x = widen_panel<dtype, n>(values.rows[j], d, mask);
+      add_to_panel<n>(row0, p[j], x);
+      if constexpr (tile_rows > 1) add_to_panel<n>(row1, p[p_stride + j], x);
+      if constexpr (tile_rows > 2) add_to_panel<n>(row2, p[2 * p_stride + j], x);
+      if constexpr (tile_rows > 3) add_to_panel<n>(row3, p[3 * p_stride + j], x);
+    }
+    store_panel<n>(acc + d, mask, row0);
+    if constexpr (tile_rows > 1) store_panel<n>(acc + acc_stride + d, mask, row1);
+    if constexpr (tile_rows > 2) store_panel<n>(acc + 2 * acc_stride + d, mask, row2);
+    if constexpr (tile_rows > 3) store_panel<n>(acc + 3 * acc_stride + d, mask, row3);
+  }
+}
+
+// Rows in tiles of `max_rows` (the last one smaller), panels of `n` vectors.
+template <DType dtype, int max_rows, int n>
+void value_tiles(const float* p, std::int64_t p_stride, std::int64_t rows, StreamedRows values,
+                 std::int64_t head_dim, const float* correction, float* acc,
+                 std::int64_t acc_stride) {
+  for (std::int64_t r = 0; r < rows; r += max_rows) {
+    const float* tile_p = p + r * p_stride;
+    float* tile_acc = acc + r * acc_stride;
+    const std::int64_t left = rows - r;
+    if (left >= max_rows) {
+      value_tile<dtype, max_rows, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
+                                     acc_stride);
+      continue;
+    }
+    if constexpr (max_rows > 3) {
+      if (left == 3) {
+        value_tile<dtype, 3, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
+                                acc_stride);
+        continue;
+      }
+    }
+    if constexpr (max_rows > 2) {
+      if (left == 2) {
+        value_tile<dtype, 2, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
+                                acc_stride);
+        continue;
+      }
+    }
+    value_tile<dtype, 1, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
+                            acc_stride);
+  }
+}
+
+template <DType dtype>
+void values_of(const float* p, std::int64_t p_stride, std::int64_t rows, StreamedRows values,
+               std::int64_t head_dim, const float* correction, float* acc,
+               std::int64_t acc_stride) {
+  // Panels of up to 64 elements and four rows widen each V element once per call; whole rows of
+  // up to 128 elements and two rows read each V row front to back, widening it once per two rows.
+  // The second is faster for 2-byte and 4-byte caches, the first for fp8, whose widening costs
+  // more (measured on Zen 4).
+  if (head_dim <= 4 * kVector || element_bytes<dtype>() == 1) {
+    value_tiles<dtype, 4, 4>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride);
+  } else {
+    value_tiles<dtype, 2, 8>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride);
+  }
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+
+// q·k on vdpbf16ps, for bf16 queries with bf16 or fp8 caches on CPUs with AVX-512 BF16. Every
+// such key element is a bf16 value (fp8 ones exactly), so the products are exact in fp32 as after
+// widening, with half the multiply-adds and, for bf16, no widening. (Like the dense bf16 kernels,
+// it treats bf16 subnormals as zero; fp8 values are never that small.)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")
+
+namespace {
+
+constexpr std::int64_t kPairs = 32;  // bf16 elements of one vdpbf16ps operand
+
+// Elements [element, element + 32) of a cache row as bf16 (times streamed_element_scale); lanes
+// outside `mask` are zero and their memory is not read.
+template <DType dtype>
+[[gnu::always_inline]] inline __m512bh load_bf16_pairs(const void* row, std::int64_t element,
+                                                       __mmask32 mask) {
+  if constexpr (dtype == DType::bf16) {
+    return reinterpret_cast<__m512bh>(
+        _mm512_maskz_loadu_epi16(mask, static_cast<const std::uint16_t*>(row) + element));
+  } else {
+    // fp8 through fp16 and fp32: exact at every step.
+    const __m256i bytes =
+        _mm256_maskz_loadu_epi8(mask, static_cast<const std::uint8_t*>(row) + element);
+    const __m512 lo = _mm512_cvtph_ps(f8_to_f16_bits<dtype>(_mm256_castsi256_si128(bytes)));
+    const __m512 hi = _mm512_cvtph_ps(f8_to_f16_bits<dtype>(_mm256_extracti128_si256(bytes, 1)));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+  }
+}
+
+// Four bf16 q rows (q_stride elements apart, zero from head_dim to a multiple of 32) against one
+// key, read front to back.
+template <DType dtype>
+__m512 score_key_bf16_dot(const std::uint16_t* q, std::int64_t q_stride, const void* key,
+                          std::int64_t head_dim) {
+  const __m512 zero = _mm512_setzero_ps();
+  KeyColumn c{zero, zero, zero, zero};
+  for (std::int64_t d = 0; d < head_dim; d += kPairs) {
+    const std::int64_t left = head_dim - d;
+    const __mmask32 mask = left >= kPairs ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    const __m512bh k = load_bf16_pairs<dtype>(key, d, mask);
+    const auto q_pairs = [&](std::int64_t r) {
+      return reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + r * q_stride + d));
+    };
+    c.r0 = _mm512_dpbf16_ps(c.r0, q_pairs(0), k);
+    c.r1 = _mm512_dpbf16_ps(c.r1, q_pairs(1), k);
+    c.r2 = _mm512_dpbf16_ps(c.r2, q_pairs(2), k);
+    c.r3 = _mm512_dpbf16_ps(c.r3, q_pairs(3), k);
+  }
+  return fold_rows(c);
+}
+
+// scores_of on vdpbf16ps. The q rows hold bf16 values (a bf16 query), so their bf16 copy, made
+// per four-row tile, is exact.
+template <DType dtype>
+void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
+                        std::int64_t head_dim, float* scores, std::int64_t score_stride) {
+  const std::int64_t pair_stride = (head_dim + kPairs - 1) / kPairs * kPairs;
+  alignas(64) std::uint16_t q_bf16[kTile * kMaxStreamedHeadDim];
+  for (std::int64_t r = 0; r < rows; r += kTile) {
+    for (int t = 0; t < kTile; ++t) {
+      const float* src = q + (r + t) * q_stride;
+      std::uint16_t* dst = q_bf16 + t * pair_stride;
+      for (std::int64_t d = 0; d < pair_stride; d += kVector) {
+        const __m512 x = d < q_stride ? _mm512_loadu_ps(src + d) : _mm512_setzero_ps();
+        _mm256_store_si256(reinterpret_cast<__m256i*>(dst + d),
+                           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+      }
+    }
+    for (std::int64_t j = 0; j < keys.count; j += kTile) {
+      __m512 folded[kTile];
+      for (int t = 0; t < kTile; ++t) {
+        const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
+        folded[t] = score_key_bf16_dot<dtype>(q_bf16, pair_stride, key, head_dim);
+      }
+      store_tile_sums(folded[0], folded[1], folded[2], folded[3], scores + r * score_stride + j,
+                      score_stride);
+    }
+  }
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+#pragma GCC diagnostic pop
+
+namespace {
+
+// Calls f(std::integral_constant<DType, cache_dtype>{}).
+template <typename F>
+void with_cache_dtype(DType cache_dtype, const char* caller, F&& f) {
+  switch (cache_dtype) {
+    case DType::f32:
+      return f(std::integral_constant<DType, DType::f32>{});
+    case DType::bf16:
+      return f(std::integral_constant<DType, DType::bf16>{});
+    case DType::f16:
+      return f(std::integral_constant<DType, DType::f16>{});
+    case DType::f8e4m3fn:
+      return f(std::integral_constant<DType, DType::f8e4m3fn>{});
+    case DType::f8e5m2:
+      return f(std::integral_constant<DType, DType::f8e5m2>{});
+    case DType::i32:
+      break;
+  }
+  TILELAB_CHECK(false) << caller << ": cache dtype " << dtype_name(cache_dtype);
+}
+
+}  // namespace
+
+void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::int64_t rows,
+                   std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float* scores,
+                   std::int64_t score_stride) {
+  TILELAB_CHECK(head_dim >= 1 && head_dim <= kMaxStreamedHeadDim && q_stride >= head_dim)
+      << "stream_scores: head_dim " << head_dim << ", q_stride " << q_stride;
+  const bool bf16_dot = query_dtype == DType::bf16 && cache_dtype != DType::f32 &&
+                        cache_dtype != DType::f16 && cpu_has_bf16_dot_products();
+  with_cache_dtype(cache_dtype, "stream_scores", [&](auto dtype) {
+    if constexpr (dtype.value == DType::bf16 || dtype.value == DType::f8e4m3fn ||
+                  dtype.value == DType::f8e5m2) {
+      if (bf16_dot) {
+        return scores_of_bf16_dot<dtype.value>(q, rows, q_stride, keys, head_dim, scores,
+                                               score_stride);
+      }
+    }
+    scores_of<dtype.value>(q, rows, q_stride, keys, head_dim, scores, score_stride);
+  });
+}
+
+void stream_values(DType cache_dtype, const float* p, std::int64_t p_stride, std::int64_t rows,
+                   StreamedRows values, std::int64_t head_dim, const float* correction, float* acc,
+                   std::int64_t acc_stride) {
+  with_cache_dtype(cache_dtype, "stream_values", [&](auto dtype) {
+    values_of<dtype.value>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride);
+  });
+}
+
+}  // namespace tilelab::detail

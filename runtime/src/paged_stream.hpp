@@ -1,0 +1,47 @@
+// The paged kernel's streaming micro-kernels: q·k and p·v over K/V cache rows read in place and
+// widened in registers (AVX-512). They serve items with few rows (decode), where widening a chunk
+// into fp32 scratch first costs more than the products it feeds and doubles the bytes the chunk
+// moves through the caches.
+#pragma once
+
+#include <cstdint>
+
+#include "tilelab/tensor.hpp"
+
+namespace tilelab::detail {
+
+// The longest rows the streaming kernels take (paged_attention's limit).
+constexpr std::int64_t kMaxStreamedHeadDim = 512;
+
+// True when the CPU runs the streaming micro-kernels (AVX-512 F, BW, VL, DQ, and F16C).
+bool cpu_streams_cache_rows();
+
+// The streaming kernels see every cache element multiplied by this power of two: e4m3fn widens
+// through fp16, whose exponent range holds e4m3fn's only 2^-8 lower. Callers fold the inverse
+// into their scales, which is exact.
+float streamed_element_scale(DType cache_dtype);
+
+// The K or V rows of a run of keys: rows[j] is key j's row, head_dim contiguous elements of the
+// cache dtype.
+struct StreamedRows {
+  const void* const* rows;
+  std::int64_t count;
+};
+
+// scores[r * score_stride + j] = q[r] · k[j] · streamed_element_scale for r < rows and
+// j < keys.count. The q rows are fp32 values of `query_dtype`, q_stride floats apart, zero from
+// head_dim up to q_stride (a multiple of 16); q and scores must hold round_up(rows, 4) rows and
+// scores round_up(keys.count, 4) columns: the padding is computed and written, its values
+// unspecified.
+void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::int64_t rows,
+                   std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float* scores,
+                   std::int64_t score_stride);
+
+// acc[r][d] = acc[r][d] · correction[r] + Σ_j p[r * p_stride + j] · v[j][d] ·
+// streamed_element_scale, for r < rows, j < values.count and d < head_dim; acc rows are
+// acc_stride floats apart.
+void stream_values(DType cache_dtype, const float* p, std::int64_t p_stride, std::int64_t rows,
+                   StreamedRows values, std::int64_t head_dim, const float* correction, float* acc,
+                   std::int64_t acc_stride);
+
+}  // namespace tilelab::detail
