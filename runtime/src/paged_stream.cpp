@@ -60,30 +60,17 @@ __mmask16 lanes(std::int64_t remaining) {
   return static_cast<__mmask16>((1u << remaining) - 1u);
 }
 
-// Elements [element, element + 16) of a cache row widened to fp32, times streamed_element_scale;
-// lanes outside `mask` are zero and their memory is not read.
-template <DType dtype>
-__m512 widen16(const void* row, std::int64_t element, __mmask16 mask);
-
-template <>
-[[gnu::always_inline]] inline __m512 widen16<DType::f32>(const void* row, std::int64_t element,
-                                                         __mmask16 mask) {
-  return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(row) + element);
+// 16 elements of `bits` bits each from p; `masked`: lanes outside `mask` are zero and their memory
+// is not read.
+template <bool masked>
+[[gnu::always_inline]] inline __m256i load16x16(const void* p, __mmask16 mask) {
+  if constexpr (masked) return _mm256_maskz_loadu_epi16(mask, p);
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
-
-template <>
-[[gnu::always_inline]] inline __m512 widen16<DType::bf16>(const void* row, std::int64_t element,
-                                                          __mmask16 mask) {
-  const __m256i bits =
-      _mm256_maskz_loadu_epi16(mask, static_cast<const std::uint16_t*>(row) + element);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-template <>
-[[gnu::always_inline]] inline __m512 widen16<DType::f16>(const void* row, std::int64_t element,
-                                                         __mmask16 mask) {
-  return _mm512_cvtph_ps(
-      _mm256_maskz_loadu_epi16(mask, static_cast<const std::uint16_t*>(row) + element));
+template <bool masked>
+[[gnu::always_inline]] inline __m128i load16x8(const void* p, __mmask16 mask) {
+  if constexpr (masked) return _mm_maskz_loadu_epi8(mask, p);
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
 }
 
 // e4m3fn's sign and 7 magnitude bits, placed at fp16's sign and the low bits of its exponent and
@@ -114,18 +101,23 @@ template <DType dtype>
   }
 }
 
-template <>
-[[gnu::always_inline]] inline __m512 widen16<DType::f8e4m3fn>(const void* row, std::int64_t element,
-                                                              __mmask16 mask) {
-  return _mm512_cvtph_ps(f8e4m3fn_to_f16_bits(
-      _mm_maskz_loadu_epi8(mask, static_cast<const std::uint8_t*>(row) + element)));
-}
-
-template <>
-[[gnu::always_inline]] inline __m512 widen16<DType::f8e5m2>(const void* row, std::int64_t element,
-                                                            __mmask16 mask) {
-  return _mm512_cvtph_ps(f8e5m2_to_f16_bits(
-      _mm_maskz_loadu_epi8(mask, static_cast<const std::uint8_t*>(row) + element)));
+// The 16 cache elements at `element` widened to fp32, times streamed_element_scale; `masked`:
+// lanes outside `mask` are zero and their memory is not read.
+template <DType dtype, bool masked>
+[[gnu::always_inline]] inline __m512 widen16(const void* element, __mmask16 mask) {
+  if constexpr (dtype == DType::f32) {
+    const auto* p = static_cast<const float*>(element);
+    if constexpr (masked) return _mm512_maskz_loadu_ps(mask, p);
+    return _mm512_loadu_ps(p);
+  } else if constexpr (dtype == DType::bf16) {
+    // bf16 is the upper half of an fp32.
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(load16x16<masked>(element, mask)), 16));
+  } else if constexpr (dtype == DType::f16) {
+    return _mm512_cvtph_ps(load16x16<masked>(element, mask));
+  } else {
+    return _mm512_cvtph_ps(f8_to_f16_bits<dtype>(load16x8<masked>(element, mask)));
+  }
 }
 
 // [x0+x2, x1+x3, y0+y2, y1+y3] of the 128-bit blocks of x and y.
@@ -172,14 +164,18 @@ template <DType dtype>
 __m512 score_key(const float* q, std::int64_t q_stride, const void* key, std::int64_t head_dim) {
   const __m512 zero = _mm512_setzero_ps();
   KeyColumn c{zero, zero, zero, zero};
-  for (std::int64_t d = 0; d < head_dim; d += kVector) {
-    const __m512 k = widen16<dtype>(key, d, lanes(head_dim - d));
+  const auto* k_row = static_cast<const char*>(key);
+  const auto step = [&](std::int64_t d, auto masked, __mmask16 mask) {
+    const __m512 k = widen16<dtype, masked.value>(k_row + d * element_bytes<dtype>(), mask);
     // The q rows are zero past head_dim.
     c.r0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), k, c.r0);
     c.r1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + q_stride + d), k, c.r1);
     c.r2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * q_stride + d), k, c.r2);
     c.r3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * q_stride + d), k, c.r3);
-  }
+  };
+  std::int64_t d = 0;
+  for (; d + kVector <= head_dim; d += kVector) step(d, std::false_type{}, 0);
+  if (d < head_dim) step(d, std::true_type{}, lanes(head_dim - d));
   return fold_rows(c);
 }
 
@@ -240,22 +236,20 @@ template <int n>
   }
 }
 
-template <DType dtype, int n>
+// The panel's elements of a cache row (from element d on) widened to fp32.
+template <DType dtype, int n, bool masked>
 [[gnu::always_inline]] inline Panel<n> widen_panel(const void* row, std::int64_t d,
                                                    const __mmask16* mask) {
+  const char* base = static_cast<const char*>(row) + d * element_bytes<dtype>();
+  const auto vector = [&](int v) {
+    return widen16<dtype, masked>(base + v * kVector * element_bytes<dtype>(), mask[v]);
+  };
   Panel<n> panel{};
-  panel.v0 = widen16<dtype>(row, d, mask[0]);
-  if constexpr (n > 1) panel.v1 = widen16<dtype>(row, d + kVector, mask[1]);
-  if constexpr (n > 2) {
-    panel.v2 = widen16<dtype>(row, d + 2 * kVector, mask[2]);
-    panel.v3 = widen16<dtype>(row, d + 3 * kVector, mask[3]);
-  }
-  if constexpr (n > 4) {
-    panel.v4 = widen16<dtype>(row, d + 4 * kVector, mask[4]);
-    panel.v5 = widen16<dtype>(row, d + 5 * kVector, mask[5]);
-    panel.v6 = widen16<dtype>(row, d + 6 * kVector, mask[6]);
-    panel.v7 = widen16<dtype>(row, d + 7 * kVector, mask[7]);
-  }
+  panel.v0 = vector(0);
+  if constexpr (n > 1) panel.v1 = vector(1);
+  if constexpr (n > 2) panel.v2 = vector(2), panel.v3 = vector(3);
+  if constexpr (n > 4)
+    panel.v4 = vector(4), panel.v5 = vector(5), panel.v6 = vector(6), panel.v7 = vector(7);
   return panel;
 }
 
@@ -293,12 +287,20 @@ void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std:
     if constexpr (tile_rows > 3) {
       row3 = load_panel<n>(acc + 3 * acc_stride + d, mask, correction[3]);
     }
-    for (std::int64_t j = 0; j < values.count; ++j) {
-      const Panel<n> x = widen_panel<dtype, n>(values.rows[j], d, mask);
-      add_to_panel<n>(row0, p[j], x);
-      if constexpr (tile_rows > 1) add_to_panel<n>(row1, p[p_stride + j], x);
-      if constexpr (tile_rows > 2) add_to_panel<n>(row2, p[2 * p_stride + j], x);
-      if constexpr (tile_rows > 3) add_to_panel<n>(row3, p[3 * p_stride + j], x);
+    const auto add_keys = [&](auto masked) {
+      for (std::int64_t j = 0; j < values.count; ++j) {
+        const Panel<n> x = widen_panel<dtype, n, masked.value>(values.rows[j], d, mask);
+        add_to_panel<n>(row0, p[j], x);
+        if constexpr (tile_rows > 1) add_to_panel<n>(row1, p[p_stride + j], x);
+        if constexpr (tile_rows > 2) add_to_panel<n>(row2, p[2 * p_stride + j], x);
+        if constexpr (tile_rows > 3) add_to_panel<n>(row3, p[3 * p_stride + j], x);
+      }
+    };
+    // Whole panels (every one for head dims that are multiples of the panel) load unmasked.
+    if (d + n * kVector <= head_dim) {
+      add_keys(std::false_type{});
+    } else {
+      add_keys(std::true_type{});
     }
     store_panel<n>(acc + d, mask, row0);
     if constexpr (tile_rows > 1) store_panel<n>(acc + acc_stride + d, mask, row1);
@@ -370,18 +372,18 @@ namespace {
 
 constexpr std::int64_t kPairs = 32;  // bf16 elements of one vdpbf16ps operand
 
-// Elements [element, element + 32) of a cache row as bf16 (times streamed_element_scale); lanes
+// The 32 cache elements at `element` as bf16 (times streamed_element_scale); `masked`: lanes
 // outside `mask` are zero and their memory is not read.
-template <DType dtype>
-[[gnu::always_inline]] inline __m512bh load_bf16_pairs(const void* row, std::int64_t element,
-                                                       __mmask32 mask) {
+template <DType dtype, bool masked>
+[[gnu::always_inline]] inline __m512bh load_bf16_pairs(const void* element, __mmask32 mask) {
   if constexpr (dtype == DType::bf16) {
-    return reinterpret_cast<__m512bh>(
-        _mm512_maskz_loadu_epi16(mask, static_cast<const std::uint16_t*>(row) + element));
+    if constexpr (masked)
+      return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, element));
+    return reinterpret_cast<__m512bh>(_mm512_loadu_si512(element));
   } else {
     // fp8 through fp16 and fp32: exact at every step.
-    const __m256i bytes =
-        _mm256_maskz_loadu_epi8(mask, static_cast<const std::uint8_t*>(row) + element);
+    const __m256i bytes = masked ? _mm256_maskz_loadu_epi8(mask, element)
+                                 : _mm256_loadu_si256(static_cast<const __m256i*>(element));
     const __m512 lo = _mm512_cvtph_ps(f8_to_f16_bits<dtype>(_mm256_castsi256_si128(bytes)));
     const __m512 hi = _mm512_cvtph_ps(f8_to_f16_bits<dtype>(_mm256_extracti128_si256(bytes, 1)));
     return _mm512_cvtne2ps_pbh(hi, lo);
@@ -395,10 +397,10 @@ __m512 score_key_bf16_dot(const std::uint16_t* q, std::int64_t q_stride, const v
                           std::int64_t head_dim) {
   const __m512 zero = _mm512_setzero_ps();
   KeyColumn c{zero, zero, zero, zero};
-  for (std::int64_t d = 0; d < head_dim; d += kPairs) {
-    const std::int64_t left = head_dim - d;
-    const __mmask32 mask = left >= kPairs ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-    const __m512bh k = load_bf16_pairs<dtype>(key, d, mask);
+  const auto* k_row = static_cast<const char*>(key);
+  const auto step = [&](std::int64_t d, auto masked, __mmask32 mask) {
+    const __m512bh k =
+        load_bf16_pairs<dtype, masked.value>(k_row + d * element_bytes<dtype>(), mask);
     const auto q_pairs = [&](std::int64_t r) {
       return reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + r * q_stride + d));
     };
@@ -406,7 +408,10 @@ __m512 score_key_bf16_dot(const std::uint16_t* q, std::int64_t q_stride, const v
     c.r1 = _mm512_dpbf16_ps(c.r1, q_pairs(1), k);
     c.r2 = _mm512_dpbf16_ps(c.r2, q_pairs(2), k);
     c.r3 = _mm512_dpbf16_ps(c.r3, q_pairs(3), k);
-  }
+  };
+  std::int64_t d = 0;
+  for (; d + kPairs <= head_dim; d += kPairs) step(d, std::false_type{}, 0);
+  if (d < head_dim) step(d, std::true_type{}, (__mmask32{1} << (head_dim - d)) - 1);
   return fold_rows(c);
 }
 
