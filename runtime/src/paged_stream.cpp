@@ -101,6 +101,77 @@ template <DType dtype>
   }
 }
 
+// The bf16 bits of every fp8 magnitude (0 to 127) times streamed_element_scale: exact, since every
+// fp8 value is a bf16 value. NaN encodings give a quiet NaN.
+struct Fp8MagnitudeTable {
+  std::uint16_t bits[128];
+};
+
+// The bf16 bits of mantissa · 2^exponent for a mantissa with `mantissa_bits` fraction bits below
+// its leading one (a subnormal one is normalized).
+constexpr std::uint16_t bf16_bits(int mantissa, int mantissa_bits, int exponent) {
+  if (mantissa == 0) return 0;
+  int leading = mantissa_bits;  // position of the leading one
+  while ((mantissa >> leading) == 0) --leading;
+  const int fraction = (mantissa - (1 << leading)) << (7 - leading);
+  return static_cast<std::uint16_t>(((exponent + leading - mantissa_bits + 127) << 7) | fraction);
+}
+
+template <DType dtype>
+constexpr Fp8MagnitudeTable fp8_magnitude_table() {
+  Fp8MagnitudeTable table{};
+  for (int m = 0; m < 128; ++m) {
+    if constexpr (dtype == DType::f8e4m3fn) {  // bias 7, 3 fraction bits; the 2^-8 scale
+      const int exponent_field = m >> 3, fraction = m & 7;
+      table.bits[m] = m == 0x7f             ? std::uint16_t{0x7fc0}
+                      : exponent_field == 0 ? bf16_bits(fraction, 3, -6 - 8)
+                                            : bf16_bits(8 | fraction, 3, exponent_field - 7 - 8);
+    } else {  // e5m2: bias 15, 2 fraction bits; all-ones exponent: inf and NaN
+      const int exponent_field = m >> 2, fraction = m & 3;
+      table.bits[m] = exponent_field == 31
+                          ? static_cast<std::uint16_t>(fraction == 0 ? 0x7f80 : 0x7fc0)
+                      : exponent_field == 0 ? bf16_bits(fraction, 2, -14)
+                                            : bf16_bits(4 | fraction, 2, exponent_field - 15);
+    }
+  }
+  return table;
+}
+
+// 32 fp8 values as bf16 bits (times streamed_element_scale): the magnitude through a 128-entry
+// table (two vpermi2w lookups of 64 entries and a blend), then the sign.
+template <DType dtype>
+[[gnu::always_inline]] inline __m512i fp8_to_bf16_bits(__m256i bytes) {
+  static constexpr Fp8MagnitudeTable kTable = fp8_magnitude_table<dtype>();
+  const __m512i x = _mm512_cvtepu8_epi16(bytes);
+  const __m512i low = _mm512_permutex2var_epi16(_mm512_loadu_si512(kTable.bits), x,
+                                                _mm512_loadu_si512(kTable.bits + 32));
+  const __m512i high = _mm512_permutex2var_epi16(_mm512_loadu_si512(kTable.bits + 64), x,
+                                                 _mm512_loadu_si512(kTable.bits + 96));
+  const __mmask32 upper = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40));
+  const __m512i magnitude = _mm512_mask_blend_epi16(upper, low, high);
+  // magnitude | (x << 8 & 0x8000)
+  return _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(x, 8),
+                                   _mm512_set1_epi16(static_cast<short>(0x8000)), 0xf8);
+}
+
+// 32 fp8 cache elements at `element` widened to fp32 (two vectors); `masked`: lanes outside
+// `mask` are zero and their memory is not read.
+template <DType dtype, bool masked>
+[[gnu::always_inline]] inline void widen32_fp8(const void* element, __mmask32 mask, __m512& first,
+                                               __m512& second) {
+  __m256i bytes;
+  if constexpr (masked) {
+    bytes = _mm256_maskz_loadu_epi8(mask, element);
+  } else {
+    bytes = _mm256_loadu_si256(static_cast<const __m256i*>(element));
+  }
+  const __m512i bf16 = fp8_to_bf16_bits<dtype>(bytes);
+  first = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(bf16)), 16));
+  second = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(bf16, 1)), 16));
+}
+
 // The 16 cache elements at `element` widened to fp32, times streamed_element_scale; `masked`:
 // lanes outside `mask` are zero and their memory is not read.
 template <DType dtype, bool masked>
@@ -245,6 +316,16 @@ template <DType dtype, int n, bool masked>
     return widen16<dtype, masked>(base + v * kVector * element_bytes<dtype>(), mask[v]);
   };
   Panel<n> panel{};
+  if constexpr (element_bytes<dtype>() == 1 && n % 2 == 0) {
+    const auto pair = [&](int v, __m512& first, __m512& second) {
+      const auto mask32 = static_cast<__mmask32>(mask[v] | (std::uint32_t{mask[v + 1]} << 16));
+      widen32_fp8<dtype, masked>(base + v * kVector, mask32, first, second);
+    };
+    pair(0, panel.v0, panel.v1);
+    if constexpr (n > 2) pair(2, panel.v2, panel.v3);
+    if constexpr (n > 4) pair(4, panel.v4, panel.v5), pair(6, panel.v6, panel.v7);
+    return panel;
+  }
   panel.v0 = vector(0);
   if constexpr (n > 1) panel.v1 = vector(1);
   if constexpr (n > 2) panel.v2 = vector(2), panel.v3 = vector(3);
@@ -381,12 +462,9 @@ template <DType dtype, bool masked>
       return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, element));
     return reinterpret_cast<__m512bh>(_mm512_loadu_si512(element));
   } else {
-    // fp8 through fp16 and fp32: exact at every step.
     const __m256i bytes = masked ? _mm256_maskz_loadu_epi8(mask, element)
                                  : _mm256_loadu_si256(static_cast<const __m256i*>(element));
-    const __m512 lo = _mm512_cvtph_ps(f8_to_f16_bits<dtype>(_mm256_castsi256_si128(bytes)));
-    const __m512 hi = _mm512_cvtph_ps(f8_to_f16_bits<dtype>(_mm256_extracti128_si256(bytes, 1)));
-    return _mm512_cvtne2ps_pbh(hi, lo);
+    return reinterpret_cast<__m512bh>(fp8_to_bf16_bits<dtype>(bytes));
   }
 }
 

@@ -354,6 +354,33 @@ def test_every_fp8_code_widens_exactly(fp8_name, head_dim):
 
 
 @pytest.mark.parametrize("fp8_name", list(FP8))
+@pytest.mark.parametrize("query_dtype", ["bfloat16", "float32", "float16"])
+def test_every_fp8_key_code_scores_exactly(fp8_name, query_dtype):
+    """One key, 128 one-hot query heads: head h's lse is its score k_scale * k[h] exactly, for
+    every finite code (the bf16 dot-product path of bf16 queries reads fp8 keys through a lookup
+    table); a NaN or inf code in the key makes every head's score, lse and output NaN."""
+    fp8 = FP8[fp8_name]
+    dim = 128
+    query = np.eye(dim, dtype=np.float32).astype(DTYPES[query_dtype]).reshape(1, dim, 1, dim)
+    for first in (0, 128):
+        codes = np.arange(first, first + dim).astype(np.uint8)
+        finite = np.isfinite(codes.view(fp8).astype(np.float32))
+        key = np.where(finite, codes, 0).astype(np.uint8).view(fp8).reshape(1, 1, 1, dim)
+        value = np.zeros_like(key)
+        _, lse = tilelab.flash_attention(query, key, value, scale=1.0, k_scale=0.5,
+                                         return_lse=True)
+        np.testing.assert_array_equal(np.asarray(lse).reshape(dim),
+                                      key.reshape(dim).astype(np.float32) * 0.5)
+        for code in codes[~finite]:
+            bad_key = key.copy()
+            bad_key.view(np.uint8)[0, 0, 0, 5] = code
+            out, lse = tilelab.flash_attention(query, bad_key, value, scale=1.0,
+                                               return_lse=True)
+            assert np.isnan(np.asarray(lse, np.float32)).all()
+            assert np.isnan(np.asarray(out, np.float32)).all()
+
+
+@pytest.mark.parametrize("fp8_name", list(FP8))
 def test_fp8_cache_with_options_and_split(fp8_name):
     rng = np.random.default_rng(22)
     batch = make_batch(rng, [*DECODE, (7, 700)], q_heads=8, kv_heads=2, head_dim=96,
@@ -447,7 +474,7 @@ def test_reshape_and_cache_flash_then_attention():
 STREAMED_DTYPES = [("float32", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16"),
                    ("bfloat16", "float8_e4m3fn"), ("bfloat16", "float8_e5m2"),
                    ("float32", "float8_e4m3fn"), ("float16", "float8_e5m2")]
-STREAMED_LENGTHS = [2, 63, 64, 65, 127, 128, 129, 130, 300]
+STREAMED_LENGTHS = [2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300, 513]
 
 
 @pytest.mark.parametrize("dtypes", STREAMED_DTYPES, ids=lambda d: f"{d[0]}-{d[1]}")
