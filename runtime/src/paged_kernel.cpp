@@ -38,7 +38,14 @@ constexpr std::int64_t kKeyChunk = 64;
 // 512 gained 4% more. A multiple of kKeyChunk, so split pieces stay whole.
 constexpr std::int64_t kStreamedKeyChunk = 4 * kKeyChunk;
 constexpr std::int64_t kScoreStride = kStreamedKeyChunk;  // floats between rows of the scores
-constexpr std::int64_t kPrefetchKeys = kKeyChunk;         // one chunk ahead
+// Streamed items whose cache blocks hold at most this many bytes of one kv head's rows prefetch
+// kStreamedPrefetchKeys rows ahead: the hardware prefetcher restarts at every scattered block.
+// Measured side by side on Zen 4 (decode, 64 sequences, Hkv 8, D 128): bf16 1.17x faster with 16
+// rows of 16 keys, 1.04x with 48; fp8 1.33x and 1.26x; fp8 with 128-key blocks (16 KiB) 1.14x,
+// bf16 ones (32 KiB) and dense rows 3-5% slower.
+constexpr std::int64_t kShortBlockBytes = 16 * 1024;
+constexpr std::int64_t kStreamedPrefetchKeys = 16;
+constexpr std::int64_t kPrefetchKeys = kKeyChunk;  // one chunk ahead
 // Rows (query tokens × the group's heads) per item: bounded scratch, and enough rows per K/V chunk
 // that prefill reuses each gathered chunk many times.
 constexpr std::int64_t kMaxFoldedRows = 64;
@@ -433,6 +440,11 @@ class PagedKernel {
         // The streaming kernels' rows carry streamed_element_scale; their items fold it out here.
         streamed_score_scale_(score_scale_ / streamed_element_scale(cache_dtype)),
         streamed_value_scale_(problem.v_scale / streamed_element_scale(cache_dtype)),
+        streamed_prefetch_keys_(problem.block_size * problem.head_dim *
+                                            static_cast<std::int64_t>(sizeof(CacheStorage)) <=
+                                        kShortBlockBytes
+                                    ? kStreamedPrefetchKeys
+                                    : 0),
         q_rows_((folded_rows + kStreamRowTile - 1) * dim_, 0.0f),
         keys_(kKeyChunk * dim_, 0.0f),
         values_(kKeyChunk * dim_, 0.0f),
@@ -623,7 +635,8 @@ class PagedKernel {
     const bool streamed = streams(item);
     if (streamed) {
       stream_scores(query_dtype, cache_dtype, &q_rows_[row0 * dim_], group_, dim_,
-                    {&key_rows_[begin - chunk], count}, head_dim_, scores_.data(), kScoreStride);
+                    {&key_rows_[begin - chunk], count}, head_dim_, scores_.data(), kScoreStride,
+                    streamed_prefetch_keys_);
     } else {
       dot_rows_with_keys(&q_rows_[row0 * dim_], group_, &keys_[(begin - chunk) * dim_], count, dim_,
                          scores_.data(), kScoreStride);
@@ -659,7 +672,7 @@ class PagedKernel {
       if (streamed) {
         stream_values(cache_dtype, &scores_[first_row * kScoreStride], kScoreStride, rows,
                       {&value_rows_[begin - chunk], count}, head_dim_, &corrections_[first_row],
-                      acc + first_row * dim_, dim_);
+                      acc + first_row * dim_, dim_, streamed_prefetch_keys_);
       } else {
         accumulate_values(&scores_[first_row * kScoreStride], kScoreStride, rows,
                           &values_[(begin - chunk) * dim_], count, dim_, &corrections_[first_row],
@@ -685,6 +698,7 @@ class PagedKernel {
   const std::int64_t row_bytes_;
   const bool streams_;
   const float streamed_score_scale_, streamed_value_scale_;
+  const std::int64_t streamed_prefetch_keys_;
   std::vector<float> q_rows_, keys_, values_;  // q_rows_ has kStreamRowTile - 1 spare rows
   std::vector<float> scores_;                  // [group rounded up to kStreamRowTile][kScoreStride]
   std::vector<float> corrections_;             // [group]

@@ -53,6 +53,17 @@ constexpr std::int64_t element_bytes() {
   return 1;
 }
 
+// Prefetches row j + distance of `rows` (a distance of 0 prefetches nothing).
+template <DType dtype>
+[[gnu::always_inline]] inline void prefetch_ahead(StreamedRows rows, std::int64_t j,
+                                                  std::int64_t distance, std::int64_t head_dim) {
+  if (distance == 0 || j + distance >= rows.count) return;
+  const char* row = static_cast<const char*>(rows.rows[j + distance]);
+  for (std::int64_t offset = 0; offset < head_dim * element_bytes<dtype>(); offset += 64) {
+    _mm_prefetch(row + offset, _MM_HINT_T0);
+  }
+}
+
 // The lanes of a vector starting `remaining` elements before the row's end.
 __mmask16 lanes(std::int64_t remaining) {
   if (remaining >= kVector) return 0xffff;
@@ -252,7 +263,8 @@ __m512 score_key(const float* q, std::int64_t q_stride, const void* key, std::in
 
 template <DType dtype>
 void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
-               std::int64_t head_dim, float* scores, std::int64_t score_stride) {
+               std::int64_t head_dim, float* scores, std::int64_t score_stride,
+               std::int64_t prefetch_distance) {
   for (std::int64_t r = 0; r < rows; r += kTile) {
     const float* q_tile = q + r * q_stride;
     for (std::int64_t j = 0; j < keys.count; j += kTile) {
@@ -260,6 +272,7 @@ void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, Streame
       for (int t = 0; t < kTile; ++t) {
         // Past the last key the tile repeats it; those columns are padding.
         const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
+        if (r == 0) prefetch_ahead<dtype>(keys, j + t, prefetch_distance, head_dim);
         folded[t] = score_key<dtype>(q_tile, q_stride, key, head_dim);
       }
       store_tile_sums(folded[0], folded[1], folded[2], folded[3], scores + r * score_stride + j,
@@ -355,7 +368,8 @@ template <int n>
 // row in one panel (head_dim <= 128), each V row is read front to back once per row tile.
 template <DType dtype, int tile_rows, int n>
 void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std::int64_t head_dim,
-                const float* correction, float* acc, std::int64_t acc_stride) {
+                const float* correction, float* acc, std::int64_t acc_stride,
+                std::int64_t prefetch_distance) {
   static_assert(tile_rows >= 1 && tile_rows <= 4 && tile_rows * n <= 16);
   for (std::int64_t d = 0; d < head_dim; d += n * kVector) {
     __mmask16 mask[n];
@@ -370,6 +384,7 @@ void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std:
     }
     const auto add_keys = [&](auto masked) {
       for (std::int64_t j = 0; j < values.count; ++j) {
+        if (d == 0) prefetch_ahead<dtype>(values, j, prefetch_distance, head_dim);
         const Panel<n> x = widen_panel<dtype, n, masked.value>(values.rows[j], d, mask);
         add_to_panel<n>(row0, p[j], x);
         if constexpr (tile_rows > 1) add_to_panel<n>(row1, p[p_stride + j], x);
@@ -394,47 +409,50 @@ void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std:
 template <DType dtype, int max_rows, int n>
 void value_tiles(const float* p, std::int64_t p_stride, std::int64_t rows, StreamedRows values,
                  std::int64_t head_dim, const float* correction, float* acc,
-                 std::int64_t acc_stride) {
+                 std::int64_t acc_stride, std::int64_t prefetch_distance) {
   for (std::int64_t r = 0; r < rows; r += max_rows) {
+    const std::int64_t tile_prefetch = r == 0 ? prefetch_distance : 0;
     const float* tile_p = p + r * p_stride;
     float* tile_acc = acc + r * acc_stride;
     const std::int64_t left = rows - r;
     if (left >= max_rows) {
       value_tile<dtype, max_rows, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
-                                     acc_stride);
+                                     acc_stride, tile_prefetch);
       continue;
     }
     if constexpr (max_rows > 3) {
       if (left == 3) {
         value_tile<dtype, 3, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
-                                acc_stride);
+                                acc_stride, tile_prefetch);
         continue;
       }
     }
     if constexpr (max_rows > 2) {
       if (left == 2) {
         value_tile<dtype, 2, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
-                                acc_stride);
+                                acc_stride, tile_prefetch);
         continue;
       }
     }
     value_tile<dtype, 1, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
-                            acc_stride);
+                            acc_stride, tile_prefetch);
   }
 }
 
 template <DType dtype>
 void values_of(const float* p, std::int64_t p_stride, std::int64_t rows, StreamedRows values,
-               std::int64_t head_dim, const float* correction, float* acc,
-               std::int64_t acc_stride) {
+               std::int64_t head_dim, const float* correction, float* acc, std::int64_t acc_stride,
+               std::int64_t prefetch_distance) {
   // Panels of up to 64 elements and four rows widen each V element once per call; whole rows of
   // up to 128 elements and two rows read each V row front to back, widening it once per two rows.
   // The second is faster for 2-byte and 4-byte caches, the first for fp8, whose widening costs
   // more (measured on Zen 4).
   if (head_dim <= 4 * kVector || element_bytes<dtype>() == 1) {
-    value_tiles<dtype, 4, 4>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride);
+    value_tiles<dtype, 4, 4>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride,
+                             prefetch_distance);
   } else {
-    value_tiles<dtype, 2, 8>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride);
+    value_tiles<dtype, 2, 8>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride,
+                             prefetch_distance);
   }
 }
 
@@ -497,7 +515,8 @@ __m512 score_key_bf16_dot(const std::uint16_t* q, std::int64_t q_stride, const v
 // per four-row tile, is exact.
 template <DType dtype>
 void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
-                        std::int64_t head_dim, float* scores, std::int64_t score_stride) {
+                        std::int64_t head_dim, float* scores, std::int64_t score_stride,
+                        std::int64_t prefetch_distance) {
   const std::int64_t pair_stride = (head_dim + kPairs - 1) / kPairs * kPairs;
   alignas(64) std::uint16_t q_bf16[kTile * kMaxStreamedHeadDim];
   for (std::int64_t r = 0; r < rows; r += kTile) {
@@ -514,6 +533,7 @@ void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride
       __m512 folded[kTile];
       for (int t = 0; t < kTile; ++t) {
         const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
+        if (r == 0) prefetch_ahead<dtype>(keys, j + t, prefetch_distance, head_dim);
         folded[t] = score_key_bf16_dot<dtype>(q_bf16, pair_stride, key, head_dim);
       }
       store_tile_sums(folded[0], folded[1], folded[2], folded[3], scores + r * score_stride + j,
@@ -553,7 +573,7 @@ void with_cache_dtype(DType cache_dtype, const char* caller, F&& f) {
 
 void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::int64_t rows,
                    std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float* scores,
-                   std::int64_t score_stride) {
+                   std::int64_t score_stride, std::int64_t prefetch_distance) {
   TILELAB_CHECK(head_dim >= 1 && head_dim <= kMaxStreamedHeadDim && q_stride >= head_dim)
       << "stream_scores: head_dim " << head_dim << ", q_stride " << q_stride;
   const bool bf16_dot = query_dtype == DType::bf16 && cache_dtype != DType::f32 &&
@@ -563,18 +583,20 @@ void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::in
                   dtype.value == DType::f8e5m2) {
       if (bf16_dot) {
         return scores_of_bf16_dot<dtype.value>(q, rows, q_stride, keys, head_dim, scores,
-                                               score_stride);
+                                               score_stride, prefetch_distance);
       }
     }
-    scores_of<dtype.value>(q, rows, q_stride, keys, head_dim, scores, score_stride);
+    scores_of<dtype.value>(q, rows, q_stride, keys, head_dim, scores, score_stride,
+                           prefetch_distance);
   });
 }
 
 void stream_values(DType cache_dtype, const float* p, std::int64_t p_stride, std::int64_t rows,
                    StreamedRows values, std::int64_t head_dim, const float* correction, float* acc,
-                   std::int64_t acc_stride) {
+                   std::int64_t acc_stride, std::int64_t prefetch_distance) {
   with_cache_dtype(cache_dtype, "stream_values", [&](auto dtype) {
-    values_of<dtype.value>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride);
+    values_of<dtype.value>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride,
+                           prefetch_distance);
   });
 }
 

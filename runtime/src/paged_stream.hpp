@@ -28,6 +28,10 @@ struct StreamedRows {
   std::int64_t count;
 };
 
+// Both kernels read key j's row while prefetching the row of key j + prefetch_distance (0: none).
+// Rows that come in short runs (small cache blocks at scattered addresses) need it; long runs are
+// better left to the hardware prefetcher.
+
 // scores[r * score_stride + j] = q[r] · k[j] · streamed_element_scale for r < rows and
 // j < keys.count. The q rows are fp32 values of `query_dtype`, q_stride floats apart, zero from
 // head_dim up to q_stride (a multiple of 16); q and scores must hold round_up(rows, 4) rows and
@@ -35,13 +39,13 @@ struct StreamedRows {
 // unspecified.
 void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::int64_t rows,
                    std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float* scores,
-                   std::int64_t score_stride);
+                   std::int64_t score_stride, std::int64_t prefetch_distance);
 
 // acc[r][d] = acc[r][d] · correction[r] + Σ_j p[r * p_stride + j] · v[j][d] ·
 // streamed_element_scale, for r < rows, j < values.count and d < head_dim; acc rows are
 // acc_stride floats apart.
 void stream_values(DType cache_dtype, const float* p, std::int64_t p_stride, std::int64_t rows,
                    StreamedRows values, std::int64_t head_dim, const float* correction, float* acc,
-                   std::int64_t acc_stride);
+                   std::int64_t acc_stride, std::int64_t prefetch_distance);
 
 }  // namespace tilelab::detail
