@@ -1,6 +1,7 @@
 // tilelab_machine_peak: this machine's fp32 FMA peak and, where the CPU has AVX-512 BF16, its bf16
-// dot-product peak (GFLOP/s), and STREAM triad bandwidth (GB/s) with N OpenMP threads, as JSON;
-// bench_flash.py divides its figures by these.
+// dot-product peak (GFLOP/s), STREAM triad bandwidth and the bandwidth of reading short blocks in a
+// random order (GB/s), with N OpenMP threads, as JSON; the benchmarks divide their figures by
+// these.
 #include <omp.h>
 
 #include <algorithm>
@@ -9,9 +10,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TILELAB_X86 1
@@ -178,11 +184,61 @@ double measure_triad_gb_per_s(int threads, std::int64_t elements, int trials) {
   return best;
 }
 
+// Reads `bytes` as blocks of `block_bytes` visited in a random order, the way decode reads a paged
+// KV cache with short blocks: GB/s, best of `trials`. Short runs at scattered addresses keep the
+// hardware prefetcher from running ahead, so this is below the triad; it is the ceiling of such a
+// cache's reads.
+double measure_block_read_gb_per_s(int threads, std::int64_t bytes, std::int64_t block_bytes,
+                                   int trials) {
+  const std::int64_t floats = bytes / 4, block_floats = block_bytes / 4;
+  const std::int64_t blocks = floats / block_floats;
+  // Transparent huge pages where the kernel offers them, as numpy asks for its large arrays (with
+  // 4 KiB pages every block would also be a TLB miss).
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  const std::size_t allocation =
+      (static_cast<std::size_t>(bytes) + kHugePage - 1) / kHugePage * kHugePage;
+  std::unique_ptr<float, decltype(&std::free)> data(
+      static_cast<float*>(std::aligned_alloc(kHugePage, allocation)), &std::free);
+  if (!data) return 0.0;
+#if defined(__linux__)
+  madvise(data.get(), allocation, MADV_HUGEPAGE);
+#endif
+  float* values = data.get();
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t i = 0; i < floats; ++i) values[i] = 1.0f;
+  std::vector<std::int64_t> order(blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(12345));
+  double best = 0.0;
+  for (int trial = 0; trial < trials; ++trial) {
+    float total = 0.0f;
+    const double start = omp_get_wtime();
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const float* block = values + order[b] * block_floats;
+      // 16 independent partial sums (one cache line): vector adds that never wait on each other.
+      float lanes[16] = {};
+      for (std::int64_t k = 0; k < block_floats; k += 16) {
+        for (int l = 0; l < 16; ++l) lanes[l] += block[k + l];
+      }
+      for (const float lane : lanes) total += lane;
+    }
+    const double seconds = omp_get_wtime() - start;
+    best = std::max(best, static_cast<double>(blocks * block_bytes) / seconds * 1e-9);
+    g_sink = g_sink + total;
+  }
+  return best;
+}
+
+// Block sizes measured: one kv head's 16-key block of head dim 128 in bf16 and in fp8.
+constexpr std::int64_t kReadBlockBytes[] = {2048, 4096};
+
 void usage() {
   std::fprintf(stderr,
                "usage: tilelab_machine_peak [--threads N] [--fma-iterations K] "
                "[--triad-mib MIB] [--trials T]\n"
-               "  prints JSON: fp32 FMA peak (GFLOP/s) and STREAM triad bandwidth (GB/s)\n");
+               "  prints JSON: fp32 FMA and bf16 dot peaks (GFLOP/s), STREAM triad bandwidth and\n"
+               "  random-order reads of 2 and 4 KiB blocks (GB/s)\n");
 }
 
 }  // namespace
@@ -228,10 +284,19 @@ int main(int argc, char** argv) {
     bf16_peak = text;
   }
 
+  std::string block_reads;
+  for (const std::int64_t block_bytes : kReadBlockBytes) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%s\"%lld\": %.2f", block_reads.empty() ? "" : ", ",
+                  static_cast<long long>(block_bytes),
+                  measure_block_read_gb_per_s(threads, triad_elements * 8, block_bytes, trials));
+    block_reads += text;
+  }
+
   std::printf(
       "{\n"
       "  \"schema\": \"tilelab.machine_peak\",\n"
-      "  \"schema_version\": 2,\n"
+      "  \"schema_version\": 3,\n"
       "  \"threads\": %d,\n"
       "  \"fma_isa\": \"%s\",\n"
       "  \"fma_chains_per_thread\": %d,\n"
@@ -239,9 +304,10 @@ int main(int argc, char** argv) {
       "  \"bf16_dot_peak_gflop_per_s\": %s,\n"
       "  \"triad_array_bytes\": %lld,\n"
       "  \"triad_bandwidth_gb_per_s\": %.2f,\n"
+      "  \"random_block_read_gb_per_s\": {%s},\n"
       "  \"statistic\": \"best of %d trials\"\n"
       "}\n",
       threads, kernel.isa, kChains, fma_gflops, bf16_peak.c_str(),
-      static_cast<long long>(triad_elements * 8), triad_gb_per_s, trials);
+      static_cast<long long>(triad_elements * 8), triad_gb_per_s, block_reads.c_str(), trials);
   return 0;
 }
