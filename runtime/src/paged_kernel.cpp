@@ -56,11 +56,11 @@ constexpr std::int64_t kItemsPerThread = 4;
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 
-// fp32 rows in the kernel's scratch are padded with zeros to a multiple of 16 (kLanes for the
-// AVX2 micro-kernels below, whole AVX-512 vectors for the streaming ones), so every micro-kernel
-// runs whole vectors.
+// fp32 rows in the kernel's scratch are padded with zeros to a multiple of 32 (kLanes for the
+// AVX2 micro-kernels below, whole AVX-512 vectors and the 32-element groups of streamed bf16
+// accumulators for the streaming ones), so every micro-kernel runs whole vectors.
 constexpr std::int64_t kLanes = 8;
-constexpr std::int64_t kRowPadding = 16;
+constexpr std::int64_t kRowPadding = 32;
 std::int64_t padded_dim(std::int64_t head_dim) {
   return (head_dim + kRowPadding - 1) / kRowPadding * kRowPadding;
 }
@@ -500,7 +500,7 @@ class PagedKernel {
         if (new_max != kNegativeInfinity) {
           const float correction = Sleef_expf_u10(row_max - new_max);  // 0 for a keyless row
           row_sum = row_sum * correction + Sleef_expf_u10(sink - new_max);
-          for (std::int64_t d = 0; d < head_dim_; ++d) acc[d] *= correction;
+          for (std::int64_t i = 0; i < dim_; ++i) acc[i] *= correction;
           row_max = new_max;
           counted = true;
         }
@@ -509,8 +509,10 @@ class PagedKernel {
           inverse_row_sum(counted, row_sum) * (streams(item) ? streamed_value_scale_ : p_.v_scale);
       const std::int64_t token = p_.query_starts[item.seq] + item.token_begin + r / group_;
       QueryStorage* dst = out_.row(item.seq, token, head);
+      const bool streamed = streams(item);
       for (std::int64_t d = 0; d < head_dim_; ++d) {
-        dst[d * out_.dim_stride] = QueryTraits::from_float(acc[d] * factor);
+        const float value = acc[streamed ? streamed_acc_index(cache_dtype, d) : d];
+        dst[d * out_.dim_stride] = QueryTraits::from_float(value * factor);
       }
       if (p_.lse) {
         // As flash_attention's lse: -inf for a row no key reached, NaN for a sum of zero (only
@@ -707,11 +709,12 @@ class PagedKernel {
   RowStates state_, merged_;
 };
 
-// Partial states of split items: per piece slot, rows × (max, sum, saw_key, acc[head_dim]).
+// Partial states of split items: per piece slot, rows × (max, sum, saw_key, acc[row_floats]),
+// whole padded accumulator rows (a streamed item's are in streamed_acc_index order).
 struct PartialStates {
-  std::int64_t rows_per_slot, head_dim;
+  std::int64_t rows_per_slot, row_floats;
   std::vector<float> values;
-  std::int64_t slot_floats() const { return rows_per_slot * (3 + head_dim); }
+  std::int64_t slot_floats() const { return rows_per_slot * (3 + row_floats); }
   float* slot(std::int64_t index) { return &values[index * slot_floats()]; }
 };
 
@@ -728,7 +731,7 @@ void run_paged_kernel(const PagedProblem& problem) {
   for (std::int64_t i = 0; i < item_count; ++i) {
     for (std::int64_t p = 0; p < items[i].pieces; ++p) pieces.emplace_back(i, p);
   }
-  PartialStates partial{folded_rows, problem.head_dim, {}};
+  PartialStates partial{folded_rows, padded_dim(problem.head_dim), {}};
   partial.values.resize(plan.partial_slots * partial.slot_floats());
   const auto piece_count = static_cast<std::int64_t>(pieces.size());
 
@@ -747,11 +750,11 @@ void run_paged_kernel(const PagedProblem& problem) {
       }
       float* slot = partial.slot(item.partial_offset + piece);
       for (std::int64_t r = 0; r < state.rows; ++r) {
-        float* row = slot + r * (3 + problem.head_dim);
+        float* row = slot + r * (3 + partial.row_floats);
         row[0] = state.max[r];
         row[1] = state.sum[r];
         row[2] = state.saw_key[r] ? 1.0f : 0.0f;
-        std::copy_n(&state.acc[r * state.row_floats], problem.head_dim, row + 3);
+        std::copy_n(&state.acc[r * state.row_floats], partial.row_floats, row + 3);
       }
     }
 
@@ -765,9 +768,9 @@ void run_paged_kernel(const PagedProblem& problem) {
       for (std::int64_t piece = 0; piece < item.pieces; ++piece) {
         const float* slot = partial.slot(item.partial_offset + piece);
         for (std::int64_t r = 0; r < merged.rows; ++r) {
-          const float* row = slot + r * (3 + problem.head_dim);
+          const float* row = slot + r * (3 + partial.row_floats);
           merged.saw_key[r] |= row[2] != 0.0f ? 1 : 0;
-          merge_partial_into_row(row[0], row[1], row + 3, problem.head_dim, merged.max[r],
+          merge_partial_into_row(row[0], row[1], row + 3, partial.row_floats, merged.max[r],
                                  merged.sum[r], &merged.acc[r * merged.row_floats]);
         }
       }

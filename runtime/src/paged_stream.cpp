@@ -25,6 +25,12 @@ float streamed_element_scale(DType cache_dtype) {
   return cache_dtype == DType::f8e4m3fn ? 0x1p-8f : 1.0f;
 }
 
+std::int64_t streamed_acc_index(DType cache_dtype, std::int64_t d) {
+  if (cache_dtype != DType::bf16) return d;
+  constexpr std::int64_t kGroup = 32;
+  return d / kGroup * kGroup + d % 2 * (kGroup / 2) + d % kGroup / 2;
+}
+
 namespace {
 
 bool cpu_has_bf16_dot_products() {
@@ -45,6 +51,10 @@ namespace {
 
 constexpr std::int64_t kVector = 16;  // fp32 lanes
 constexpr int kTile = 4;              // rows and keys of one q·k tile
+
+// bf16 rows accumulate in even/odd order within each 32-element group (streamed_acc_index).
+template <DType dtype>
+constexpr bool kEvenOddRows = dtype == DType::bf16;
 
 template <DType dtype>
 constexpr std::int64_t element_bytes() {
@@ -338,6 +348,22 @@ template <DType dtype, int n, bool masked>
     if constexpr (n > 2) pair(2, panel.v2, panel.v3);
     if constexpr (n > 4) pair(4, panel.v4, panel.v5), pair(6, panel.v6, panel.v7);
     return panel;
+  } else if constexpr (dtype == DType::bf16 && n % 2 == 0) {
+    // 32 bf16 per load: the even elements are the low halves of its 32-bit lanes shifted up, the
+    // odd ones the high halves; the accumulator row keeps that order (streamed_acc_index).
+    const auto pair = [&](int v, __m512& even, __m512& odd) {
+      const auto mask32 = static_cast<__mmask32>(mask[v] | (std::uint32_t{mask[v + 1]} << 16));
+      const char* element = base + v * kVector * 2;
+      const __m512i bits =
+          masked ? _mm512_maskz_loadu_epi16(mask32, element) : _mm512_loadu_si512(element);
+      even = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+      odd = _mm512_castsi512_ps(
+          _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+    };
+    pair(0, panel.v0, panel.v1);
+    if constexpr (n > 2) pair(2, panel.v2, panel.v3);
+    if constexpr (n > 4) pair(4, panel.v4, panel.v5), pair(6, panel.v6, panel.v7);
+    return panel;
   }
   panel.v0 = vector(0);
   if constexpr (n > 1) panel.v1 = vector(1);
@@ -372,15 +398,23 @@ void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std:
                 std::int64_t prefetch_distance) {
   static_assert(tile_rows >= 1 && tile_rows <= 4 && tile_rows * n <= 16);
   for (std::int64_t d = 0; d < head_dim; d += n * kVector) {
-    __mmask16 mask[n];
-    for (int v = 0; v < n; ++v) mask[v] = lanes(head_dim - d - v * kVector);
-    Panel<n> row0 = load_panel<n>(acc + d, mask, correction[0]), row1{}, row2{}, row3{};
-    if constexpr (tile_rows > 1) row1 = load_panel<n>(acc + acc_stride + d, mask, correction[1]);
+    __mmask16 mask[n];      // the V elements of each vector
+    __mmask16 acc_mask[n];  // its accumulator lanes: whole 32-element groups in bf16's order
+    for (int v = 0; v < n; ++v) {
+      mask[v] = lanes(head_dim - d - v * kVector);
+      acc_mask[v] = kEvenOddRows<dtype>
+                        ? (lanes(head_dim - d - (v & ~1) * kVector) != 0 ? 0xffff : 0)
+                        : mask[v];
+    }
+    Panel<n> row0 = load_panel<n>(acc + d, acc_mask, correction[0]), row1{}, row2{}, row3{};
+    if constexpr (tile_rows > 1) {
+      row1 = load_panel<n>(acc + acc_stride + d, acc_mask, correction[1]);
+    }
     if constexpr (tile_rows > 2) {
-      row2 = load_panel<n>(acc + 2 * acc_stride + d, mask, correction[2]);
+      row2 = load_panel<n>(acc + 2 * acc_stride + d, acc_mask, correction[2]);
     }
     if constexpr (tile_rows > 3) {
-      row3 = load_panel<n>(acc + 3 * acc_stride + d, mask, correction[3]);
+      row3 = load_panel<n>(acc + 3 * acc_stride + d, acc_mask, correction[3]);
     }
     const auto add_keys = [&](auto masked) {
       for (std::int64_t j = 0; j < values.count; ++j) {
@@ -398,10 +432,10 @@ void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std:
     } else {
       add_keys(std::true_type{});
     }
-    store_panel<n>(acc + d, mask, row0);
-    if constexpr (tile_rows > 1) store_panel<n>(acc + acc_stride + d, mask, row1);
-    if constexpr (tile_rows > 2) store_panel<n>(acc + 2 * acc_stride + d, mask, row2);
-    if constexpr (tile_rows > 3) store_panel<n>(acc + 3 * acc_stride + d, mask, row3);
+    store_panel<n>(acc + d, acc_mask, row0);
+    if constexpr (tile_rows > 1) store_panel<n>(acc + acc_stride + d, acc_mask, row1);
+    if constexpr (tile_rows > 2) store_panel<n>(acc + 2 * acc_stride + d, acc_mask, row2);
+    if constexpr (tile_rows > 3) store_panel<n>(acc + 3 * acc_stride + d, acc_mask, row3);
   }
 }
 

@@ -21,6 +21,12 @@ bool cpu_streams_cache_rows();
 // into their scales, which is exact.
 float streamed_element_scale(DType cache_dtype);
 
+// Where stream_values keeps head-dim element d in an accumulator row: bf16 rows are widened 32
+// elements at a time as their even and their odd elements (one instruction each), so within each
+// group of 32 the row holds the 16 even elements, then the 16 odd ones. Other dtypes keep d.
+// Accumulator rows must hold round_up(head_dim, 32) floats.
+std::int64_t streamed_acc_index(DType cache_dtype, std::int64_t d);
+
 // The K or V rows of a run of keys: rows[j] is key j's row, head_dim contiguous elements of the
 // cache dtype.
 struct StreamedRows {
@@ -41,9 +47,9 @@ void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::in
                    std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float* scores,
                    std::int64_t score_stride, std::int64_t prefetch_distance);
 
-// acc[r][d] = acc[r][d] · correction[r] + Σ_j p[r * p_stride + j] · v[j][d] ·
-// streamed_element_scale, for r < rows, j < values.count and d < head_dim; acc rows are
-// acc_stride floats apart.
+// acc[r][i(d)] = acc[r][i(d)] · correction[r] + Σ_j p[r * p_stride + j] · v[j][d] ·
+// streamed_element_scale, for r < rows, j < values.count and d < head_dim, where i is
+// streamed_acc_index; acc rows are acc_stride floats apart.
 void stream_values(DType cache_dtype, const float* p, std::int64_t p_stride, std::int64_t rows,
                    StreamedRows values, std::int64_t head_dim, const float* correction, float* acc,
                    std::int64_t acc_stride, std::int64_t prefetch_distance);
