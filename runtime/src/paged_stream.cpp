@@ -271,23 +271,34 @@ __m512 score_key(const float* q, std::int64_t q_stride, const void* key, std::in
   return fold_rows(c);
 }
 
+// The scores of four rows against every key, four keys at a time: score_key(key) gives one key's
+// fold_rows. The first row tile (`prefetch`) also prefetches ahead.
+template <DType dtype, typename ScoreKey>
+[[gnu::always_inline]] inline void score_tiles_of_keys(StreamedRows keys, std::int64_t head_dim,
+                                                       float* scores, std::int64_t score_stride,
+                                                       std::int64_t prefetch_distance,
+                                                       ScoreKey&& score_key) {
+  for (std::int64_t j = 0; j < keys.count; j += kTile) {
+    __m512 folded[kTile];
+    for (int t = 0; t < kTile; ++t) {
+      // Past the last key the tile repeats it; those columns are padding.
+      const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
+      prefetch_ahead<dtype>(keys, j + t, prefetch_distance, head_dim);
+      folded[t] = score_key(key);
+    }
+    store_tile_sums(folded[0], folded[1], folded[2], folded[3], scores + j, score_stride);
+  }
+}
+
 template <DType dtype>
 void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
                std::int64_t head_dim, float* scores, std::int64_t score_stride,
                std::int64_t prefetch_distance) {
   for (std::int64_t r = 0; r < rows; r += kTile) {
     const float* q_tile = q + r * q_stride;
-    for (std::int64_t j = 0; j < keys.count; j += kTile) {
-      __m512 folded[kTile];
-      for (int t = 0; t < kTile; ++t) {
-        // Past the last key the tile repeats it; those columns are padding.
-        const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
-        if (r == 0) prefetch_ahead<dtype>(keys, j + t, prefetch_distance, head_dim);
-        folded[t] = score_key<dtype>(q_tile, q_stride, key, head_dim);
-      }
-      store_tile_sums(folded[0], folded[1], folded[2], folded[3], scores + r * score_stride + j,
-                      score_stride);
-    }
+    score_tiles_of_keys<dtype>(
+        keys, head_dim, scores + r * score_stride, score_stride, r == 0 ? prefetch_distance : 0,
+        [&](const void* key) { return score_key<dtype>(q_tile, q_stride, key, head_dim); });
   }
 }
 
@@ -297,6 +308,19 @@ struct Panel {
   __m512 v0, v1, v2, v3, v4, v5, v6, v7;
 };
 
+// A panel whose vector v is vector(v).
+template <int n, typename Vector>
+[[gnu::always_inline]] inline Panel<n> make_panel(Vector&& vector) {
+  Panel<n> panel{};
+  panel.v0 = vector(0);
+  if constexpr (n > 1) panel.v1 = vector(1);
+  if constexpr (n > 2) panel.v2 = vector(2), panel.v3 = vector(3);
+  if constexpr (n > 4) {
+    panel.v4 = vector(4), panel.v5 = vector(5), panel.v6 = vector(6), panel.v7 = vector(7);
+  }
+  return panel;
+}
+
 template <int n>
 [[gnu::always_inline]] inline Panel<n> load_panel(const float* acc, const __mmask16* mask,
                                                   float correction) {
@@ -304,13 +328,7 @@ template <int n>
   const auto load = [&](int v) {
     return _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[v], acc + v * kVector), c);
   };
-  Panel<n> panel{};
-  panel.v0 = load(0);
-  if constexpr (n > 1) panel.v1 = load(1);
-  if constexpr (n > 2) panel.v2 = load(2), panel.v3 = load(3);
-  if constexpr (n > 4)
-    panel.v4 = load(4), panel.v5 = load(5), panel.v6 = load(6), panel.v7 = load(7);
-  return panel;
+  return make_panel<n>(load);
 }
 
 template <int n>
@@ -365,12 +383,7 @@ template <DType dtype, int n, bool masked>
     if constexpr (n > 4) pair(4, panel.v4, panel.v5), pair(6, panel.v6, panel.v7);
     return panel;
   }
-  panel.v0 = vector(0);
-  if constexpr (n > 1) panel.v1 = vector(1);
-  if constexpr (n > 2) panel.v2 = vector(2), panel.v3 = vector(3);
-  if constexpr (n > 4)
-    panel.v4 = vector(4), panel.v5 = vector(5), panel.v6 = vector(6), panel.v7 = vector(7);
-  return panel;
+  return make_panel<n>(vector);
 }
 
 template <int n>
@@ -563,16 +576,11 @@ void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride
                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
       }
     }
-    for (std::int64_t j = 0; j < keys.count; j += kTile) {
-      __m512 folded[kTile];
-      for (int t = 0; t < kTile; ++t) {
-        const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
-        if (r == 0) prefetch_ahead<dtype>(keys, j + t, prefetch_distance, head_dim);
-        folded[t] = score_key_bf16_dot<dtype>(q_bf16, pair_stride, key, head_dim);
-      }
-      store_tile_sums(folded[0], folded[1], folded[2], folded[3], scores + r * score_stride + j,
-                      score_stride);
-    }
+    score_tiles_of_keys<dtype>(keys, head_dim, scores + r * score_stride, score_stride,
+                               r == 0 ? prefetch_distance : 0, [&](const void* key) {
+                                 return score_key_bf16_dot<dtype>(q_bf16, pair_stride, key,
+                                                                  head_dim);
+                               });
   }
 }
 
