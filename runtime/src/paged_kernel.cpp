@@ -64,8 +64,6 @@ constexpr std::int64_t kRowPadding = 32;
 std::int64_t padded_dim(std::int64_t head_dim) {
   return (head_dim + kRowPadding - 1) / kRowPadding * kRowPadding;
 }
-// The streaming micro-kernels compute q·k for rows in fours (paged_stream.hpp).
-constexpr std::int64_t kStreamRowTile = 4;
 
 // The two products of attention, on fp32 scratch, compiled for AVX2 + FMA and for the x86-64
 // baseline (the loader picks one by the CPU); GCC vector types keep the accumulators in registers.
@@ -437,18 +435,14 @@ class PagedKernel {
                        : 0),
         streams_(cpu_streams_cache_rows() && problem.head_dim <= kMaxStreamedHeadDim &&
                  problem.key_cache.stride(3) == 1 && problem.value_cache.stride(3) == 1),
-        // The streaming kernels' rows carry streamed_element_scale; their items fold it out here.
-        streamed_score_scale_(score_scale_ / streamed_element_scale(cache_dtype)),
-        streamed_value_scale_(problem.v_scale / streamed_element_scale(cache_dtype)),
-        streamed_prefetch_keys_(problem.block_size * problem.head_dim *
-                                            static_cast<std::int64_t>(sizeof(CacheStorage)) <=
-                                        kShortBlockBytes
-                                    ? kStreamedPrefetchKeys
-                                    : 0),
-        q_rows_((folded_rows + kStreamRowTile - 1) * dim_, 0.0f),
+        // Streamed items read contiguous rows, so row_bytes_ is their length.
+        streamed_prefetch_keys_(
+            problem.block_size * row_bytes_ <= kShortBlockBytes ? kStreamedPrefetchKeys : 0),
+        q_rows_((folded_rows + kStreamedRowTile - 1) * dim_, 0.0f),
         keys_(kKeyChunk * dim_, 0.0f),
         values_(kKeyChunk * dim_, 0.0f),
-        scores_((group_ + kStreamRowTile - 1) / kStreamRowTile * kStreamRowTile * kScoreStride),
+        scores_((group_ + kStreamedRowTile - 1) / kStreamedRowTile * kStreamedRowTile *
+                kScoreStride),
         corrections_(group_),
         key_rows_(kStreamedKeyChunk),
         value_rows_(kStreamedKeyChunk),
@@ -487,6 +481,7 @@ class PagedKernel {
   // 1 / sum and v_scale.
   void finish_rows(const WorkItem& item, RowStates& states) {
     const std::int64_t rows = item.tokens * group_;
+    const bool streamed = streams(item);  // accumulators in streamed_acc_index order
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t head = item.kv_head * group_ + r % group_;
       float* acc = &states.acc[r * dim_];
@@ -505,11 +500,9 @@ class PagedKernel {
           counted = true;
         }
       }
-      const float factor =
-          inverse_row_sum(counted, row_sum) * (streams(item) ? streamed_value_scale_ : p_.v_scale);
+      const float factor = inverse_row_sum(counted, row_sum) * p_.v_scale;
       const std::int64_t token = p_.query_starts[item.seq] + item.token_begin + r / group_;
       QueryStorage* dst = out_.row(item.seq, token, head);
-      const bool streamed = streams(item);
       for (std::int64_t d = 0; d < head_dim_; ++d) {
         const float value = acc[streamed ? streamed_acc_index(cache_dtype, d) : d];
         dst[d * out_.dim_stride] = QueryTraits::from_float(value * factor);
@@ -643,14 +636,13 @@ class PagedKernel {
       dot_rows_with_keys(&q_rows_[row0 * dim_], group_, &keys_[(begin - chunk) * dim_], count, dim_,
                          scores_.data(), kScoreStride);
     }
-    const float key_scale = streamed ? streamed_score_scale_ : score_scale_;
     bool every_row_counts = true;
     for (std::int64_t g = 0; g < group_; ++g) {
       const std::int64_t r = row0 + g;
       const std::int64_t head = item.kv_head * group_ + g;
       float* s = &scores_[g * kScoreStride];
       state_.saw_key[r] = 1;
-      for (std::int64_t j = 0; j < count; ++j) s[j] *= key_scale;
+      for (std::int64_t j = 0; j < count; ++j) s[j] *= score_scale_;
       if (p_.score.softcap > 0.0f) softcap_in_place(s, count, p_.score.softcap);
       if (!p_.score.alibi_slopes.empty()) {
         const float slope = p_.score.alibi_slopes[head];
@@ -699,11 +691,10 @@ class PagedKernel {
   // Bytes a cache row spans (contiguous rows only; prefetching strided rows is not worth it).
   const std::int64_t row_bytes_;
   const bool streams_;
-  const float streamed_score_scale_, streamed_value_scale_;
   const std::int64_t streamed_prefetch_keys_;
-  std::vector<float> q_rows_, keys_, values_;  // q_rows_ has kStreamRowTile - 1 spare rows
-  std::vector<float> scores_;                  // [group rounded up to kStreamRowTile][kScoreStride]
-  std::vector<float> corrections_;             // [group]
+  std::vector<float> q_rows_, keys_, values_;  // q_rows_ has kStreamedRowTile - 1 spare rows
+  std::vector<float> scores_;       // [group rounded up to kStreamedRowTile][kScoreStride]
+  std::vector<float> corrections_;  // [group]
   // Streamed items: the K and V row addresses of the chunk.
   std::vector<const void*> key_rows_, value_rows_;
   RowStates state_, merged_;

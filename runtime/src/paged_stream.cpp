@@ -21,10 +21,6 @@ bool cpu_streams_cache_rows() {
   return supported;
 }
 
-float streamed_element_scale(DType cache_dtype) {
-  return cache_dtype == DType::f8e4m3fn ? 0x1p-8f : 1.0f;
-}
-
 std::int64_t streamed_acc_index(DType cache_dtype, std::int64_t d) {
   if (cache_dtype != DType::bf16) return d;
   constexpr std::int64_t kGroup = 32;
@@ -49,8 +45,8 @@ bool cpu_has_bf16_dot_products() {
 
 namespace {
 
-constexpr std::int64_t kVector = 16;  // fp32 lanes
-constexpr int kTile = 4;              // rows and keys of one q·k tile
+constexpr std::int64_t kVector = 16;     // fp32 lanes
+constexpr int kTile = kStreamedRowTile;  // rows and keys of one q·k tile
 
 // bf16 rows accumulate in even/odd order within each 32-element group (streamed_acc_index).
 template <DType dtype>
@@ -81,49 +77,15 @@ __mmask16 lanes(std::int64_t remaining) {
   return static_cast<__mmask16>((1u << remaining) - 1u);
 }
 
-// 16 elements of `bits` bits each from p; `masked`: lanes outside `mask` are zero and their memory
-// is not read.
+// 16 elements of 16 bits from p; `masked`: lanes outside `mask` are zero and their memory is not
+// read.
 template <bool masked>
 [[gnu::always_inline]] inline __m256i load16x16(const void* p, __mmask16 mask) {
   if constexpr (masked) return _mm256_maskz_loadu_epi16(mask, p);
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
-template <bool masked>
-[[gnu::always_inline]] inline __m128i load16x8(const void* p, __mmask16 mask) {
-  if constexpr (masked) return _mm_maskz_loadu_epi8(mask, p);
-  return _mm_loadu_si128(static_cast<const __m128i*>(p));
-}
-
-// e4m3fn's sign and 7 magnitude bits, placed at fp16's sign and the low bits of its exponent and
-// mantissa: fp16 bits of the value times 2^-8 (subnormals included); S.1111.111 is NaN.
-[[gnu::always_inline]] inline __m256i f8e4m3fn_to_f16_bits(__m128i bytes) {
-  const __m256i extended = _mm256_cvtepi8_epi16(bytes);
-  // Shifted left by 7, the sign extension lands in bit 15; bit 14 (the sign's copy) is cleared.
-  const __m256i half = _mm256_and_si256(_mm256_slli_epi16(extended, 7),
-                                        _mm256_set1_epi16(static_cast<short>(0xbf80)));
-  const __m256i magnitude_mask = _mm256_set1_epi16(0x7f);
-  const __mmask16 nan =
-      _mm256_cmpeq_epi16_mask(_mm256_and_si256(extended, magnitude_mask), magnitude_mask);
-  return _mm256_mask_mov_epi16(half, nan, _mm256_set1_epi16(0x7e00));
-}
-
-// e5m2 is the upper byte of an fp16 (inf and NaN included).
-[[gnu::always_inline]] inline __m256i f8e5m2_to_f16_bits(__m128i bytes) {
-  return _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8);
-}
-
-template <DType dtype>
-[[gnu::always_inline]] inline __m256i f8_to_f16_bits(__m128i bytes) {
-  if constexpr (dtype == DType::f8e4m3fn) {
-    return f8e4m3fn_to_f16_bits(bytes);
-  } else {
-    static_assert(dtype == DType::f8e5m2);
-    return f8e5m2_to_f16_bits(bytes);
-  }
-}
-
-// The bf16 bits of every fp8 magnitude (0 to 127) times streamed_element_scale: exact, since every
-// fp8 value is a bf16 value. NaN encodings give a quiet NaN.
+// The bf16 bits of every fp8 magnitude (0 to 127): exact, since every fp8 value is a bf16 value.
+// NaN encodings give a quiet NaN.
 struct Fp8MagnitudeTable {
   std::uint16_t bits[128];
 };
@@ -142,11 +104,11 @@ template <DType dtype>
 constexpr Fp8MagnitudeTable fp8_magnitude_table() {
   Fp8MagnitudeTable table{};
   for (int m = 0; m < 128; ++m) {
-    if constexpr (dtype == DType::f8e4m3fn) {  // bias 7, 3 fraction bits; the 2^-8 scale
+    if constexpr (dtype == DType::f8e4m3fn) {  // bias 7, 3 fraction bits; S.1111.111 is NaN
       const int exponent_field = m >> 3, fraction = m & 7;
       table.bits[m] = m == 0x7f             ? std::uint16_t{0x7fc0}
-                      : exponent_field == 0 ? bf16_bits(fraction, 3, -6 - 8)
-                                            : bf16_bits(8 | fraction, 3, exponent_field - 7 - 8);
+                      : exponent_field == 0 ? bf16_bits(fraction, 3, -6)
+                                            : bf16_bits(8 | fraction, 3, exponent_field - 7);
     } else {  // e5m2: bias 15, 2 fraction bits; all-ones exponent: inf and NaN
       const int exponent_field = m >> 2, fraction = m & 3;
       table.bits[m] = exponent_field == 31
@@ -158,8 +120,8 @@ constexpr Fp8MagnitudeTable fp8_magnitude_table() {
   return table;
 }
 
-// 32 fp8 values as bf16 bits (times streamed_element_scale): the magnitude through a 128-entry
-// table (two vpermi2w lookups of 64 entries and a blend), then the sign.
+// 32 fp8 values as bf16 bits: the magnitude through a 128-entry table (two vpermi2w lookups of 64
+// entries and a blend), then the sign.
 template <DType dtype>
 [[gnu::always_inline]] inline __m512i fp8_to_bf16_bits(__m256i bytes) {
   static constexpr Fp8MagnitudeTable kTable = fp8_magnitude_table<dtype>();
@@ -175,26 +137,38 @@ template <DType dtype>
                                    _mm512_set1_epi16(static_cast<short>(0x8000)), 0xf8);
 }
 
-// 32 fp8 cache elements at `element` widened to fp32 (two vectors); `masked`: lanes outside
-// `mask` are zero and their memory is not read.
+// Caches widened 32 elements per load: fp8 through the table, bf16 as the even and the odd
+// elements (the low halves of its 32-bit lanes shifted up, and the high halves: one instruction
+// each).
+template <DType dtype>
+constexpr bool kWidensIn32s =
+    dtype == DType::bf16 || dtype == DType::f8e4m3fn || dtype == DType::f8e5m2;
+
+// The 32 cache elements at `element` widened to fp32 as two vectors: elements 0-15 and 16-31 for
+// fp8, the even and the odd ones for bf16 (the order streamed_acc_index keeps); `masked`: lanes
+// outside `mask` are zero and their memory is not read.
 template <DType dtype, bool masked>
-[[gnu::always_inline]] inline void widen32_fp8(const void* element, __mmask32 mask, __m512& first,
-                                               __m512& second) {
-  __m256i bytes;
-  if constexpr (masked) {
-    bytes = _mm256_maskz_loadu_epi8(mask, element);
+[[gnu::always_inline]] inline void widen32(const void* element, __mmask32 mask, __m512& first,
+                                           __m512& second) {
+  if constexpr (dtype == DType::bf16) {
+    const __m512i bits =
+        masked ? _mm512_maskz_loadu_epi16(mask, element) : _mm512_loadu_si512(element);
+    first = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+    second = _mm512_castsi512_ps(
+        _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   } else {
-    bytes = _mm256_loadu_si256(static_cast<const __m256i*>(element));
+    const __m256i bytes = masked ? _mm256_maskz_loadu_epi8(mask, element)
+                                 : _mm256_loadu_si256(static_cast<const __m256i*>(element));
+    const __m512i bf16 = fp8_to_bf16_bits<dtype>(bytes);
+    first = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(bf16)), 16));
+    second = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(bf16, 1)), 16));
   }
-  const __m512i bf16 = fp8_to_bf16_bits<dtype>(bytes);
-  first = _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(bf16)), 16));
-  second = _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(bf16, 1)), 16));
 }
 
-// The 16 cache elements at `element` widened to fp32, times streamed_element_scale; `masked`:
-// lanes outside `mask` are zero and their memory is not read.
+// The 16 cache elements at `element` widened to fp32, in order (fp32, bf16, f16); `masked`: lanes
+// outside `mask` are zero and their memory is not read.
 template <DType dtype, bool masked>
 [[gnu::always_inline]] inline __m512 widen16(const void* element, __mmask16 mask) {
   if constexpr (dtype == DType::f32) {
@@ -205,10 +179,9 @@ template <DType dtype, bool masked>
     // bf16 is the upper half of an fp32.
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(load16x16<masked>(element, mask)), 16));
-  } else if constexpr (dtype == DType::f16) {
-    return _mm512_cvtph_ps(load16x16<masked>(element, mask));
   } else {
-    return _mm512_cvtph_ps(f8_to_f16_bits<dtype>(load16x8<masked>(element, mask)));
+    static_assert(dtype == DType::f16);
+    return _mm512_cvtph_ps(load16x16<masked>(element, mask));
   }
 }
 
@@ -257,17 +230,32 @@ __m512 score_key(const float* q, std::int64_t q_stride, const void* key, std::in
   const __m512 zero = _mm512_setzero_ps();
   KeyColumn c{zero, zero, zero, zero};
   const auto* k_row = static_cast<const char*>(key);
-  const auto step = [&](std::int64_t d, auto masked, __mmask16 mask) {
-    const __m512 k = widen16<dtype, masked.value>(k_row + d * element_bytes<dtype>(), mask);
-    // The q rows are zero past head_dim.
+  // k holds elements d to d + 16 of the key; the q rows are zero past head_dim.
+  const auto multiply_add = [&](std::int64_t d, __m512 k) {
     c.r0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), k, c.r0);
     c.r1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + q_stride + d), k, c.r1);
     c.r2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * q_stride + d), k, c.r2);
     c.r3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * q_stride + d), k, c.r3);
   };
-  std::int64_t d = 0;
-  for (; d + kVector <= head_dim; d += kVector) step(d, std::false_type{}, 0);
-  if (d < head_dim) step(d, std::true_type{}, lanes(head_dim - d));
+  if constexpr (element_bytes<dtype>() == 1) {
+    // fp8 widens 32 elements at a time, in order.
+    const auto step = [&](std::int64_t d, auto masked, __mmask32 mask) {
+      __m512 first, second;
+      widen32<dtype, masked.value>(k_row + d, mask, first, second);
+      multiply_add(d, first);
+      multiply_add(d + kVector, second);
+    };
+    std::int64_t d = 0;
+    for (; d + 2 * kVector <= head_dim; d += 2 * kVector) step(d, std::false_type{}, 0);
+    if (d < head_dim) step(d, std::true_type{}, (__mmask32{1} << (head_dim - d)) - 1);
+  } else {
+    const auto step = [&](std::int64_t d, auto masked, __mmask16 mask) {
+      multiply_add(d, widen16<dtype, masked.value>(k_row + d * element_bytes<dtype>(), mask));
+    };
+    std::int64_t d = 0;
+    for (; d + kVector <= head_dim; d += kVector) step(d, std::false_type{}, 0);
+    if (d < head_dim) step(d, std::true_type{}, lanes(head_dim - d));
+  }
   return fold_rows(c);
 }
 
@@ -353,37 +341,22 @@ template <DType dtype, int n, bool masked>
 [[gnu::always_inline]] inline Panel<n> widen_panel(const void* row, std::int64_t d,
                                                    const __mmask16* mask) {
   const char* base = static_cast<const char*>(row) + d * element_bytes<dtype>();
-  const auto vector = [&](int v) {
-    return widen16<dtype, masked>(base + v * kVector * element_bytes<dtype>(), mask[v]);
-  };
-  Panel<n> panel{};
-  if constexpr (element_bytes<dtype>() == 1 && n % 2 == 0) {
+  if constexpr (kWidensIn32s<dtype>) {
+    static_assert(n % 2 == 0);
+    Panel<n> panel{};
     const auto pair = [&](int v, __m512& first, __m512& second) {
       const auto mask32 = static_cast<__mmask32>(mask[v] | (std::uint32_t{mask[v + 1]} << 16));
-      widen32_fp8<dtype, masked>(base + v * kVector, mask32, first, second);
+      widen32<dtype, masked>(base + v * kVector * element_bytes<dtype>(), mask32, first, second);
     };
     pair(0, panel.v0, panel.v1);
     if constexpr (n > 2) pair(2, panel.v2, panel.v3);
     if constexpr (n > 4) pair(4, panel.v4, panel.v5), pair(6, panel.v6, panel.v7);
     return panel;
-  } else if constexpr (dtype == DType::bf16 && n % 2 == 0) {
-    // 32 bf16 per load: the even elements are the low halves of its 32-bit lanes shifted up, the
-    // odd ones the high halves; the accumulator row keeps that order (streamed_acc_index).
-    const auto pair = [&](int v, __m512& even, __m512& odd) {
-      const auto mask32 = static_cast<__mmask32>(mask[v] | (std::uint32_t{mask[v + 1]} << 16));
-      const char* element = base + v * kVector * 2;
-      const __m512i bits =
-          masked ? _mm512_maskz_loadu_epi16(mask32, element) : _mm512_loadu_si512(element);
-      even = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
-      odd = _mm512_castsi512_ps(
-          _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
-    };
-    pair(0, panel.v0, panel.v1);
-    if constexpr (n > 2) pair(2, panel.v2, panel.v3);
-    if constexpr (n > 4) pair(4, panel.v4, panel.v5), pair(6, panel.v6, panel.v7);
-    return panel;
+  } else {
+    return make_panel<n>([&](int v) {
+      return widen16<dtype, masked>(base + v * kVector * element_bytes<dtype>(), mask[v]);
+    });
   }
-  return make_panel<n>(vector);
 }
 
 template <int n>
@@ -518,8 +491,8 @@ namespace {
 
 constexpr std::int64_t kPairs = 32;  // bf16 elements of one vdpbf16ps operand
 
-// The 32 cache elements at `element` as bf16 (times streamed_element_scale); `masked`: lanes
-// outside `mask` are zero and their memory is not read.
+// The 32 cache elements at `element` as bf16; `masked`: lanes outside `mask` are zero and their
+// memory is not read.
 template <DType dtype, bool masked>
 [[gnu::always_inline]] inline __m512bh load_bf16_pairs(const void* element, __mmask32 mask) {
   if constexpr (dtype == DType::bf16) {
@@ -616,7 +589,8 @@ void with_cache_dtype(DType cache_dtype, const char* caller, F&& f) {
 void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::int64_t rows,
                    std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float* scores,
                    std::int64_t score_stride, std::int64_t prefetch_distance) {
-  TILELAB_CHECK(head_dim >= 1 && head_dim <= kMaxStreamedHeadDim && q_stride >= head_dim)
+  TILELAB_CHECK(head_dim >= 1 && head_dim <= kMaxStreamedHeadDim && q_stride >= head_dim &&
+                q_stride % 32 == 0)
       << "stream_scores: head_dim " << head_dim << ", q_stride " << q_stride;
   const bool bf16_dot = query_dtype == DType::bf16 && cache_dtype != DType::f32 &&
                         cache_dtype != DType::f16 && cpu_has_bf16_dot_products();

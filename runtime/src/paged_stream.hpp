@@ -12,14 +12,11 @@ namespace tilelab::detail {
 
 // The longest rows the streaming kernels take (paged_attention's limit).
 constexpr std::int64_t kMaxStreamedHeadDim = 512;
+// stream_scores computes q·k for rows in tiles of this many.
+constexpr std::int64_t kStreamedRowTile = 4;
 
 // True when the CPU runs the streaming micro-kernels (AVX-512 F, BW, VL, DQ, and F16C).
 bool cpu_streams_cache_rows();
-
-// The streaming kernels see every cache element multiplied by this power of two: e4m3fn widens
-// through fp16, whose exponent range holds e4m3fn's only 2^-8 lower. Callers fold the inverse
-// into their scales, which is exact.
-float streamed_element_scale(DType cache_dtype);
 
 // Where stream_values keeps head-dim element d in an accumulator row: bf16 rows are widened 32
 // elements at a time as their even and their odd elements (one instruction each), so within each
@@ -38,18 +35,18 @@ struct StreamedRows {
 // Rows that come in short runs (small cache blocks at scattered addresses) need it; long runs are
 // better left to the hardware prefetcher.
 
-// scores[r * score_stride + j] = q[r] · k[j] · streamed_element_scale for r < rows and
-// j < keys.count. The q rows are fp32 values of `query_dtype`, q_stride floats apart, zero from
-// head_dim up to q_stride (a multiple of 16); q and scores must hold round_up(rows, 4) rows and
-// scores round_up(keys.count, 4) columns: the padding is computed and written, its values
+// scores[r * score_stride + j] = q[r] · k[j] for r < rows and j < keys.count. The q rows are fp32
+// values of `query_dtype`, q_stride floats apart, zero from head_dim up to q_stride (a multiple of
+// 32); q and scores must hold round_up(rows, kStreamedRowTile) rows and scores
+// round_up(keys.count, kStreamedRowTile) columns: the padding is computed and written, its values
 // unspecified.
 void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::int64_t rows,
                    std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float* scores,
                    std::int64_t score_stride, std::int64_t prefetch_distance);
 
-// acc[r][i(d)] = acc[r][i(d)] · correction[r] + Σ_j p[r * p_stride + j] · v[j][d] ·
-// streamed_element_scale, for r < rows, j < values.count and d < head_dim, where i is
-// streamed_acc_index; acc rows are acc_stride floats apart.
+// acc[r][i(d)] = acc[r][i(d)] · correction[r] + Σ_j p[r * p_stride + j] · v[j][d], for r < rows,
+// j < values.count and d < head_dim, where i is streamed_acc_index; acc rows are acc_stride floats
+// apart.
 void stream_values(DType cache_dtype, const float* p, std::int64_t p_stride, std::int64_t rows,
                    StreamedRows values, std::int64_t head_dim, const float* correction, float* acc,
                    std::int64_t acc_stride, std::int64_t prefetch_distance);
