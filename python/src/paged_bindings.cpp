@@ -87,7 +87,8 @@ py::array paged_attention(const py::handle& query, const py::handle& key_cache,
                           const py::handle& sliding_window, const py::handle& softcap,
                           const py::handle& alibi_slopes, const py::handle& sinks,
                           const py::handle& k_scale, const py::handle& v_scale,
-                          const py::handle& split_kv, const py::handle& out) {
+                          const py::handle& split_kv, const py::handle& fp32_probabilities,
+                          const py::handle& out) {
   const ArrayView q_view = view_array(require_attention_array(query, "query"), "query");
   const ArrayView k_view = view_array(require_cache_array(key_cache, "key_cache"), "key_cache");
   const ArrayView v_view =
@@ -105,6 +106,7 @@ py::array paged_attention(const py::handle& query, const py::handle& key_cache,
   options.k_scale = parse_real(k_scale, "k_scale");
   options.v_scale = parse_real(v_scale, "v_scale");
   options.split_kv = parse_split_kv(split_kv);
+  options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
 
   const WrittenArray written = packed_output(out, q_view, "query", "[num_tokens, Hq, D]");
   {
@@ -142,7 +144,8 @@ void register_paged_bindings(py::module_& core) {
            py::arg("causal") = true, py::arg("sliding_window") = py::make_tuple(-1, -1),
            py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
            py::arg("sinks") = py::none(), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
-           py::arg("split_kv") = "auto", py::arg("out") = py::none(),
+           py::arg("split_kv") = "auto", py::arg("fp32_probabilities") = false,
+           py::arg("out") = py::none(),
            "Attention over a paged KV cache (vLLM layout); returns out. See "
            "tilelab.paged_attention.");
   core.def("reshape_and_cache_flash", &reshape_and_cache_flash, py::arg("key"), py::arg("value"),

@@ -396,6 +396,7 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     split_kv: int | Literal["auto"] = "auto",
+    fp32_probabilities: bool = False,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Attention over a paged KV cache (vLLM's layout): variable-length sequences, prefill and
@@ -431,6 +432,10 @@ def paged_attention(
         split_kv: ``"auto"`` or a number of pieces >= 1 each work item's keys are split into
             (split-KV decoding); results do not depend on the thread count beyond fp32 summation
             order and are identical run to run.
+        fp32_probabilities: bfloat16: sequences with at least 16 query rows per kv head (query
+            tokens times Hq // Hkv) run on the generated prefill kernels, which round P to
+            bfloat16 before P @ V (bf16 dot products) unless this is True; decode and short
+            queries always keep P in float32. As :func:`flash_attention`'s.
         out: a writeable ``[num_tokens, Hq, D]`` array of query's dtype written in place (and
             returned); default a new array.
 
@@ -455,6 +460,7 @@ def paged_attention(
         k_scale=k_scale,
         v_scale=v_scale,
         split_kv=split_kv,
+        fp32_probabilities=fp32_probabilities,
         out=out,
     )
 

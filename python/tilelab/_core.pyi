@@ -83,6 +83,7 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     split_kv: int | str = "auto",
+    fp32_probabilities: bool = False,
     out: np.ndarray | None = None,
 ) -> np.ndarray: ...
 def reshape_and_cache_flash(

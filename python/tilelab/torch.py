@@ -438,6 +438,7 @@ def _paged_attention(
     k_scale: float,
     v_scale: float,
     split_kv: int | None,
+    fp32_probabilities: bool,
 ) -> None:
     # tilelab reads torch tensors in place through DLPack and writes out in place.
     tilelab.paged_attention(
@@ -456,6 +457,7 @@ def _paged_attention(
         k_scale=k_scale,
         v_scale=v_scale,
         split_kv="auto" if split_kv is None else split_kv,
+        fp32_probabilities=fp32_probabilities,
         out=_detached(out),
     )
 
@@ -520,6 +522,7 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     split_kv: int | str = "auto",
+    fp32_probabilities: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`tilelab.paged_attention` on CPU tensors, as the custom op
@@ -581,6 +584,7 @@ def paged_attention(
         float(k_scale),
         float(v_scale),
         split_kv,
+        bool(fp32_probabilities),
     )
     return out
 

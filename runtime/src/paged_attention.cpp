@@ -71,8 +71,10 @@ void paged_attention(const TensorView& query, const TensorView& key_cache,
                      const TensorView& value_cache, const TensorView& block_table,
                      const TensorView& seq_lens, const TensorView& query_start_loc,
                      const TensorView& out, const PagedAttentionOptions& options) {
-  const detail::PagedProblem problem = detail::validate_paged_attention(
+  detail::PagedProblem problem = detail::validate_paged_attention(
       query, key_cache, value_cache, block_table, seq_lens, query_start_loc, out, options);
+  problem.computed_elsewhere = detail::sequences_for_generated_prefill(problem);
+  detail::generated_prefill_attention(problem, problem.computed_elsewhere);
   detail::paged_kernel_attention(problem);
 }
 

@@ -341,6 +341,7 @@ WorkPlan plan_work(const PagedProblem& problem, std::int64_t folded_rows) {
   const std::int64_t tokens_per_item = std::max<std::int64_t>(1, folded_rows / group);
   std::vector<WorkItem> items;
   for (std::int64_t s = 0; s < problem.num_seqs; ++s) {
+    if (!problem.computed_elsewhere.empty() && problem.computed_elsewhere[s]) continue;
     const std::int64_t q_len = problem.q_len(s), first = problem.first_query_position(s);
     for (std::int64_t t = 0; t < q_len; t += tokens_per_item) {
       const std::int64_t tokens = std::min(tokens_per_item, q_len - t);

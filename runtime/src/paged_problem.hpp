@@ -34,6 +34,9 @@ struct PagedProblem {
   // -inf for a row that saw no key.
   std::optional<TensorView> lse;
   std::int64_t split_kv = 0;
+  bool fp32_probabilities = false;  // PagedAttentionOptions::fp32_probabilities
+  // Sequences computed elsewhere (nonzero entries; empty: none), which the paged kernel skips.
+  std::vector<char> computed_elsewhere;
   // Elements added per sequence to the address of a query, out and lse row: token t of
   // sequence s is at s * seq_stride + t * stride(0). 0 for paged_attention's packed tokens; a
   // batched dense call uses it to address q[b] without a uniform token stride across b.
@@ -66,6 +69,12 @@ PagedProblem validate_paged_attention(const TensorView& query, const TensorView&
                                       const TensorView& value_cache, const TensorView& block_table,
                                       const TensorView& seq_lens, const TensorView& query_start_loc,
                                       const TensorView& out, const PagedAttentionOptions& options);
+
+// Prefill on the generated dense kernels (paged_prefill.cpp): which sequences they take (those
+// with enough query rows per kv head, when the call has no score options, no fp8 cache and no
+// lse), and running them, each sequence's K/V gathered into contiguous rows first.
+std::vector<char> sequences_for_generated_prefill(const PagedProblem& problem);
+void generated_prefill_attention(const PagedProblem& problem, const std::vector<char>& sequences);
 
 // The paged kernel: reads K/V in place through the block table; OpenMP over (sequence, kv head,
 // query rows, key piece) work items, the GQA group's query heads folded so each K/V element is read

@@ -177,6 +177,7 @@ PagedProblem validate_paged_attention(const TensorView& query, const TensorView&
   TILELAB_REQUIRE(options.split_kv >= 0)
       << "split_kv: expected 0 (automatic) or a number of pieces >= 1, got " << options.split_kv;
   problem.split_kv = options.split_kv;
+  problem.fp32_probabilities = options.fp32_probabilities;
 
   // out is written while the inputs are still read, rows concurrently.
   require_no_self_overlap(out, "out");

@@ -123,7 +123,8 @@ def arguments(batch):
 
 
 def check(batch, dtype_name="float32", **options):
-    reference_options = {k: v for k, v in options.items() if k != "split_kv"}
+    reference_options = {k: v for k, v in options.items()
+                         if k not in ("split_kv", "fp32_probabilities")}
     reference = reference_paged(*arguments(batch), **reference_options)
     atol = tolerance(dtype_name, batch, options.get("v_scale", 1.0))
     out = tilelab.paged_attention(*arguments(batch), **options)
@@ -269,7 +270,7 @@ def test_sinks_extremes():
     """A sink of -inf adds nothing; a huge sink takes nearly all the weight (out near 0)."""
     rng = np.random.default_rng(15)
     batch = make_batch(rng, MIXED, q_heads=4, kv_heads=2, head_dim=32, block_size=16)
-    plain = tilelab.paged_attention(*arguments(batch))
+    plain = tilelab.paged_attention(*arguments(batch), sliding_window=ON_THE_PAGED_KERNEL)
     none = tilelab.paged_attention(*arguments(batch), sinks=np.full(4, -np.inf, np.float32))
     np.testing.assert_array_equal(none, plain)
     heavy = tilelab.paged_attention(*arguments(batch), sinks=np.full(4, 80.0, np.float32))
@@ -536,6 +537,130 @@ def test_split_kv_is_deterministic_and_thread_independent():
     np.testing.assert_array_equal(two.view(np.uint16), again.view(np.uint16))
     np.testing.assert_array_equal(automatic.view(np.uint16), automatic_again.view(np.uint16))
     check(batch, "bfloat16", split_kv="auto")
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefill sequences on the generated dense kernels
+
+# A window no sequence reaches: the results of the paged kernel for every sequence (score
+# options keep a call off the generated kernels).
+ON_THE_PAGED_KERNEL = (1 << 30, -1)
+
+
+def generated_route_rows(dtype):
+    """Query rows per kv head from which a sequence takes the generated kernels."""
+    return 16 if dtype == "bfloat16" else 32
+
+
+def dense_result(batch, seq, **options):
+    """flash_attention (bottom-right causal) on sequence seq's K/V gathered through its block
+    table, as [q_len, Hq, D]."""
+    q0, q1 = batch["query_start_loc"][seq], batch["query_start_loc"][seq + 1]
+    seq_len = int(batch["seq_lens"][seq])
+    block_size = batch["key_cache"].shape[2]
+    table = batch["block_table"][seq, : -(-seq_len // block_size)]
+
+    def gathered(cache):
+        rows = cache[table].transpose(1, 0, 2, 3).reshape(cache.shape[1], -1, cache.shape[3])
+        return np.ascontiguousarray(rows[None, :, :seq_len])
+
+    query = batch["query"][q0:q1].transpose(1, 0, 2)[None]
+    out = tilelab.flash_attention(query, gathered(batch["key_cache"]),
+                                  gathered(batch["value_cache"]), causal_alignment="bottom_right",
+                                  **options)
+    return out[0].transpose(1, 0, 2)
+
+
+def check_prefill_route(batch, dtype, **options):
+    """Every sequence with enough query rows per kv head gives exactly flash_attention's result on
+    its gathered K/V; every other sequence exactly the paged kernel's; all match fp64."""
+    out = tilelab.paged_attention(*arguments(batch), split_kv=1, **options)
+    paged = tilelab.paged_attention(*arguments(batch), split_kv=1,
+                                    sliding_window=ON_THE_PAGED_KERNEL, **options)
+    group = batch["query"].shape[1] // batch["key_cache"].shape[1]
+    causal = options.get("causal", True)
+    routed = 0
+    for seq in range(len(batch["seq_lens"])):
+        q0, q1 = batch["query_start_loc"][seq], batch["query_start_loc"][seq + 1]
+        if (q1 - q0) * group >= generated_route_rows(dtype) and batch["query"].shape[2] <= 256:
+            flags = {k: v for k, v in options.items() if k != "causal"}
+            expected = dense_result(batch, seq, causal=causal, **flags)
+            routed += 1
+        else:
+            expected = paged[q0:q1]
+        np.testing.assert_array_equal(out[q0:q1].view(np.uint8), expected.view(np.uint8),
+                                      err_msg=f"sequence {seq}")
+    check(batch, dtype, split_kv=1, **options)
+    return routed
+
+
+ROUTE_REQUESTS = [(40, 300), (1, 77), (3, 90), (64, 64), (33, 163), (8, 8), (16, 1000)]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (9, 3), (8, 1)],
+                         ids=lambda h: f"Hq{h[0]}-Hkv{h[1]}")
+@pytest.mark.parametrize("block_size", [1, 7, 48])
+def test_prefill_sequences_run_the_generated_kernels(dtype, heads, block_size):
+    rng = np.random.default_rng(block_size * 10 + heads[0])
+    batch = make_batch(rng, ROUTE_REQUESTS, q_heads=heads[0], kv_heads=heads[1], head_dim=64,
+                       block_size=block_size, dtype=dtype)
+    assert check_prefill_route(batch, dtype) >= 3
+
+
+@pytest.mark.parametrize("head_dim", [1, 33, 100, 128, 256, 512])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non-causal"])
+def test_prefill_route_head_dims_and_causality(head_dim, causal):
+    """Head dims up to 256 take the generated kernels (512 stays on the paged kernel); without the
+    causal mask every key of the sequence counts."""
+    rng = np.random.default_rng(head_dim)
+    batch = make_batch(rng, ROUTE_REQUESTS, q_heads=8, kv_heads=2, head_dim=head_dim,
+                       block_size=16)
+    assert check_prefill_route(batch, "float32", causal=causal) == (5 if head_dim <= 256 else 0)
+
+
+@pytest.mark.parametrize("fp32_probabilities", [False, True])
+def test_prefill_route_bf16_probabilities(fp32_probabilities):
+    """bf16: the generated kernels round P to bf16 before P·V unless fp32_probabilities."""
+    rng = np.random.default_rng(61)
+    batch = make_batch(rng, ROUTE_REQUESTS, q_heads=8, kv_heads=2, head_dim=128, block_size=16,
+                       dtype="bfloat16")
+    check_prefill_route(batch, "bfloat16", fp32_probabilities=fp32_probabilities)
+
+
+def test_prefill_route_reads_strided_cache_rows():
+    """Cache blocks whose rows are not adjacent (a padded head dim) are gathered row by row."""
+    rng = np.random.default_rng(62)
+    batch = make_batch(rng, ROUTE_REQUESTS, q_heads=8, kv_heads=2, head_dim=64, block_size=16)
+    for name in ("key_cache", "value_cache"):
+        padded = np.full((*batch[name].shape[:3], 80), np.nan, np.float32)
+        padded[..., :64] = batch[name]
+        batch[name] = padded[..., :64]
+    check_prefill_route(batch, "float32")
+
+
+def test_long_prefill_is_gathered_a_few_kv_heads_at_a_time():
+    """A sequence whose K and V exceed the gather budget (64 MiB) is computed one kv head at a
+    time."""
+    rng = np.random.default_rng(63)
+    batch = make_batch(rng, [(4, 17000), (40, 100)], q_heads=16, kv_heads=2, head_dim=256,
+                       block_size=64, spare_blocks=0)
+    assert check_prefill_route(batch, "float32") == 2
+
+
+def test_prefill_route_propagates_nan():
+    """NaN in a key makes the rows that see it NaN (its kv head's query heads, from its position
+    on) and no other row."""
+    rng = np.random.default_rng(64)
+    batch = make_batch(rng, [(48, 100), (40, 40)], q_heads=8, kv_heads=2, head_dim=32,
+                       block_size=16)
+    block = batch["block_table"][0, 4]
+    batch["key_cache"][block, 1, 3, 5] = np.nan  # sequence 0, position 67, kv head 1
+    out = tilelab.paged_attention(*arguments(batch))
+    first_seeing = 67 - (100 - 48)  # the query row at position 67
+    assert np.all(np.isnan(out[first_seeing:48, 4:8]))
+    assert np.all(np.isfinite(out[:first_seeing, 4:8]))
+    assert np.all(np.isfinite(out[:48, 0:4])) and np.all(np.isfinite(out[48:]))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -86,6 +86,20 @@ def test_paged_attention_matches_the_fp64_reference(dtype, option):
     np.testing.assert_array_equal(as_numpy(out), np.asarray(same, np.float32))
 
 
+@pytest.mark.parametrize("fp32_probabilities", [False, True])
+def test_prefill_sequences_and_fp32_probabilities(fp32_probabilities):
+    """bf16 sequences long enough for the generated prefill kernels: the op gives the numpy API's
+    numbers for either fp32_probabilities, and the flag reaches the kernels."""
+    batch = make_batch(np.random.default_rng(5), [(40, 100), (1, 30), (20, 20)], q_heads=4,
+                       kv_heads=2, head_dim=32, block_size=16, dtype="bfloat16")
+    out = tt.paged_attention(*tensors(batch), fp32_probabilities=fp32_probabilities)
+    same = tilelab.paged_attention(*numpy_arguments(batch), fp32_probabilities=fp32_probabilities)
+    np.testing.assert_array_equal(as_numpy(out), np.asarray(same, np.float32))
+    other = tilelab.paged_attention(*numpy_arguments(batch),
+                                    fp32_probabilities=not fp32_probabilities)
+    assert not np.array_equal(np.asarray(other, np.float32), np.asarray(same, np.float32))
+
+
 @pytest.mark.parametrize("fp8", FP8)
 def test_fp8_caches_written_by_reshape_and_cache_flash(fp8):
     torch_fp8, _ = FP8[fp8]
