@@ -27,12 +27,14 @@ struct FlashBackwardTileStages {
 };
 
 struct FlashBackwardStages {
-  FlashBackwardTileStages key_pass;     // feeds dk and dv: parallel over key blocks
-  FlashBackwardTileStages query_pass;   // feeds dq: parallel over row tiles
-  FlashBackwardTileStages bias_pass;    // feeds ds (the bias gradient), when it is asked for
-  Halide::Func delta{"delta"};          // (i, h, b) rowsum(dout ∘ out)
-  Halide::Func dout_f32{"dout_f32"};    // (d, ii, io, hk, b) fp32 dout rows, head dim innermost
-  Halide::Func query_f32{"query_f32"};  // (d, ii, io, hk, b) fp32 q rows (unscaled)
+  FlashBackwardTileStages key_pass;       // feeds dk and dv: parallel over key blocks
+  FlashBackwardTileStages query_pass;     // feeds dq: parallel over row tiles
+  FlashBackwardTileStages bias_pass;      // feeds ds (the bias gradient), when it is asked for
+  Halide::Func delta{"delta"};            // (i, h, b) rowsum(dout ∘ out)
+  Halide::Func row_query{"row_query"};    // (ii, io) the query index of a row
+  Halide::Func row_member{"row_member"};  // (ii, io) its query head's index within the group
+  Halide::Func dout_f32{"dout_f32"};      // (d, ii, io, hk, b) fp32 dout rows, head dim innermost
+  Halide::Func query_f32{"query_f32"};    // (d, ii, io, hk, b) fp32 q rows (unscaled)
   // (d, jj, jb, hk, b) Tuple(Σ Pᵀ dout, Σ dSᵀ q) over all rows: dv and dk / scale.
   Halide::Func grad_kv{"grad_kv"};
   Halide::Func block_dv{"block_dv"};  // (d, jj, jb, io, hk, b) Σ over the tile's rows of P · dout

@@ -79,11 +79,15 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     Expr row_tiles = (rows + QT - 1) / QT;
 
     // Row (ii, io) of kv head hk is query `row_query` of query head `row_head`; rows past the end
-    // read the last one and are masked (they must add nothing to dk and dv).
+    // read the last one and are masked (they must add nothing to dk and dv). The divisions are
+    // computed once per row: inside the tiles, one integer division per vector lane cost more
+    // than the products. The clamps give bounds inference the range of the loaded indices.
     Expr row = io * QT + ii;
     Expr row_c = min(row, rows - 1);
-    Expr row_query = clamp(row_c % q_len, 0, q_len - 1);
-    Expr row_head = clamp(hk * group + row_c / q_len, 0, q_heads - 1);
+    s.row_query(ii, io) = row_c % q_len;
+    s.row_member(ii, io) = row_c / q_len;
+    Expr row_query = clamp(s.row_query(ii, io), 0, q_len - 1);
+    Expr row_head = hk * group + clamp(s.row_member(ii, io), 0, group - 1);
     Expr key = jb * KB + jj;
     Expr key_c = min(key, kv_len - 1);
     Expr dim_c = min(d, head_dim - 1);  // schedules may round head dims up to a register tile

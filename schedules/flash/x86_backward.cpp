@@ -4,9 +4,12 @@
 // Target assumptions as the forward's (schedules/flash/x86.cpp): AVX-512 (16 lanes, 32 zmm), then
 // AVX2+FMA (8 lanes, 16 ymm), then SSE (4 lanes).
 //
+// Before both passes: each row's query and query head (row_query, row_member), and for pass 1
+// query_t, dout_t (QT×D per row tile, transposed so rows are contiguous), lse and delta of every
+// row, computed once (pass 1 visits every row tile once per key block).
 // Pass 1, per (key block jb, kv head hk, batch b), parallel over the three fused:
 //   for each row tile ro that sees the block (causal: the others are skipped)
-//     query_t, dout_t   QT×D, transposed so rows are contiguous; q and dout rows as they are
+//     dout_f32, query_f32   q and dout rows as they are
 //     score, dprob      QT×KB, register tiles of (2·VL rows) × 8 keys = 16 accumulators
 //     prob, dscore      P and dS of the tile (one exp per score)
 //     block_dv          (4·VL head dims) × 4 keys = 16 accumulators over the tile's rows: Pᵀ dO
@@ -60,6 +63,19 @@ void schedule_rows(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
   for (Func* f : {&t.row_lse, &t.row_delta}) f->compute_at(level).vectorize(s.ii, VL);
 }
 
+// The same, computed once for the whole call: pass 1 visits every row tile once per key block,
+// and the transposes are gathers (a row's query and head are per-lane indices).
+void schedule_rows_at_root(FlashBackwardStages& s, generators::FlashBackwardTileStages& t, int VL) {
+  Var tiles("tiles_rows"), all("all_rows");
+  for (Func* f : {&t.query_t, &t.dout_t, &t.row_lse, &t.row_delta}) {
+    f->compute_root()
+        .fuse(s.io, s.hk, tiles)
+        .fuse(tiles, s.b, all)
+        .parallel(all)
+        .vectorize(s.ii, VL, TailStrategy::GuardWithIf);
+  }
+}
+
 // K and V of one key block in fp32, once per block.
 void schedule_keys(FlashBackwardStages& s, generators::FlashBackwardTileStages& t,
                    const LoopLevel& level, int VL) {
@@ -81,6 +97,10 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
       .vectorize(s.i, VL, TailStrategy::GuardWithIf);
   s.delta.update().fuse(s.h, s.b, hb).parallel(hb).vectorize(s.i, VL, TailStrategy::GuardWithIf);
 
+  for (Func f : {s.row_query, s.row_member}) {
+    f.compute_root().vectorize(s.ii, VL, TailStrategy::GuardWithIf);
+  }
+
   // Pass 1: dk and dv.
   for (Func f : {s.dk, s.dv}) {
     f.fuse(s.hk, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
@@ -91,7 +111,7 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
   flash::schedule_tile_product(s.block_dv, s.d, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
   flash::schedule_tile_product(s.block_dk, s.d, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
   schedule_tile(s, s.key_pass, LoopLevel(s.grad_kv, s.ro), VL, "kpass");
-  schedule_rows(s, s.key_pass, LoopLevel(s.grad_kv, s.ro), VL);
+  schedule_rows_at_root(s, s.key_pass, VL);
   for (Func f : {s.dout_f32, s.query_f32}) {
     f.compute_at(s.grad_kv, s.ro).vectorize(s.d, VL);
   }
