@@ -22,8 +22,15 @@ struct FlashBackwardTileStages {
   Halide::Func dprob;      // (ii, jj, jb, io, hk, b) dP = dout · v
   Halide::Func prob;       // (ii, jj, jb, io, hk, b) P = exp(score + bias − lse), 0 where masked
   Halide::Func dscore;     // (ii, jj, jb, io, hk, b) dS = P ∘ (dP − delta)
-  Halide::RVar rd_score;   // head dim, reduced by `score`
-  Halide::RVar rd_dprob;   // head dim, reduced by `dprob`
+  Halide::RVar rd_score;   // head dim (fp32) or pairs of head dims (bf16 products), for `score`
+  Halide::RVar rd_dprob;   // the same, for `dprob`
+  // bf16 products (bf16 inputs, CPUs with AVX-512 BF16): q and dout rows in pairs of head dims,
+  // (dp, ii, dh, io, hk, b) for head dim 2·dh + dp, 0 past D; the head-dim reductions of score
+  // and dprob run on them, one vdpbf16ps per pair (bf16 products are exact in fp32).
+  Halide::Func query_pairs, dout_pairs;
+  Halide::Func score_products;  // (ii, jj, jb, io, hk, b) Σ over whole pairs of q·k
+  Halide::Func dprob_products;  // (ii, jj, jb, io, hk, b) Σ over whole pairs of dout·v
+  Halide::RVar rd_score_pair, rd_dprob_pair;  // the element within a pair
 };
 
 struct FlashBackwardStages {
@@ -45,12 +52,14 @@ struct FlashBackwardStages {
   Halide::Func ds{"ds"};                      // (j, row, hk, b) dS of every (row, key)
   Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, i{"i"}, h{"h"};
   Halide::Var j{"j"}, row{"row"};
-  Halide::RVar ro;  // row tiles, reduced by grad_kv
-  Halide::RVar rk;  // key blocks, reduced by grad_q
-  Halide::RVar ri;  // rows of a tile, reduced by block_dv / block_dk
-  Halide::RVar rj;  // keys of a block, reduced by block_dq
+  Halide::RVar ro;                 // row tiles, reduced by grad_kv
+  Halide::RVar rk;                 // key blocks, reduced by grad_q
+  Halide::RVar ri;                 // rows of a tile, reduced by block_dv / block_dk
+  Halide::RVar rj;                 // keys of a block, reduced by block_dq
+  Halide::Var dp{"dp"}, dh{"dh"};  // a pair of head dims: 2·dh + dp
   int key_block = 0, query_tile = 0;
-  bool io_is_f32 = false;  // inputs are fp32 already: read in place, no conversion copies
+  bool io_is_f32 = false;      // inputs are fp32 already: read in place, no conversion copies
+  bool bf16_products = false;  // score and dprob on bf16 dot products (FlashBackwardTileStages)
 };
 
 }  // namespace tilelab::generators

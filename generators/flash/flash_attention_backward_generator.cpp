@@ -16,6 +16,7 @@
 #include "Halide.h"
 #include "generators/flash/backward_stages.hpp"
 #include "schedules/flash/tiling.hpp"
+#include "schedules/flash/x86.hpp"
 #include "schedules/flash/x86_backward.hpp"
 #include "tilelab/detail/fp32_classes.hpp"
 
@@ -67,6 +68,8 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     s.key_block = KB;
     s.query_tile = QT;
     s.io_is_f32 = io_type.value() == Float(32);
+    s.bf16_products = io_type.value() == BFloat(16) &&
+                      tilelab::schedules::target_has_bf16_dot_products(get_target());
     Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
 
     Expr head_dim = q.dim(0).extent();
@@ -110,6 +113,48 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     s.query_f32(d, ii, io, hk, b) =
         select(row < rows, cast<float>(q(dim_c, row_query, row_head, b)), 0.0f);
 
+    // bf16 products: score = scale · Σ q·k and dprob = Σ dout·v over pairs of head dims, read
+    // from q and dout rows in pairs and K and V in place; an odd D's last head dim alone.
+    auto define_pair_products = [&](tilelab::generators::FlashBackwardTileStages& t,
+                                    const std::string& pass) {
+      t.query_pairs = Func("query_pairs_" + pass);
+      t.dout_pairs = Func("dout_pairs_" + pass);
+      t.score_products = Func("score_products_" + pass);
+      t.dprob_products = Func("dprob_products_" + pass);
+      Expr dd = 2 * s.dh + s.dp;
+      Expr zero = cast(BFloat(16), 0.0f);
+      t.query_pairs(s.dp, ii, s.dh, io, hk, b) =
+          select(dd < head_dim, q(min(dd, head_dim - 1), row_query, row_head, b), zero);
+      t.dout_pairs(s.dp, ii, s.dh, io, hk, b) =
+          select(dd < head_dim, dout(min(dd, head_dim - 1), row_query, row_head, b), zero);
+      RDom rs(0, 2, 0, head_dim / 2, "rd_score_" + pass);
+      RDom rp(0, 2, 0, head_dim / 2, "rd_dprob_" + pass);
+      t.rd_score_pair = rs.x;
+      t.rd_score = rs.y;
+      t.rd_dprob_pair = rp.x;
+      t.rd_dprob = rp.y;
+      t.score_products(ii, jj, jb, io, hk, b) = 0.0f;
+      t.score_products(ii, jj, jb, io, hk, b) +=
+          cast<float>(t.query_pairs(rs.x, ii, rs.y, io, hk, b)) *
+          cast<float>(k(2 * rs.y + rs.x, key_c, hk, b));
+      t.dprob_products(ii, jj, jb, io, hk, b) = 0.0f;
+      t.dprob_products(ii, jj, jb, io, hk, b) +=
+          cast<float>(t.dout_pairs(rp.x, ii, rp.y, io, hk, b)) *
+          cast<float>(v(2 * rp.y + rp.x, key_c, hk, b));
+      Expr last = head_dim - 1, odd = head_dim % 2 == 1;
+      Expr odd_score = select(odd,
+                              cast<float>(t.query_pairs(0, ii, head_dim / 2, io, hk, b)) *
+                                  cast<float>(k(last, key_c, hk, b)),
+                              0.0f);
+      Expr odd_dprob = select(odd,
+                              cast<float>(t.dout_pairs(0, ii, head_dim / 2, io, hk, b)) *
+                                  cast<float>(v(last, key_c, hk, b)),
+                              0.0f);
+      t.score(ii, jj, jb, io, hk, b) =
+          (t.score_products(ii, jj, jb, io, hk, b) + odd_score) * scale;
+      t.dprob(ii, jj, jb, io, hk, b) = t.dprob_products(ii, jj, jb, io, hk, b) + odd_dprob;
+    };
+
     // One recomputation chain per pass.
     auto define_tile = [&](tilelab::generators::FlashBackwardTileStages& t,
                            const std::string& pass) {
@@ -130,14 +175,19 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       t.value_f32(d, jj, jb, hk, b) = cast<float>(v(d, key_c, hk, b));
       t.row_lse(ii, io, hk, b) = lse(row_query, row_head, b);
       t.row_delta(ii, io, hk, b) = s.delta(row_query, row_head, b);
-      RDom rs(0, head_dim, "rd_score_" + pass), rp(0, head_dim, "rd_dprob_" + pass);
-      t.rd_score = rs.x;
-      t.rd_dprob = rp.x;
-      t.score(ii, jj, jb, io, hk, b) = 0.0f;
-      t.score(ii, jj, jb, io, hk, b) += t.query_t(ii, rs, io, hk, b) * t.key_f32(rs, jj, jb, hk, b);
-      t.dprob(ii, jj, jb, io, hk, b) = 0.0f;
-      t.dprob(ii, jj, jb, io, hk, b) +=
-          t.dout_t(ii, rp, io, hk, b) * t.value_f32(rp, jj, jb, hk, b);
+      if (s.bf16_products) {
+        define_pair_products(t, pass);
+      } else {
+        RDom rs(0, head_dim, "rd_score_" + pass), rp(0, head_dim, "rd_dprob_" + pass);
+        t.rd_score = rs.x;
+        t.rd_dprob = rp.x;
+        t.score(ii, jj, jb, io, hk, b) = 0.0f;
+        t.score(ii, jj, jb, io, hk, b) +=
+            t.query_t(ii, rs, io, hk, b) * t.key_f32(rs, jj, jb, hk, b);
+        t.dprob(ii, jj, jb, io, hk, b) = 0.0f;
+        t.dprob(ii, jj, jb, io, hk, b) +=
+            t.dout_t(ii, rp, io, hk, b) * t.value_f32(rp, jj, jb, hk, b);
+      }
       // Only the mask (causal, lengths, padding rows) and a bias of exactly -inf mask a score;
       // NaN and inf elsewhere propagate. Below e^-87 the result is not a normal float: 0. The
       // bias is tested as loaded, and the two subtractions are strict IEEE: under fast-math an

@@ -20,6 +20,11 @@
 //     block_dq          (4·VL head dims) × 4 rows = 16 accumulators over the block's keys: dS K
 // Pass 3 (only what the caller's ds buffer asks for): dS per (row tile, key block) again.
 //
+// bf16 inputs on CPUs with AVX-512 BF16: score and dprob reduce the head dim on vdpbf16ps, from q
+// and dout rows in pairs of head dims (query_pairs, dout_pairs, in place of query_t and dout_t)
+// and K and V read in place; the products of two bf16 values are exact in fp32, so only the
+// summation order changes. P and dS stay fp32 for dV, dK and dQ.
+//
 // Why two passes: dq sums over key blocks and dk, dv over rows, so one pass must either write
 // partial sums for the other (atomics, or a key-blocks × M × D buffer per head) or recompute.
 // Recomputing score and dP costs 4·M·N·D of the 14·M·N·D FLOPs, and it gives each pass
@@ -50,16 +55,51 @@ void schedule_tile(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
         .unroll(iii)
         .unroll(jji);
   }
+  if (s.bf16_products) {
+    // Per pair of head dims: 2 row vectors of (q pair) × 16 rows, 8 key-pair broadcasts, 16
+    // vdpbf16ps into 16 accumulators (as the forward's scores).
+    const std::pair<Func*, const Func*> products[] = {{&t.score_products, &t.prob},
+                                                      {&t.dprob_products, &t.dscore}};
+    const RVar pairs[] = {t.rd_score_pair, t.rd_dprob_pair}, halves[] = {t.rd_score, t.rd_dprob};
+    for (int n = 0; n < 2; ++n) {
+      Func& f = *products[n].first;
+      f.compute_at(*products[n].second, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+      f.update()
+          .reorder(pairs[n], s.ii, s.jj, halves[n])
+          .atomic()
+          .vectorize(pairs[n])
+          .vectorize(s.ii, VL)
+          .unroll(s.ii)
+          .unroll(s.jj);
+    }
+    return;
+  }
   t.score.compute_at(t.prob, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
   t.score.update().reorder(s.ii, s.jj, t.rd_score).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
   t.dprob.compute_at(t.dscore, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
   t.dprob.update().reorder(s.ii, s.jj, t.rd_dprob).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
 }
 
+// q and dout rows of a tile in pairs of head dims (bf16 products), copied along each row (32-bit
+// moves): vectorized over rows, every lane would be a gather.
+void schedule_pairs(FlashBackwardStages& s, generators::FlashBackwardTileStages& t,
+                    const LoopLevel& level) {
+  for (Func* f : {&t.query_pairs, &t.dout_pairs}) {
+    f->compute_at(level)
+        .reorder(s.dp, s.dh, s.ii)
+        .vectorize(s.dp)
+        .unroll(s.dh, 4, TailStrategy::GuardWithIf);
+  }
+}
+
 // Per-row inputs of a tile, computed once per row tile.
 void schedule_rows(FlashBackwardStages& s, generators::FlashBackwardTileStages& t,
                    const LoopLevel& level, int VL) {
-  for (Func* f : {&t.query_t, &t.dout_t}) f->compute_at(level).vectorize(s.ii, VL);
+  if (s.bf16_products) {
+    schedule_pairs(s, t, level);
+  } else {
+    for (Func* f : {&t.query_t, &t.dout_t}) f->compute_at(level).vectorize(s.ii, VL);
+  }
   for (Func* f : {&t.row_lse, &t.row_delta}) f->compute_at(level).vectorize(s.ii, VL);
 }
 
@@ -67,7 +107,21 @@ void schedule_rows(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
 // and the transposes are gathers (a row's query and head are per-lane indices).
 void schedule_rows_at_root(FlashBackwardStages& s, generators::FlashBackwardTileStages& t, int VL) {
   Var tiles("tiles_rows"), all("all_rows");
-  for (Func* f : {&t.query_t, &t.dout_t, &t.row_lse, &t.row_delta}) {
+  for (Func* f : {&t.row_lse, &t.row_delta}) {
+    f->compute_root()
+        .fuse(s.io, s.hk, tiles)
+        .fuse(tiles, s.b, all)
+        .parallel(all)
+        .vectorize(s.ii, VL, TailStrategy::GuardWithIf);
+  }
+  if (s.bf16_products) {
+    schedule_pairs(s, t, LoopLevel::root());
+    for (Func* f : {&t.query_pairs, &t.dout_pairs}) {
+      f->fuse(s.io, s.hk, tiles).fuse(tiles, s.b, all).parallel(all);
+    }
+    return;
+  }
+  for (Func* f : {&t.query_t, &t.dout_t}) {
     f->compute_root()
         .fuse(s.io, s.hk, tiles)
         .fuse(tiles, s.b, all)

@@ -98,11 +98,12 @@ def test_matches_reference(rng, dtype_name, mask, shape):
 @pytest.mark.parametrize("bias_shape", BIAS_SHAPES.values(), ids=BIAS_SHAPES.keys())
 @pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
 @pytest.mark.parametrize("implementation", ["generated", "reference"])
-def test_bias_and_its_gradient(rng, implementation, mask, bias_shape):
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_bias_and_its_gradient(rng, dtype_name, implementation, mask, bias_shape):
     batch, q_heads, kv_heads, q_len, kv_len, head_dim = 2, 4, 2, 37, 70, 40
-    q, k, v = random_qkv(rng, batch, q_heads, kv_heads, q_len, kv_len, head_dim, "float32")
+    q, k, v = random_qkv(rng, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype_name)
     bias = make_bias(rng, bias_shape, batch, q_heads, q_len, kv_len)
-    check(rng, q, k, v, "float32", bias=bias, implementation=implementation, **mask)
+    check(rng, q, k, v, dtype_name, bias=bias, implementation=implementation, **mask)
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
@@ -117,9 +118,11 @@ def test_gqa_groups_both_implementations(rng, dtype_name, group):
 
 
 @pytest.mark.parametrize("head_dim", [1, 7, 16, 33, 40, 64, 80, 96, 127, 128, 129, 192, 256])
-def test_head_dims(rng, head_dim):
-    q, k, v = random_qkv(rng, 1, 2, 1, 19, 70, head_dim, "float32")
-    check(rng, q, k, v, "float32", implementation="generated", causal=True,
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_head_dims(rng, dtype_name, head_dim):
+    """Odd head dims too: bf16 products pair up head dims, and an odd D's last one is alone."""
+    q, k, v = random_qkv(rng, 1, 2, 1, 19, 70, head_dim, dtype_name)
+    check(rng, q, k, v, dtype_name, implementation="generated", causal=True,
           causal_alignment="bottom_right")
 
 
