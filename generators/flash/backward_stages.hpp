@@ -52,14 +52,25 @@ struct FlashBackwardStages {
   Halide::Func ds{"ds"};                      // (j, row, hk, b) dS of every (row, key)
   Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, i{"i"}, h{"h"};
   Halide::Var j{"j"}, row{"row"};
-  Halide::RVar ro;                 // row tiles, reduced by grad_kv
-  Halide::RVar rk;                 // key blocks, reduced by grad_q
-  Halide::RVar ri;                 // rows of a tile, reduced by block_dv / block_dk
-  Halide::RVar rj;                 // keys of a block, reduced by block_dq
-  Halide::Var dp{"dp"}, dh{"dh"};  // a pair of head dims: 2·dh + dp
+  Halide::RVar ro;  // row tiles, reduced by grad_kv
+  Halide::RVar rk;  // key blocks, reduced by grad_q
+  Halide::RVar ri;  // rows of a tile (pairs of rows: bf16_probabilities), by block_dv / block_dk
+  Halide::RVar rj;  // keys of a block (pairs of keys: bf16_probabilities), by block_dq
+  Halide::RVar ri_pair, rj_pair;  // bf16_probabilities: the row or key within a pair
+  // bf16_probabilities: the operands of dV, dK and dQ in pairs along their reduction, bf16.
+  Halide::Func prob_row_pairs{"prob_row_pairs"};      // (pair, half, jj, jb, io, hk, b) P
+  Halide::Func dscore_row_pairs{"dscore_row_pairs"};  // (pair, half, jj, jb, io, hk, b) dS
+  Halide::Func dout_row_pairs{"dout_row_pairs"};      // (pair, d, half, io, hk, b) dout rows
+  Halide::Func query_row_pairs{"query_row_pairs"};    // (pair, d, half, io, hk, b) q rows
+  Halide::Func dscore_key_pairs{"dscore_key_pairs"};  // (pair, ii, half, jb, io, hk, b) dS
+  Halide::Func key_rows{"key_rows"};                  // (d, jj, jb, hk, b) K rows as stored
+  Halide::Func key_pairs{"key_pairs"};                // (pair, d, half, jb, hk, b) K rows
+  Halide::Var dp{"dp"}, dh{"dh"};                     // a pair of head dims: 2·dh + dp
+  Halide::Var pair{"pair"}, half{"half"};             // a pair of rows or keys: 2·half + pair
   int key_block = 0, query_tile = 0;
   bool io_is_f32 = false;      // inputs are fp32 already: read in place, no conversion copies
   bool bf16_products = false;  // score and dprob on bf16 dot products (FlashBackwardTileStages)
+  bool bf16_probabilities = false;  // and dV, dK, dQ, on P and dS rounded to bf16
 };
 
 }  // namespace tilelab::generators

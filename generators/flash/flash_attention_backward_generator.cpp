@@ -31,6 +31,9 @@ using tilelab::detail::kFp32MinusInfinityBits;
 class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
  public:
   GeneratorParam<Type> io_type{"io_type", Float(32)};  // q, k, v, out, dout and gradients
+  // bf16 only: P and dS rounded to bf16 so that dV = Pᵀ dO, dK = dSᵀ Q and dQ = dS K run on bf16
+  // dot products where the CPU has them (FlashAttention's mixed precision); false keeps them fp32.
+  GeneratorParam<bool> bf16_probabilities{"bf16_probabilities", false};
 
   // Layouts as the forward's: (d, i, h, b) and (d, j, hk, b), head dim innermost.
   Input<Buffer<void, 4>> dout{"dout"};
@@ -70,6 +73,11 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     s.io_is_f32 = io_type.value() == Float(32);
     s.bf16_products = io_type.value() == BFloat(16) &&
                       tilelab::schedules::target_has_bf16_dot_products(get_target());
+    TILELAB_REQUIRE(!bf16_probabilities || io_type.value() == BFloat(16))
+        << "bf16_probabilities: needs io_type bfloat16, got " << io_type.value();
+    s.bf16_probabilities = s.bf16_products && bf16_probabilities;
+    TILELAB_REQUIRE(KB % 2 == 0 && QT % 2 == 0)
+        << "bf16 products pair keys and rows: key_block and query_tile must be even";
     Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
 
     Expr head_dim = q.dim(0).extent();
@@ -216,14 +224,41 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     // Pass 1: dk and dv, per key block, reduced over the row tiles that see the block.
     {
       const tilelab::generators::FlashBackwardTileStages& t = s.key_pass;
-      RDom ri(0, QT, "ri");
-      s.ri = ri.x;
       s.block_dv(d, jj, jb, io, hk, b) = 0.0f;
-      s.block_dv(d, jj, jb, io, hk, b) +=
-          t.prob(ri, jj, jb, io, hk, b) * s.dout_f32(d, ri, io, hk, b);
       s.block_dk(d, jj, jb, io, hk, b) = 0.0f;
-      s.block_dk(d, jj, jb, io, hk, b) +=
-          t.dscore(ri, jj, jb, io, hk, b) * s.query_f32(d, ri, io, hk, b);
+      if (s.bf16_probabilities) {
+        // Rows pair up: P and dS in bf16, (pair, half, jj) for row 2·half + pair (the layout of
+        // the fp32 tiles), dout and q rows interleaved in pairs, (pair, d, half).
+        Var &pair = s.pair, &half = s.half;
+        s.prob_row_pairs(pair, half, jj, jb, io, hk, b) =
+            cast(BFloat(16), t.prob(2 * half + pair, jj, jb, io, hk, b));
+        s.dscore_row_pairs(pair, half, jj, jb, io, hk, b) =
+            cast(BFloat(16), t.dscore(2 * half + pair, jj, jb, io, hk, b));
+        Expr paired_row = io * QT + 2 * half + pair;
+        Expr pair_query = clamp(s.row_query(2 * half + pair, io), 0, q_len - 1);
+        Expr pair_head = hk * group + clamp(s.row_member(2 * half + pair, io), 0, group - 1);
+        Expr zero = cast(BFloat(16), 0.0f);
+        s.dout_row_pairs(pair, d, half, io, hk, b) =
+            select(paired_row < rows, dout(dim_c, pair_query, pair_head, b), zero);
+        s.query_row_pairs(pair, d, half, io, hk, b) =
+            select(paired_row < rows, q(dim_c, pair_query, pair_head, b), zero);
+        RDom ri(0, 2, 0, QT / 2, "ri");
+        s.ri_pair = ri.x;
+        s.ri = ri.y;
+        s.block_dv(d, jj, jb, io, hk, b) +=
+            cast<float>(s.prob_row_pairs(ri.x, ri.y, jj, jb, io, hk, b)) *
+            cast<float>(s.dout_row_pairs(ri.x, d, ri.y, io, hk, b));
+        s.block_dk(d, jj, jb, io, hk, b) +=
+            cast<float>(s.dscore_row_pairs(ri.x, ri.y, jj, jb, io, hk, b)) *
+            cast<float>(s.query_row_pairs(ri.x, d, ri.y, io, hk, b));
+      } else {
+        RDom ri(0, QT, "ri");
+        s.ri = ri.x;
+        s.block_dv(d, jj, jb, io, hk, b) +=
+            t.prob(ri, jj, jb, io, hk, b) * s.dout_f32(d, ri, io, hk, b);
+        s.block_dk(d, jj, jb, io, hk, b) +=
+            t.dscore(ri, jj, jb, io, hk, b) * s.query_f32(d, ri, io, hk, b);
+      }
       RDom ro(0, row_tiles, "ro");
       ro.where(jb * KB <= tile_max_query(ro) + causal_offset);
       s.ro = ro.x;
@@ -238,11 +273,28 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     // Pass 2: dq, per row tile, reduced over the key blocks the tile sees.
     {
       const tilelab::generators::FlashBackwardTileStages& t = s.query_pass;
-      RDom rj(0, KB, "rj");
-      s.rj = rj.x;
       s.block_dq(d, ii, jb, io, hk, b) = 0.0f;
-      s.block_dq(d, ii, jb, io, hk, b) +=
-          t.dscore(ii, rj, jb, io, hk, b) * t.key_f32(dim_c, rj, jb, hk, b);
+      if (s.bf16_probabilities) {
+        // Keys pair up: dS in bf16, (pair, ii, half), and K rows interleaved, (pair, d, half),
+        // each from two whole rows (as the forward's V).
+        Var &pair = s.pair, &half = s.half;
+        s.dscore_key_pairs(pair, ii, half, jb, io, hk, b) =
+            cast(BFloat(16), t.dscore(ii, 2 * half + pair, jb, io, hk, b));
+        s.key_rows(d, jj, jb, hk, b) = k(dim_c, key_c, hk, b);
+        s.key_pairs(pair, d, half, jb, hk, b) = select(
+            pair == 0, s.key_rows(d, 2 * half, jb, hk, b), s.key_rows(d, 2 * half + 1, jb, hk, b));
+        RDom rj(0, 2, 0, KB / 2, "rj");
+        s.rj_pair = rj.x;
+        s.rj = rj.y;
+        s.block_dq(d, ii, jb, io, hk, b) +=
+            cast<float>(s.dscore_key_pairs(rj.x, ii, rj.y, jb, io, hk, b)) *
+            cast<float>(s.key_pairs(rj.x, d, rj.y, jb, hk, b));
+      } else {
+        RDom rj(0, KB, "rj");
+        s.rj = rj.x;
+        s.block_dq(d, ii, jb, io, hk, b) +=
+            t.dscore(ii, rj, jb, io, hk, b) * t.key_f32(dim_c, rj, jb, hk, b);
+      }
       RDom rk(0, key_blocks, "rk");
       rk.where(rk * KB <= tile_max_query(io) + causal_offset);
       s.rk = rk.x;

@@ -142,12 +142,14 @@ py::object flash_attention_backward(const py::handle& dout, const py::handle& q,
                                     const py::handle& lse, const py::handle& causal,
                                     const py::handle& causal_alignment, const py::handle& scale,
                                     const py::handle& bias, const py::handle& return_dbias_value,
+                                    const py::handle& fp32_probabilities,
                                     const py::handle& implementation) {
   const bool return_dbias = parse_bool(return_dbias_value, "return_dbias");
   // The forward's preparation checks q, k, v, bias and the options, and allocates an array with
   // q's shape and dtype: that is dq.
   AttentionCall call =
       prepare_call(q, k, v, causal, causal_alignment, scale, bias, false, implementation);
+  call.options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
   const ArrayView dout_view = view_array(require_attention_array(dout, "dout"), "dout");
   const ArrayView out_view = view_array(require_attention_array(out, "out"), "out");
   const py::array lse_array =
@@ -216,7 +218,8 @@ PYBIND11_MODULE(_core, module) {
              py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::kw_only(),
              py::arg("causal") = false, py::arg("causal_alignment") = "top_left",
              py::arg("scale") = py::none(), py::arg("bias") = py::none(),
-             py::arg("return_dbias") = false, py::arg("implementation") = "automatic",
+             py::arg("return_dbias") = false, py::arg("fp32_probabilities") = false,
+             py::arg("implementation") = "automatic",
              "Flash attention backward; returns (dq, dk, dv[, dbias]). See "
              "tilelab.flash_attention_backward.");
   module.def("set_num_threads", &tilelab::set_num_threads, py::arg("n"),

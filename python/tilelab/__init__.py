@@ -195,6 +195,7 @@ def flash_attention_backward(
     scale: float | None = ...,
     bias: np.ndarray | None = ...,
     return_dbias: Literal[False] = ...,
+    fp32_probabilities: bool = ...,
     implementation: Implementation = ...,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 @overload
@@ -211,6 +212,7 @@ def flash_attention_backward(
     scale: float | None = ...,
     bias: np.ndarray | None = ...,
     return_dbias: Literal[True],
+    fp32_probabilities: bool = ...,
     implementation: Implementation = ...,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
 
@@ -228,6 +230,7 @@ def flash_attention_backward(
     scale=None,
     bias=None,
     return_dbias=False,
+    fp32_probabilities=False,
     implementation="automatic",
 ):
     """Gradients of :func:`flash_attention` with respect to q, k, v (and the bias).
@@ -246,6 +249,12 @@ def flash_attention_backward(
             and they must be the values the forward was called with.
         return_dbias: also return the gradient with respect to ``bias``: float32, of the bias's
             own shape ``[B|1, Hq|1, M|1, N]`` (summed over its broadcast dimensions). Needs a bias.
+        fp32_probabilities: bfloat16: the generated kernel rounds P and dS to bfloat16 before
+            ``dV = P^T dO``, ``dK = dS^T Q`` and ``dQ = dS K`` (FlashAttention's mixed
+            precision), so that all five products run on bf16 dot products where the CPU has
+            AVX-512 BF16; True keeps P and dS in float32 for those three. ``q @ k^T`` and
+            ``dO @ V^T`` are exact products either way. Other dtypes and the reference always
+            keep them in float32.
 
     Returns:
         ``(dq, dk, dv)`` or ``(dq, dk, dv, dbias)``: new C-contiguous arrays, dq of q's shape,
@@ -270,6 +279,7 @@ def flash_attention_backward(
         scale=scale,
         bias=bias,
         return_dbias=return_dbias,
+        fp32_probabilities=fp32_probabilities,
         implementation=implementation,
     )
 

@@ -51,6 +51,7 @@ def flash_attention_backward(
     scale: float | None = None,
     bias: np.ndarray | None = None,
     return_dbias: bool = False,
+    fp32_probabilities: bool = False,
     implementation: str = "automatic",
 ) -> tuple[np.ndarray, ...]: ...
 def blocksparse_attention(

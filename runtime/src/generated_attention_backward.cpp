@@ -4,6 +4,7 @@
 
 #include "attention_problem.hpp"
 #include "flash_bwd_bf16.h"
+#include "flash_bwd_bf16_fp32_probabilities.h"
 #include "flash_bwd_f16.h"
 #include "flash_bwd_f32.h"
 #include "halide_glue.hpp"
@@ -16,14 +17,15 @@ using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, h
                          halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, float, int32_t,
                          halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*);
 
-KernelFn pick_kernel(DType dtype) {
+// bf16: P and dS rounded to bf16 for the products that read them, unless fp32_probabilities.
+KernelFn pick_kernel(DType dtype, bool fp32_probabilities) {
   switch (dtype) {
     case DType::f32:
       return flash_bwd_f32;
     case DType::f16:
       return flash_bwd_f16;
     case DType::bf16:
-      return flash_bwd_bf16;
+      return fp32_probabilities ? flash_bwd_bf16_fp32_probabilities : flash_bwd_bf16;
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:
@@ -41,7 +43,8 @@ bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& p
   }
   if (f.bias && (f.bias->stride(3) != 1 || !offsets_fit_int32(*f.bias))) return false;
   if (!offsets_fit_int32(*f.lse)) return false;
-  return f.head_dim <= 256 && fits_int32(f.causal_offset) && pick_kernel(f.dtype);
+  return f.head_dim <= 256 && fits_int32(f.causal_offset) &&
+         pick_kernel(f.dtype, f.fp32_probabilities);
 }
 
 bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const TensorView* ds) {
@@ -76,7 +79,7 @@ bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const
   }
 
   halide_error_message_of_thread().clear();
-  const int status = pick_kernel(f.dtype)(
+  const int status = pick_kernel(f.dtype, f.fp32_probabilities)(
       dout.get(), q.get(), k.get(), v.get(), out.get(), lse.get(), bias.get(), f.scale,
       static_cast<int32_t>(f.causal_offset), dq.get(), dk.get(), dv.get(), ds_buffer.get());
   TILELAB_CHECK(status == 0) << "generated flash attention backward kernel failed (status "

@@ -24,13 +24,14 @@ class ScratchCache {
   }
 
   void* allocate(std::size_t size) {
-    // Smallest cached block that fits without wasting more than half of it.
+    // The most recently released block that fits without wasting more than half of it: tasks
+    // allocate and free their per-block buffers in a fixed order, so it is found at once.
     std::size_t best = blocks_.size();
-    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    for (std::size_t i = blocks_.size(); i-- > 0;) {
       const std::size_t capacity = blocks_[i].capacity;
-      if (capacity >= size && capacity <= 2 * size + kAlignment &&
-          (best == blocks_.size() || capacity < blocks_[best].capacity)) {
+      if (capacity >= size && capacity <= 2 * size + kAlignment) {
         best = i;
+        break;
       }
     }
     if (best != blocks_.size()) {

@@ -32,6 +32,7 @@
 #include "schedules/flash/x86_backward.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "schedules/flash/x86_shared.hpp"
@@ -162,12 +163,33 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
   Stage kv = flash::schedule_parallel_accumulator(s.grad_kv, s.jb, s.hk, s.b, s.d,
                                                   {s.d, s.jj, s.ro, s.jb, s.hk, s.b}, VL, tile);
   flash::split_register_tiles(kv, s.d, s.jj, 4, head_dim, VL, dout);
-  flash::schedule_tile_product(s.block_dv, s.d, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
-  flash::schedule_tile_product(s.block_dk, s.d, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL);
+  // bf16_probabilities: the products reduce rows in pairs (one vdpbf16ps per pair).
+  const std::optional<RVar> row_pair =
+      s.bf16_probabilities ? std::optional<RVar>(s.ri_pair) : std::nullopt;
+  for (Func f : {s.block_dv, s.block_dk}) {
+    flash::schedule_tile_product(f, s.d, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL, row_pair);
+  }
   schedule_tile(s, s.key_pass, LoopLevel(s.grad_kv, s.ro), VL, "kpass");
   schedule_rows_at_root(s, s.key_pass, VL);
-  for (Func f : {s.dout_f32, s.query_f32}) {
-    f.compute_at(s.grad_kv, s.ro).vectorize(s.d, VL);
+  if (s.bf16_probabilities) {
+    // P and dS of the tile rounded to bf16 (32 rows, the fp32 tiles' layout, per key); dout and
+    // q rows interleaved in pairs once per call.
+    for (Func f : {s.prob_row_pairs, s.dscore_row_pairs}) {
+      f.compute_at(s.grad_kv, s.ro).vectorize(s.pair).vectorize(s.half, VL);
+    }
+    Var tiles("tiles_row_pairs"), all("all_row_pairs");
+    for (Func f : {s.dout_row_pairs, s.query_row_pairs}) {
+      f.compute_root()
+          .fuse(s.io, s.hk, tiles)
+          .fuse(tiles, s.b, all)
+          .parallel(all)
+          .vectorize(s.pair)
+          .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    }
+  } else {
+    for (Func f : {s.dout_f32, s.query_f32}) {
+      f.compute_at(s.grad_kv, s.ro).vectorize(s.d, VL);
+    }
   }
   schedule_keys(s, s.key_pass, LoopLevel(s.grad_kv, tile), VL);
 
@@ -176,10 +198,21 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
   Stage qs = flash::schedule_parallel_accumulator(s.grad_q, s.io, s.hk, s.b, s.d,
                                                   {s.d, s.ii, s.rk, s.io, s.hk, s.b}, VL, tile);
   flash::split_register_tiles(qs, s.d, s.ii, 4, head_dim, VL, dout);
-  flash::schedule_tile_product(s.block_dq, s.d, s.ii, s.rj, LoopLevel(s.grad_q, dout), VL);
+  const std::optional<RVar> key_pair =
+      s.bf16_probabilities ? std::optional<RVar>(s.rj_pair) : std::nullopt;
+  flash::schedule_tile_product(s.block_dq, s.d, s.ii, s.rj, LoopLevel(s.grad_q, dout), VL,
+                               key_pair);
   schedule_tile(s, s.query_pass, LoopLevel(s.grad_q, s.rk), VL, "qpass");
   schedule_rows(s, s.query_pass, LoopLevel(s.grad_q, tile), VL);
-  schedule_keys(s, s.query_pass, LoopLevel(s.grad_q, s.rk), VL);
+  if (s.bf16_probabilities) {
+    // dS of the tile in bf16 key pairs, and the block's K rows interleaved in pairs.
+    s.dscore_key_pairs.compute_at(s.grad_q, s.rk).vectorize(s.pair).vectorize(s.ii, VL);
+    s.key_pairs.compute_at(s.grad_q, s.rk)
+        .vectorize(s.pair)
+        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  } else {
+    schedule_keys(s, s.query_pass, LoopLevel(s.grad_q, s.rk), VL);
+  }
 
   // Pass 3: ds, tile by tile.
   Var jo("jo"), jin("jin"), rt("rt"), rin("rin");

@@ -117,6 +117,28 @@ def test_gqa_groups_both_implementations(rng, dtype_name, group):
     check(rng, q, k, v, dtype_name, implementation="reference", causal=True)
 
 
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+@pytest.mark.parametrize("head_dim", [33, 128])
+def test_bf16_probabilities_and_fp32_probabilities(rng, head_dim, mask):
+    """bf16: by default P and dS are rounded to bf16 for dV, dK and dQ; fp32_probabilities keeps
+    them fp32. Both match fp64 within the bf16 tolerance, and the flag reaches the kernel."""
+    q, k, v = random_qkv(rng, 1, 4, 2, 70, 113, head_dim, "bfloat16")
+    out, lse, dout = forward_and_gradient(rng, q, k, v, "bfloat16", **mask)
+    expected = reference_attention_backward(dout, q, k, v, **mask)
+    results = {}
+    for fp32_probabilities in (False, True):
+        grads = tilelab.flash_attention_backward(
+            dout, q, k, v, out, lse, implementation="generated",
+            fp32_probabilities=fp32_probabilities, **mask)
+        tolerance = gradient_tolerance("bfloat16", expected, 113)
+        for name, got, want in zip(("dq", "dk", "dv"), grads, expected[:3], strict=True):
+            error = np.max(np.abs(got.astype(np.float64) - want))
+            assert error <= tolerance, f"{name}: error {error:.3e} > tolerance {tolerance:.3e}"
+        results[fp32_probabilities] = grads
+    assert any(not np.array_equal(a, b) for a, b in zip(results[False], results[True],
+                                                         strict=True))
+
+
 @pytest.mark.parametrize("head_dim", [1, 7, 16, 33, 40, 64, 80, 96, 127, 128, 129, 192, 256])
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_head_dims(rng, dtype_name, head_dim):
