@@ -9,7 +9,9 @@ Times are medians over --repeats calls after --warmup calls, ours and PyTorch's 
 sides time the backward only: PyTorch's forward runs once, and each timed call is
 ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)``; ours gets the forward's out and
 lse. GFLOP/s counts 2.5 x the forward's 4·B·Hq·M·N·D (half for square causal): the five products
-of the FlashAttention-2 backward, whatever an implementation recomputes.
+of the FlashAttention-2 backward, whatever an implementation recomputes. bf16 rows with P and dS
+rounded to bf16 (the default) run on bf16 dot products where the CPU has them and are judged
+against their peak; "fp32 P" rows keep P and dS in fp32 (fp32_probabilities=True).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import dataclasses
+
 import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -28,9 +32,11 @@ sys.path.insert(0, str(HERE.parent))
 from bench_flash import (  # noqa: E402
     Workload,
     make_inputs,
+    print_ratios,
     print_table,
     start_benchmark,
     to_torch,
+    uses_bf16_dot_products,
     write_json_report,
 )
 from timing import alternating_medians  # noqa: E402
@@ -42,6 +48,7 @@ WORKLOADS = [
     Workload(1, 16, 16, 512, 512, 128, "float32", causal=True),
     Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=False),
     Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=True),
+    Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=False, fp32_probabilities=True),
     Workload(1, 32, 8, 2048, 2048, 128, "bfloat16", causal=True),
     Workload(4, 8, 8, 1024, 1024, 64, "float32", causal=False),
 ]
@@ -54,7 +61,9 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
     dout = rng.standard_normal(out.shape, dtype=np.float32).astype(q.dtype)
 
     def ours_call():
-        return tilelab.flash_attention_backward(dout, q, k, v, out, lse, causal=causal)
+        return tilelab.flash_attention_backward(
+            dout, q, k, v, out, lse, causal=causal,
+            fp32_probabilities=workload.fp32_probabilities)
 
     calls = [ours_call]
     if torch is not None:
@@ -71,6 +80,7 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
     flops = BACKWARD_FLOPS_PER_FORWARD_FLOP * workload.flops
     result = {
         "workload": workload.name,
+        "shape": dataclasses.asdict(workload),
         "dtype": workload.dtype,
         "causal": causal,
         "ours_median_s": medians[0],
@@ -79,6 +89,9 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
         "ours_fraction_of_fma_peak": flops / medians[0] * 1e-9
         / peak["fma_peak_fp32_gflop_per_s"],
     }
+    if uses_bf16_dot_products(workload, peak):
+        result["ours_fraction_of_bf16_dot_peak"] = flops / medians[0] * 1e-9 / peak[
+            "bf16_dot_peak_gflop_per_s"]
     if torch is not None:
         ours = ours_call()
         theirs = [g.float().numpy() for g in torch_call()]
@@ -106,7 +119,9 @@ def format_row(result: dict) -> list[str]:
         torch_ms,
         ratio,
         f"{result['ours_gflop_per_s']:.1f} GFLOP/s",
-        f"{100 * result['ours_fraction_of_fma_peak']:.1f}% FMA",
+        (f"{100 * result['ours_fraction_of_bf16_dot_peak']:.1f}% bf16 dot"
+         if "ours_fraction_of_bf16_dot_peak" in result
+         else f"{100 * result['ours_fraction_of_fma_peak']:.1f}% FMA"),
         torch_rate,
         difference,
     ]
@@ -129,6 +144,7 @@ def main() -> None:
     header = ["workload", "dtype", "mask", "ours ms", "torch ms", "torch/ours", "ours rate",
               "of peak", "torch rate", "max |ours - torch|"]
     print_table(header, rows, left_aligned=3)
+    print_ratios(results)
     write_json_report(args, "tilelab.bench_flash_backward", tilelab, torch, peak, results)
 
 
