@@ -1,8 +1,9 @@
 // Prefill sequences of paged_attention on the generated dense flash kernels. A sequence with many
 // query tokens is compute-bound: its K/V is reused by every query row, so gathering its blocks
-// into contiguous rows (a copy of its cache, no conversion) costs little next to the products,
-// and the generated kernels' register-blocked q·kᵀ and P·V (bf16 dot products for bf16) run them
-// several times faster than the paged kernel's per-token micro-kernels.
+// into contiguous rows (a copy of its cache; an fp8 cache widened to the query's dtype) costs
+// little next to the products, and the generated kernels' register-blocked q·kᵀ and P·V (bf16 dot
+// products for bf16) run them several times faster than the paged kernel's per-token
+// micro-kernels.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "scratch_memory.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/threading.hpp"
+#include "widen_rows.hpp"
 
 namespace tilelab::detail {
 
@@ -54,17 +56,18 @@ AttentionProblem dense_problem(const PagedProblem& p, std::int64_t seq, std::int
   AttentionProblem dense;
   dense.q = token_rows(p.query);
   dense.out = token_rows(p.out);
-  dense.k = TensorView(keys, p.cache_dtype, {1, kv_heads, N, D});
-  dense.v = TensorView(values, p.cache_dtype, {1, kv_heads, N, D});
+  // K and V are gathered in the query's dtype (an fp8 cache widened, V scaled by v_scale).
+  dense.k = TensorView(keys, p.dtype, {1, kv_heads, N, D});
+  dense.v = TensorView(values, p.dtype, {1, kv_heads, N, D});
   dense.dtype = p.dtype;
-  dense.kv_dtype = p.cache_dtype;
+  dense.kv_dtype = p.dtype;
   dense.batch = 1;
   dense.q_heads = kv_heads * group;
   dense.kv_heads = kv_heads;
   dense.q_len = M;
   dense.kv_len = N;
   dense.head_dim = D;
-  dense.scale = p.scale;
+  dense.scale = p.scale * p.k_scale;  // as the paged kernel's score scale
   dense.causal = p.causal;
   // Bottom-right: the sequence's queries are its last positions.
   dense.causal_offset = p.causal ? N - M : N;
@@ -76,32 +79,56 @@ AttentionProblem dense_problem(const PagedProblem& p, std::int64_t seq, std::int
 // How many kv heads one call gathers for a sequence of `keys` keys.
 std::int64_t kv_heads_per_call(const PagedProblem& p, std::int64_t keys) {
   const std::int64_t head_bytes =
-      2 * keys * p.head_dim * static_cast<std::int64_t>(dtype_size(p.cache_dtype));
+      2 * keys * p.head_dim * static_cast<std::int64_t>(dtype_size(p.dtype));
   return std::clamp<std::int64_t>(kGatherBudgetBytes / std::max<std::int64_t>(head_bytes, 1), 1,
                                   p.kv_heads);
 }
 
+// Widens an fp8 row to fp32 and writes `scale` times it in the query's dtype (bf16 rounded to
+// nearest even, or fp32).
+template <DType cache_dtype>
+void widen_scaled_row(const void* src, std::int64_t count, float scale, DType dtype, void* dst) {
+  float row[kMaxFlashHeadDim];
+  widen_contiguous<cache_dtype>(static_cast<const std::uint8_t*>(src), count, row);
+  if (dtype == DType::bf16) {
+    scale_to_bf16(row, count, scale, static_cast<std::uint16_t*>(dst));
+  } else {
+    scale_to_f32(row, count, scale, static_cast<float*>(dst));
+  }
+}
+
 // Copies the rows of keys [0, N) of kv heads [kv_head, kv_head + kv_heads) of `seq` from `cache`
-// into `dst` ([kv_heads, N, D] contiguous), a block at a time.
+// into `dst` ([kv_heads, N, D] contiguous, the query's dtype), a block at a time. An fp8 cache is
+// widened and multiplied by `scale` on the way.
 void gather_rows(const PagedProblem& p, const TensorView& cache, std::int64_t seq,
-                 std::int64_t kv_head, std::int64_t kv_heads, void* dst) {
+                 std::int64_t kv_head, std::int64_t kv_heads, float scale, void* dst) {
   const std::int64_t N = p.seq_lens[seq], D = p.head_dim, bs = p.block_size;
   const auto element = static_cast<std::int64_t>(dtype_size(cache.dtype()));
+  const auto out_element = static_cast<std::int64_t>(dtype_size(p.dtype));
   const std::int64_t blocks = (N + bs - 1) / bs;
-  const bool whole_rows = cache.stride(2) == D;  // a block's rows are contiguous
+  const bool same_dtype = cache.dtype() == p.dtype;
+  const bool whole_rows = same_dtype && cache.stride(2) == D;  // one copy per block
 #pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads())
   for (std::int64_t h = 0; h < kv_heads; ++h) {
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t rows = std::min(bs, N - b * bs);
       const auto* src = static_cast<const char*>(element_at(
           cache, p.physical_block(seq, b) * cache.stride(0) + (kv_head + h) * cache.stride(1)));
-      char* to = static_cast<char*>(dst) + ((h * N + b * bs) * D) * element;
+      char* to = static_cast<char*>(dst) + ((h * N + b * bs) * D) * out_element;
       if (whole_rows) {
         std::memcpy(to, src, rows * D * element);
         continue;
       }
       for (std::int64_t r = 0; r < rows; ++r) {
-        std::memcpy(to + r * D * element, src + r * cache.stride(2) * element, D * element);
+        const char* row = src + r * cache.stride(2) * element;
+        char* row_to = to + r * D * out_element;
+        if (same_dtype) {
+          std::memcpy(row_to, row, D * element);
+        } else if (cache.dtype() == DType::f8e4m3fn) {
+          widen_scaled_row<DType::f8e4m3fn>(row, D, scale, p.dtype, row_to);
+        } else {
+          widen_scaled_row<DType::f8e5m2>(row, D, scale, p.dtype, row_to);
+        }
       }
     }
   }
@@ -111,9 +138,13 @@ void gather_rows(const PagedProblem& p, const TensorView& cache, std::int64_t se
 
 std::vector<char> sequences_for_generated_prefill(const PagedProblem& p) {
   std::vector<char> chosen(p.num_seqs, 0);
-  // The generated kernels implement none of the score options, read k and v of q's dtype, and
-  // produce no lse for a paged problem.
-  if (p.score.any() || p.cache_dtype != p.dtype || p.lse || p.position_shift != 0) return chosen;
+  // The generated kernels implement none of the score options and produce no lse for a paged
+  // problem. They read k and v of q's dtype: an fp8 cache is widened into bf16 or fp32 rows
+  // (fp16's range could not hold v_scale · v).
+  const bool widens = is_fp8(p.cache_dtype) && (p.dtype == DType::bf16 || p.dtype == DType::f32);
+  if (p.score.any() || (p.cache_dtype != p.dtype && !widens) || p.lse || p.position_shift != 0) {
+    return chosen;
+  }
   if (p.key_cache.stride(3) != 1 || p.value_cache.stride(3) != 1) return chosen;
   const std::int64_t group = group_of(p);
   for (std::int64_t s = 0; s < p.num_seqs; ++s) {
@@ -125,7 +156,7 @@ std::vector<char> sequences_for_generated_prefill(const PagedProblem& p) {
 }
 
 void generated_prefill_attention(const PagedProblem& p, const std::vector<char>& sequences) {
-  const auto element = static_cast<std::int64_t>(dtype_size(p.cache_dtype));
+  const auto element = static_cast<std::int64_t>(dtype_size(p.dtype));
   const auto gathered_bytes = [&](std::int64_t seq) {
     return kv_heads_per_call(p, p.seq_lens[seq]) * p.seq_lens[seq] * p.head_dim * element;
   };
@@ -141,8 +172,9 @@ void generated_prefill_attention(const PagedProblem& p, const std::vector<char>&
     const std::int64_t heads_per_call = kv_heads_per_call(p, p.seq_lens[s]);
     for (std::int64_t h = 0; h < p.kv_heads; h += heads_per_call) {
       const std::int64_t heads = std::min(heads_per_call, p.kv_heads - h);
-      gather_rows(p, p.key_cache, s, h, heads, keys.data());
-      gather_rows(p, p.value_cache, s, h, heads, values.data());
+      // k_scale joins the softmax scale (dense_problem); v_scale multiplies the widened V.
+      gather_rows(p, p.key_cache, s, h, heads, 1.0f, keys.data());
+      gather_rows(p, p.value_cache, s, h, heads, p.v_scale, values.data());
       TILELAB_CHECK(
           generated_flash_attention(dense_problem(p, s, h, heads, keys.data(), values.data())))
           << "paged_attention: sequence " << s << " was chosen for a generated kernel that does "

@@ -71,8 +71,9 @@ PagedProblem validate_paged_attention(const TensorView& query, const TensorView&
                                       const TensorView& out, const PagedAttentionOptions& options);
 
 // Prefill on the generated dense kernels (paged_prefill.cpp): which sequences they take (those
-// with enough query rows per kv head, when the call has no score options, no fp8 cache and no
-// lse), and running them, each sequence's K/V gathered into contiguous rows first.
+// with enough query rows per kv head, when the call has no score options and no lse, and its cache
+// has the query's dtype or is fp8 with bf16 or fp32 queries), and running them, each sequence's
+// K/V gathered into contiguous rows of the query's dtype first.
 std::vector<char> sequences_for_generated_prefill(const PagedProblem& problem);
 void generated_prefill_attention(const PagedProblem& problem, const std::vector<char>& sequences);
 

@@ -571,20 +571,39 @@ def dense_result(batch, seq, **options):
     return out[0].transpose(1, 0, 2)
 
 
+def widened_for_the_route(batch, dtype, k_scale, v_scale):
+    """The batch as the generated kernels see an fp8 cache: K widened to the query's dtype, V
+    widened times v_scale and rounded to it."""
+    query_dtype = DTYPES[dtype]
+    keys = np.asarray(batch["key_cache"], np.float32).astype(query_dtype)
+    values = (np.asarray(batch["value_cache"], np.float32) * np.float32(v_scale)).astype(
+        query_dtype)
+    head_dim = batch["query"].shape[2]
+    scale = np.float32(1) / np.sqrt(np.float32(head_dim)) * np.float32(k_scale)
+    return dict(batch, key_cache=keys, value_cache=values), float(scale)
+
+
 def check_prefill_route(batch, dtype, **options):
     """Every sequence with enough query rows per kv head gives exactly flash_attention's result on
-    its gathered K/V; every other sequence exactly the paged kernel's; all match fp64."""
+    its gathered K/V (an fp8 cache widened to the query's dtype); every other sequence exactly the
+    paged kernel's; all match fp64."""
     out = tilelab.paged_attention(*arguments(batch), split_kv=1, **options)
     paged = tilelab.paged_attention(*arguments(batch), split_kv=1,
                                     sliding_window=ON_THE_PAGED_KERNEL, **options)
     group = batch["query"].shape[1] // batch["key_cache"].shape[1]
-    causal = options.get("causal", True)
+    flags = {k: v for k, v in options.items() if k not in ("causal", "k_scale", "v_scale")}
+    flags["causal"] = options.get("causal", True)
+    dense_batch = batch
+    fp8 = batch["key_cache"].dtype in FP8.values()
+    if fp8:
+        dense_batch, flags["scale"] = widened_for_the_route(
+            batch, dtype, options.get("k_scale", 1.0), options.get("v_scale", 1.0))
+    takes_route = batch["query"].shape[2] <= 256 and (not fp8 or dtype != "float16")
     routed = 0
     for seq in range(len(batch["seq_lens"])):
         q0, q1 = batch["query_start_loc"][seq], batch["query_start_loc"][seq + 1]
-        if (q1 - q0) * group >= generated_route_rows(dtype) and batch["query"].shape[2] <= 256:
-            flags = {k: v for k, v in options.items() if k != "causal"}
-            expected = dense_result(batch, seq, causal=causal, **flags)
+        if (q1 - q0) * group >= generated_route_rows(dtype) and takes_route:
+            expected = dense_result(dense_batch, seq, **flags)
             routed += 1
         else:
             expected = paged[q0:q1]
@@ -626,6 +645,22 @@ def test_prefill_route_bf16_probabilities(fp32_probabilities):
     batch = make_batch(rng, ROUTE_REQUESTS, q_heads=8, kv_heads=2, head_dim=128, block_size=16,
                        dtype="bfloat16")
     check_prefill_route(batch, "bfloat16", fp32_probabilities=fp32_probabilities)
+
+
+@pytest.mark.parametrize("fp8_name", list(FP8))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_prefill_route_fp8_caches(fp8_name, dtype):
+    """bf16 and fp32 queries with an fp8 cache take the generated kernels on K widened to their
+    dtype and V widened times v_scale, with k_scale in the softmax scale; fp16 queries stay on
+    the paged kernel (fp16 cannot hold every v_scale · v)."""
+    rng = np.random.default_rng(65)
+    # No spare blocks: their huge marker value is NaN in float8_e4m3fn.
+    batch = make_batch(rng, ROUTE_REQUESTS, q_heads=8, kv_heads=2, head_dim=96, block_size=16,
+                       dtype=dtype, spare_blocks=0)
+    for name in ("key_cache", "value_cache"):
+        batch[name] = np.asarray(batch[name], np.float32).astype(FP8[fp8_name])
+    routed = check_prefill_route(batch, dtype, k_scale=0.75, v_scale=3.0)
+    assert routed == (0 if dtype == "float16" else 5)
 
 
 def test_prefill_route_reads_strided_cache_rows():
