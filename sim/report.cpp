@@ -6,6 +6,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -527,9 +529,12 @@ std::string by_line_text(const Report& r, size_t max_rows) {
   auto cost = [](const SourceLineSummary* row) {
     return row->busy_total_ns() + row->idle_blamed_ns;
   };
-  std::stable_sort(
-      rows.begin(), rows.end(),
-      [&](const SourceLineSummary* a, const SourceLineSummary* b) { return cost(a) > cost(b); });
+  // Ties keep the lines' order (rows point into r.by_line in order). std::sort with the explicit
+  // tie-break, not std::stable_sort, whose buffer (get_temporary_buffer) is deprecated in C++17.
+  std::sort(rows.begin(), rows.end(), [&](const SourceLineSummary* a, const SourceLineSummary* b) {
+    const auto cost_a = cost(a), cost_b = cost(b);
+    return cost_a != cost_b ? cost_a > cost_b : std::less<>{}(a, b);
+  });
   std::ostringstream out;
   char line[512];
   out << "\nby source line (" << r.by_line.size() << " lines, costliest first):\n"
