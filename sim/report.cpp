@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <functional>
 #include <map>
 #include <sstream>
 #include <string_view>
