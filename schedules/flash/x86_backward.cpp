@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "schedules/flash/x86_shared.hpp"
 
@@ -104,30 +105,27 @@ void schedule_rows(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
   for (Func* f : {&t.row_lse, &t.row_delta}) f->compute_at(level).vectorize(s.ii, VL);
 }
 
-// The same, computed once for the whole call: pass 1 visits every row tile once per key block,
-// and the transposes are gathers (a row's query and head are per-lane indices).
+// A Func of whole row tiles computed once for the whole call, parallel over (row tile, kv head,
+// batch).
+Func& at_root_per_row_tile(FlashBackwardStages& s, Func& f) {
+  Var tiles("tiles"), all("all");
+  f.compute_root().fuse(s.io, s.hk, tiles).fuse(tiles, s.b, all).parallel(all);
+  return f;
+}
+
+// The per-row inputs of schedule_rows, computed once for the whole call: pass 1 visits every row
+// tile once per key block, and the transposes are gathers (a row's query and head are per-lane
+// indices).
 void schedule_rows_at_root(FlashBackwardStages& s, generators::FlashBackwardTileStages& t, int VL) {
-  Var tiles("tiles_rows"), all("all_rows");
-  for (Func* f : {&t.row_lse, &t.row_delta}) {
-    f->compute_root()
-        .fuse(s.io, s.hk, tiles)
-        .fuse(tiles, s.b, all)
-        .parallel(all)
-        .vectorize(s.ii, VL, TailStrategy::GuardWithIf);
-  }
+  std::vector<Func*> rows_in_lanes = {&t.row_lse, &t.row_delta};
   if (s.bf16_products) {
     schedule_pairs(s, t, LoopLevel::root());
-    for (Func* f : {&t.query_pairs, &t.dout_pairs}) {
-      f->fuse(s.io, s.hk, tiles).fuse(tiles, s.b, all).parallel(all);
-    }
-    return;
+    for (Func* f : {&t.query_pairs, &t.dout_pairs}) at_root_per_row_tile(s, *f);
+  } else {
+    rows_in_lanes.insert(rows_in_lanes.end(), {&t.query_t, &t.dout_t});
   }
-  for (Func* f : {&t.query_t, &t.dout_t}) {
-    f->compute_root()
-        .fuse(s.io, s.hk, tiles)
-        .fuse(tiles, s.b, all)
-        .parallel(all)
-        .vectorize(s.ii, VL, TailStrategy::GuardWithIf);
+  for (Func* f : rows_in_lanes) {
+    at_root_per_row_tile(s, *f).vectorize(s.ii, VL, TailStrategy::GuardWithIf);
   }
 }
 
@@ -177,14 +175,8 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
     for (Func f : {s.prob_row_pairs, s.dscore_row_pairs}) {
       f.compute_at(s.grad_kv, s.ro).vectorize(s.pair).vectorize(s.half, VL);
     }
-    Var tiles("tiles_row_pairs"), all("all_row_pairs");
-    for (Func f : {s.dout_row_pairs, s.query_row_pairs}) {
-      f.compute_root()
-          .fuse(s.io, s.hk, tiles)
-          .fuse(tiles, s.b, all)
-          .parallel(all)
-          .vectorize(s.pair)
-          .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    for (Func* f : {&s.dout_row_pairs, &s.query_row_pairs}) {
+      at_root_per_row_tile(s, *f).vectorize(s.pair).vectorize(s.d, VL, TailStrategy::GuardWithIf);
     }
   } else {
     for (Func f : {s.dout_f32, s.query_f32}) {
