@@ -134,6 +134,35 @@ void gather_rows(const PagedProblem& p, const TensorView& cache, std::int64_t se
   }
 }
 
+// Whether every element of `count` values of `dtype` (bf16, fp16 or fp32 bits) is finite.
+template <typename Bits, Bits kExponentBits>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) bool every_value_finite(
+    const Bits* bits, std::int64_t count) {
+  unsigned non_finite = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    non_finite |= (bits[i] & kExponentBits) == kExponentBits ? 1u : 0u;
+  }
+  return non_finite == 0;
+}
+
+bool every_value_finite(const void* data, std::int64_t count, DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return every_value_finite<std::uint32_t, 0x7f800000u>(static_cast<const std::uint32_t*>(data),
+                                                            count);
+    case DType::bf16:
+      return every_value_finite<std::uint16_t, 0x7f80>(static_cast<const std::uint16_t*>(data),
+                                                       count);
+    case DType::f16:
+      return every_value_finite<std::uint16_t, 0x7c00>(static_cast<const std::uint16_t*>(data),
+                                                       count);
+    default:
+      break;
+  }
+  TILELAB_CHECK(false) << "paged_attention: gathered rows of dtype " << dtype_name(dtype);
+  return false;
+}
+
 }  // namespace
 
 std::vector<char> sequences_for_generated_prefill(const PagedProblem& p) {
@@ -155,7 +184,7 @@ std::vector<char> sequences_for_generated_prefill(const PagedProblem& p) {
   return chosen;
 }
 
-void generated_prefill_attention(const PagedProblem& p, const std::vector<char>& sequences) {
+void generated_prefill_attention(const PagedProblem& p, std::vector<char>& sequences) {
   const auto element = static_cast<std::int64_t>(dtype_size(p.dtype));
   const auto gathered_bytes = [&](std::int64_t seq) {
     return kv_heads_per_call(p, p.seq_lens[seq]) * p.seq_lens[seq] * p.head_dim * element;
@@ -173,8 +202,16 @@ void generated_prefill_attention(const PagedProblem& p, const std::vector<char>&
     for (std::int64_t h = 0; h < p.kv_heads; h += heads_per_call) {
       const std::int64_t heads = std::min(heads_per_call, p.kv_heads - h);
       // k_scale joins the softmax scale (dense_problem); v_scale multiplies the widened V.
-      gather_rows(p, p.key_cache, s, h, heads, 1.0f, keys.data());
       gather_rows(p, p.value_cache, s, h, heads, p.v_scale, values.data());
+      // The generated kernels multiply a key's V row by P = 0 for the rows of its block that do
+      // not see it, so a NaN or inf there would reach them; the paged kernel accumulates only
+      // the keys each row sees. Such a sequence goes back to the paged kernel (which then
+      // computes all its heads).
+      if (!every_value_finite(values.data(), heads * p.seq_lens[s] * p.head_dim, p.dtype)) {
+        sequences[s] = 0;
+        break;
+      }
+      gather_rows(p, p.key_cache, s, h, heads, 1.0f, keys.data());
       TILELAB_CHECK(
           generated_flash_attention(dense_problem(p, s, h, heads, keys.data(), values.data())))
           << "paged_attention: sequence " << s << " was chosen for a generated kernel that does "

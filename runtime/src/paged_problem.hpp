@@ -73,9 +73,10 @@ PagedProblem validate_paged_attention(const TensorView& query, const TensorView&
 // Prefill on the generated dense kernels (paged_prefill.cpp): which sequences they take (those
 // with enough query rows per kv head, when the call has no score options and no lse, and its cache
 // has the query's dtype or is fp8 with bf16 or fp32 queries), and running them, each sequence's
-// K/V gathered into contiguous rows of the query's dtype first.
+// K/V gathered into contiguous rows of the query's dtype first. A sequence whose V holds NaN or
+// inf is left to the paged kernel: its entry of `sequences` is cleared.
 std::vector<char> sequences_for_generated_prefill(const PagedProblem& problem);
-void generated_prefill_attention(const PagedProblem& problem, const std::vector<char>& sequences);
+void generated_prefill_attention(const PagedProblem& problem, std::vector<char>& sequences);
 
 // The paged kernel: reads K/V in place through the block table; OpenMP over (sequence, kv head,
 // query rows, key piece) work items, the GQA group's query heads folded so each K/V element is read

@@ -683,19 +683,23 @@ def test_long_prefill_is_gathered_a_few_kv_heads_at_a_time():
     assert check_prefill_route(batch, "float32") == 2
 
 
-def test_prefill_route_propagates_nan():
-    """NaN in a key makes the rows that see it NaN (its kv head's query heads, from its position
-    on) and no other row."""
+@pytest.mark.parametrize("cache", ["key_cache", "value_cache"])
+def test_prefill_route_propagates_nan(cache):
+    """NaN in a key or value makes the rows that see it NaN (its kv head's query heads, from its
+    position on) and no other row, also the rows of its key block that do not see it."""
     rng = np.random.default_rng(64)
     batch = make_batch(rng, [(48, 100), (40, 40)], q_heads=8, kv_heads=2, head_dim=32,
                        block_size=16)
     block = batch["block_table"][0, 4]
-    batch["key_cache"][block, 1, 3, 5] = np.nan  # sequence 0, position 67, kv head 1
+    batch[cache][block, 1, 3, 5] = np.nan  # sequence 0, position 67, kv head 1
     out = tilelab.paged_attention(*arguments(batch))
     first_seeing = 67 - (100 - 48)  # the query row at position 67
-    assert np.all(np.isnan(out[first_seeing:48, 4:8]))
-    assert np.all(np.isfinite(out[:first_seeing, 4:8]))
-    assert np.all(np.isfinite(out[:48, 0:4])) and np.all(np.isfinite(out[48:]))
+    # A NaN key poisons every score of the rows that see it; a NaN value its own column.
+    columns = slice(None) if cache == "key_cache" else 5
+    assert np.all(np.isnan(out[first_seeing:48, 4:8, columns]))
+    rest = np.ones(out.shape, bool)
+    rest[first_seeing:48, 4:8, columns] = False
+    assert np.all(np.isfinite(out[rest]))
 
 
 # ---------------------------------------------------------------------------------------------
