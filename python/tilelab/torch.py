@@ -154,8 +154,12 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out, _grad_lse):
     query, key, value, bias, out, lse = ctx.saved_tensors
     compute_dbias = bias is not None and ctx.needs_input_grad[3]
+    # Autograd may hand over an expanded or otherwise strided gradient (out.sum().backward() gives
+    # a stride-0 one); the generated kernels read the head dim densely, and only they round bf16
+    # P and dS like the forward, so the gradient is made contiguous rather than sent to the
+    # reference implementation.
     dq, dk, dv, dbias = _flash_attention_backward(
-        grad_out, query, key, value, out, lse, bias, compute_dbias, *ctx.options
+        grad_out.contiguous(), query, key, value, out, lse, bias, compute_dbias, *ctx.options
     )
     return (dq, dk, dv, dbias if compute_dbias else None, *(None,) * 8)
 

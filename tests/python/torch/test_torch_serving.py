@@ -208,7 +208,7 @@ def test_opcheck():
     torch.library.opcheck(
         torch.ops.tilelab.paged_attention.default,
         (torch.empty(query.shape), query, key_cache, value_cache, block_table, seq_lens, starts,
-         None, True, 7, -1, 3.0, None, sinks, 1.0, 1.0, 2),
+         None, True, 7, -1, 3.0, None, sinks, 1.0, 1.0, 2, False),
     )
 
 
