@@ -19,6 +19,7 @@ from torch.nn.attention.bias import (  # noqa: E402
     causal_upper_left,
 )
 
+import tilelab  # noqa: E402
 import tilelab.torch as tt  # noqa: E402
 from tilelab import _core  # noqa: E402
 
@@ -197,6 +198,21 @@ def test_strided_inputs_are_read_in_place():
         assert array.__array_interface__["data"][0] == t.data_ptr()
         assert array.strides == tuple(s * 2 for s in t.stride())
     check(q, k, v, "bfloat16", is_causal=True)
+
+def test_a_strided_gradient_takes_the_generated_backward():
+    """out.sum().backward() hands over a stride-0 gradient; the gradients are exactly those of
+    tilelab.flash_attention_backward with a dense gradient of ones (the generated kernel, which
+    rounds bf16 P and dS as the forward rounds P)."""
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 4, 2, 40, 40, 32, torch.bfloat16))
+    out = tt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    out.sum().backward()
+    _, lse = tilelab.flash_attention(*(t.detach() for t in (q, k, v)), causal=True,
+                                     return_lse=True)
+    ones = torch.ones_like(out)
+    expected = tilelab.flash_attention_backward(
+        ones, q.detach(), k.detach(), v.detach(), out.detach(), lse, causal=True)
+    for got, want in zip((q.grad, k.grad, v.grad), expected, strict=True):
+        assert torch.equal(got.view(torch.int16), torch.from_numpy(want.view(np.int16)))
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
