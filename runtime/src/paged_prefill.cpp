@@ -97,43 +97,6 @@ void widen_scaled_row(const void* src, std::int64_t count, float scale, DType dt
   }
 }
 
-// Copies the rows of keys [0, N) of kv heads [kv_head, kv_head + kv_heads) of `seq` from `cache`
-// into `dst` ([kv_heads, N, D] contiguous, the query's dtype), a block at a time. An fp8 cache is
-// widened and multiplied by `scale` on the way.
-void gather_rows(const PagedProblem& p, const TensorView& cache, std::int64_t seq,
-                 std::int64_t kv_head, std::int64_t kv_heads, float scale, void* dst) {
-  const std::int64_t N = p.seq_lens[seq], D = p.head_dim, bs = p.block_size;
-  const auto element = static_cast<std::int64_t>(dtype_size(cache.dtype()));
-  const auto out_element = static_cast<std::int64_t>(dtype_size(p.dtype));
-  const std::int64_t blocks = (N + bs - 1) / bs;
-  const bool same_dtype = cache.dtype() == p.dtype;
-  const bool whole_rows = same_dtype && cache.stride(2) == D;  // one copy per block
-#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads())
-  for (std::int64_t h = 0; h < kv_heads; ++h) {
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t rows = std::min(bs, N - b * bs);
-      const auto* src = static_cast<const char*>(element_at(
-          cache, p.physical_block(seq, b) * cache.stride(0) + (kv_head + h) * cache.stride(1)));
-      char* to = static_cast<char*>(dst) + ((h * N + b * bs) * D) * out_element;
-      if (whole_rows) {
-        std::memcpy(to, src, rows * D * element);
-        continue;
-      }
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const char* row = src + r * cache.stride(2) * element;
-        char* row_to = to + r * D * out_element;
-        if (same_dtype) {
-          std::memcpy(row_to, row, D * element);
-        } else if (cache.dtype() == DType::f8e4m3fn) {
-          widen_scaled_row<DType::f8e4m3fn>(row, D, scale, p.dtype, row_to);
-        } else {
-          widen_scaled_row<DType::f8e5m2>(row, D, scale, p.dtype, row_to);
-        }
-      }
-    }
-  }
-}
-
 // Whether every element of `count` values of `dtype` (bf16, fp16 or fp32 bits) is finite.
 template <typename Bits, Bits kExponentBits>
 __attribute__((target_clones("arch=x86-64-v3", "default"))) bool every_value_finite(
@@ -161,6 +124,59 @@ bool every_value_finite(const void* data, std::int64_t count, DType dtype) {
   }
   TILELAB_CHECK(false) << "paged_attention: gathered rows of dtype " << dtype_name(dtype);
   return false;
+}
+
+// Copies `rows` rows of `cache` from `src` (rows cache.stride(2) elements apart) into `dst`
+// (contiguous rows of the query's dtype), widening an fp8 cache and multiplying it by `scale`.
+void copy_rows(const PagedProblem& p, const TensorView& cache, const char* src, std::int64_t rows,
+               float scale, char* dst) {
+  const std::int64_t D = p.head_dim;
+  const auto element = static_cast<std::int64_t>(dtype_size(cache.dtype()));
+  const auto out_element = static_cast<std::int64_t>(dtype_size(p.dtype));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const char* row = src + r * cache.stride(2) * element;
+    char* row_to = dst + r * D * out_element;
+    if (cache.dtype() == p.dtype) {
+      std::memcpy(row_to, row, D * element);
+    } else if (cache.dtype() == DType::f8e4m3fn) {
+      widen_scaled_row<DType::f8e4m3fn>(row, D, scale, p.dtype, row_to);
+    } else {
+      widen_scaled_row<DType::f8e5m2>(row, D, scale, p.dtype, row_to);
+    }
+  }
+}
+
+// Copies the rows of keys [0, N) of kv heads [kv_head, kv_head + kv_heads) of `seq` from `cache`
+// into `dst` ([kv_heads, N, D] contiguous, the query's dtype), a block at a time. An fp8 cache is
+// widened and multiplied by `scale` on the way. Returns whether every copied value is finite
+// (checked only when `check_finite`, on each block while it is still in cache; else true).
+bool gather_rows(const PagedProblem& p, const TensorView& cache, std::int64_t seq,
+                 std::int64_t kv_head, std::int64_t kv_heads, float scale, bool check_finite,
+                 void* dst) {
+  const std::int64_t N = p.seq_lens[seq], D = p.head_dim, bs = p.block_size;
+  const auto element = static_cast<std::int64_t>(dtype_size(cache.dtype()));
+  const auto out_element = static_cast<std::int64_t>(dtype_size(p.dtype));
+  const std::int64_t blocks = (N + bs - 1) / bs;
+  const bool same_dtype = cache.dtype() == p.dtype;
+  const bool whole_rows = same_dtype && cache.stride(2) == D;  // one copy per block
+  bool finite = true;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads()) \
+    reduction(&& : finite)
+  for (std::int64_t h = 0; h < kv_heads; ++h) {
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t rows = std::min(bs, N - b * bs);
+      const auto* src = static_cast<const char*>(element_at(
+          cache, p.physical_block(seq, b) * cache.stride(0) + (kv_head + h) * cache.stride(1)));
+      char* to = static_cast<char*>(dst) + ((h * N + b * bs) * D) * out_element;
+      if (whole_rows) {
+        std::memcpy(to, src, rows * D * element);
+      } else {
+        copy_rows(p, cache, src, rows, scale, to);
+      }
+      if (check_finite) finite = finite && every_value_finite(to, rows * D, p.dtype);
+    }
+  }
+  return finite;
 }
 
 }  // namespace
@@ -202,16 +218,15 @@ void generated_prefill_attention(const PagedProblem& p, std::vector<char>& seque
     for (std::int64_t h = 0; h < p.kv_heads; h += heads_per_call) {
       const std::int64_t heads = std::min(heads_per_call, p.kv_heads - h);
       // k_scale joins the softmax scale (dense_problem); v_scale multiplies the widened V.
-      gather_rows(p, p.value_cache, s, h, heads, p.v_scale, values.data());
       // The generated kernels multiply a key's V row by P = 0 for the rows of its block that do
       // not see it, so a NaN or inf there would reach them; the paged kernel accumulates only
       // the keys each row sees. Such a sequence goes back to the paged kernel (which then
       // computes all its heads).
-      if (!every_value_finite(values.data(), heads * p.seq_lens[s] * p.head_dim, p.dtype)) {
+      if (!gather_rows(p, p.value_cache, s, h, heads, p.v_scale, true, values.data())) {
         sequences[s] = 0;
         break;
       }
-      gather_rows(p, p.key_cache, s, h, heads, 1.0f, keys.data());
+      gather_rows(p, p.key_cache, s, h, heads, 1.0f, false, keys.data());
       TILELAB_CHECK(
           generated_flash_attention(dense_problem(p, s, h, heads, keys.data(), values.data())))
           << "paged_attention: sequence " << s << " was chosen for a generated kernel that does "
