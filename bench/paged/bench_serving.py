@@ -7,10 +7,11 @@ side in one run with what a CPU user would otherwise run.
 
 Workloads (Hq 32, Hkv 8, d 128, bf16 unless named):
 - mixed: the simulator's default batch (4 prefill requests with context, 12 decode requests,
-  block_size 32). Compared with PyTorch SDPA run per sequence on K/V gathered through the block
-  table (the gather is timed: it is part of what a user would write), our dense flash attention
-  on the same useful tokens (per sequence, K/V already contiguous), and the NKI-layout kernel
-  (tilelab.nki.flash_paged_attention, cpu schedule) on the same batch in its own layout.
+  block_size 32), and the same batch with an fp8 (e4m3fn) cache. Compared with PyTorch SDPA run
+  per sequence on K/V gathered through the block table (the gather is timed: it is part of what
+  a user would write), our dense flash attention on the same useful tokens (per sequence, K/V
+  already contiguous), and the NKI-layout kernel (tilelab.nki.flash_paged_attention, cpu
+  schedule) on the same batch in its own layout.
 - decode: 64 sequences decoding one token each, contexts 512 to 4 k, bf16 and fp8 (e4m3fn) caches:
   GB/s of K and V read against the triad bandwidth measured in the same run.
 - long decode: one sequence decoding one token with a 32 k context (split-KV), GB/s against triad.
@@ -87,6 +88,10 @@ def mixed_workload(tilelab, torch, args, rng):
     batch = paged_batch(rng, requests, schedule.block_size)
     block_size = batch["block_size"]
     calls = {"paged_attention": paged_call(tilelab, batch)}
+    # The same batch with an fp8 cache (prefill sequences widen it while gathering).
+    fp8_batch = dict(batch, **{name: batch[name].astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+                               for name in ("key_cache", "value_cache")})
+    calls["paged_attention, fp8 e4m3fn cache"] = paged_call(tilelab, fp8_batch)
 
     # Per sequence: K/V gathered through the block table ([Hkv, seq_len, d]), queries [Hq, q, d].
     gathered = []
