@@ -97,8 +97,14 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     Expr row_c = min(row, rows - 1);
     s.row_query(ii, io) = row_c % q_len;
     s.row_member(ii, io) = row_c / q_len;
-    Expr row_query = clamp(s.row_query(ii, io), 0, q_len - 1);
-    Expr row_head = hk * group + clamp(s.row_member(ii, io), 0, group - 1);
+    auto query_of_row = [&](const Expr& within_tile) {
+      return clamp(s.row_query(within_tile, io), 0, q_len - 1);
+    };
+    auto head_of_row = [&](const Expr& within_tile) {
+      return hk * group + clamp(s.row_member(within_tile, io), 0, group - 1);
+    };
+    Expr row_query = query_of_row(ii);
+    Expr row_head = head_of_row(ii);
     Expr key = jb * KB + jj;
     Expr key_c = min(key, kv_len - 1);
     Expr dim_c = min(d, head_dim - 1);  // schedules may round head dims up to a register tile
@@ -235,8 +241,8 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
         s.dscore_row_pairs(pair, half, jj, jb, io, hk, b) =
             cast(BFloat(16), t.dscore(2 * half + pair, jj, jb, io, hk, b));
         Expr paired_row = io * QT + 2 * half + pair;
-        Expr pair_query = clamp(s.row_query(2 * half + pair, io), 0, q_len - 1);
-        Expr pair_head = hk * group + clamp(s.row_member(2 * half + pair, io), 0, group - 1);
+        Expr pair_query = query_of_row(2 * half + pair);
+        Expr pair_head = head_of_row(2 * half + pair);
         Expr zero = cast(BFloat(16), 0.0f);
         s.dout_row_pairs(pair, d, half, io, hk, b) =
             select(paired_row < rows, dout(dim_c, pair_query, pair_head, b), zero);

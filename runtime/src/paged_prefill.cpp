@@ -12,6 +12,7 @@
 #include "attention_problem.hpp"
 #include "paged_problem.hpp"
 #include "scratch_memory.hpp"
+#include "tilelab/detail/fp32_classes.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/threading.hpp"
 #include "widen_rows.hpp"
@@ -111,8 +112,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) bool every_value_fin
 bool every_value_finite(const void* data, std::int64_t count, DType dtype) {
   switch (dtype) {
     case DType::f32:
-      return every_value_finite<std::uint32_t, 0x7f800000u>(static_cast<const std::uint32_t*>(data),
-                                                            count);
+      return every_value_finite<std::uint32_t, kFp32PlusInfinityBits>(
+          static_cast<const std::uint32_t*>(data), count);
     case DType::bf16:
       return every_value_finite<std::uint16_t, 0x7f80>(static_cast<const std::uint16_t*>(data),
                                                        count);
