@@ -25,6 +25,7 @@
 #include <string>
 
 #include "Halide.h"
+#include "schedules/flash/x86.hpp"
 #include "schedules/paged/default_problem.hpp"
 #include "schedules/paged/kv_tiling.hpp"
 #include "schedules/paged/masked_tiles.hpp"
@@ -121,6 +122,8 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     s.query_tile = tile ? kPartitionTile : tilelab::schedules::kPagedCpuQueryTile;
     s.mixed_precision = mixed_precision;
     s.kv_is_f32 = !mixed_precision;
+    s.bf16_products =
+        !tile && mixed_precision && tilelab::schedules::target_has_bf16_dot_products(get_target());
     Var &c = s.c, &d = s.d, &ii = s.ii, &io = s.io, &hk = s.hk, &lt = s.lt;
     Var &tb = s.tb, &p = s.p, &ld = s.ld;
     const int QT = s.query_tile;
@@ -170,31 +173,61 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     }
     s.query_t(ii, d, io, hk) = kernel_round(
         cast<float>(query(row_query, clamp(d, 0, head_dim - 1), row_head, 0)) * softmax_scale);
+    if (s.bf16_products) {
+      // An odd head_dim's last pair is padded with 0 (never multiplied: see build_scores).
+      Expr dd = 2 * s.dh + s.dp;
+      s.query_pairs(s.dp, ii, s.dh, io, hk) =
+          select(dd < head_dim, cast(BFloat(16), s.query_t(ii, min(dd, head_dim - 1), io, hk)),
+                 cast(BFloat(16), 0.0f));
+    }
 
     // Prior context, gathered as KvGatherTiling lays it out: partition p of load ld, token tb of
     // its piece; the reordered mask indexes the columns in the tensor engine's order.
-    Expr tile_block = (lt << kv.log2_blocks_per_large_tile) + kv.block_of(ld, p);
-    Expr cache_block =
-        clamp(block_tables(clamp(tile_block, 0, num_active_blocks - 1)), 0, num_blocks - 1);
-    Expr block_token = clamp(kv.token_in_block_of(p, tb), 0, block_size - 1);
     Expr kv_head = clamp(hk, 0, num_kv_heads - 1), dim = clamp(d, 0, head_dim - 1);
-    s.key_loaded(d, tb, p, ld, lt, hk) =
-        kernel_round(cast<float>(kv_cache(dim, block_token, kv_head, cache_block, 0)));
-    s.value_loaded(d, tb, p, ld, lt, hk) =
-        kernel_round(cast<float>(kv_cache(dim, block_token, kv_head, cache_block, 1)));
+    auto cached = [&](const Expr& dim_at, const Expr& token, const Expr& partition,
+                      const Expr& load, int k_or_v) {
+      Expr tile_block = (lt << kv.log2_blocks_per_large_tile) + kv.block_of(load, partition);
+      Expr cache_block =
+          clamp(block_tables(clamp(tile_block, 0, num_active_blocks - 1)), 0, num_blocks - 1);
+      Expr block_token = clamp(kv.token_in_block_of(partition, token), 0, block_size - 1);
+      return kv_cache(dim_at, block_token, kv_head, cache_block, k_or_v);
+    };
+    s.key_loaded(d, tb, p, ld, lt, hk) = kernel_round(cast<float>(cached(dim, tb, p, ld, 0)));
+    s.value_loaded(d, tb, p, ld, lt, hk) = kernel_round(cast<float>(cached(dim, tb, p, ld, 1)));
     // (Clamps tell bounds inference what the bit arithmetic guarantees.)
     Expr tiled_block = 1 << kv.log2_tiled_block_size();
     Expr loads = 1 << kv.log2_loads_per_large_tile();
-    Expr col_tb = clamp(kv.piece_token_of_column(c), 0, tiled_block - 1);
-    Expr col_p = kv.partition_of_column(c);
-    Expr col_ld = clamp(kv.load_of_column(c), 0, loads - 1);
-    s.context.key_t(c, d, lt, hk) = s.key_loaded(d, col_tb, col_p, col_ld, lt, hk);
+    auto col_tb = [&](const Expr& col) {
+      return clamp(kv.piece_token_of_column(col), 0, tiled_block - 1);
+    };
+    auto col_ld = [&](const Expr& col) { return clamp(kv.load_of_column(col), 0, loads - 1); };
+    auto col_p = [&](const Expr& col) { return kv.partition_of_column(col); };
+    s.context.key_t(c, d, lt, hk) = s.key_loaded(d, col_tb(c), col_p(c), col_ld(c), lt, hk);
+    s.context.value_t(d, c, lt, hk) = s.value_loaded(d, col_tb(c), col_p(c), col_ld(c), lt, hk);
 
     // New tokens: K arrives transposed already, V in rows.
-    Expr new_token = clamp(c, 0, seq_q - 1);
-    s.active.key_t(c, d, lt, hk) = kernel_round(cast<float>(key(new_token, dim, kv_head, 0)));
-    s.active.value_t(d, c, lt, hk) = kernel_round(cast<float>(value(dim, new_token, kv_head, 0)));
-    s.context.value_t(d, c, lt, hk) = s.value_loaded(d, col_tb, col_p, col_ld, lt, hk);
+    auto new_token = [&](const Expr& col) { return clamp(col, 0, seq_q - 1); };
+    s.active.key_t(c, d, lt, hk) = kernel_round(cast<float>(key(new_token(c), dim, kv_head, 0)));
+    s.active.value_t(d, c, lt, hk) =
+        kernel_round(cast<float>(value(dim, new_token(c), kv_head, 0)));
+
+    if (s.bf16_products) {
+      // K in rows and V interleaved in column pairs, read as they are (bf16 already). A pair is
+      // a select of two whole rows: two dense loads and a blend, not a gather. Head dims are
+      // only bounded above: they start at 0, and a lower clamp made every load a gather.
+      Var &cp = s.cp, &co = s.co;
+      Expr row_dim = min(d, head_dim - 1);
+      auto context_row = [&](const Expr& col, int k_or_v) {
+        return cached(row_dim, col_tb(col), col_p(col), col_ld(col), k_or_v);
+      };
+      s.context.key_rows(d, c, lt, hk) = context_row(c, 0);
+      s.context.value_pairs(cp, d, co, lt, hk) =
+          select(cp == 0, context_row(2 * co, 1), context_row(2 * co + 1, 1));
+      s.active.key_rows(d, c, lt, hk) = key(new_token(c), row_dim, kv_head, 0);
+      s.active.value_pairs(cp, d, co, lt, hk) =
+          select(cp == 0, value(row_dim, new_token(2 * co), kv_head, 0),
+                 value(row_dim, new_token(2 * co + 1), kv_head, 0));
+    }
 
     // The new tokens' tile skips (fills) score blocks of min(seq_q, 512) columns that lie wholly
     // right of the query tile's first row, as the NKI kernel does; for the causal masks of
@@ -211,9 +244,26 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
     // key_lt: the large tile whose K (and V) the pass reads.
     auto build_scores = [&](tilelab::generators::KeyTileStages& t, const Expr& width,
                             const Expr& key_lt, const Expr& visible) {
-      t.rd = rd.x;
-      t.score(c, ii, lt, io, hk) = 0.0f;
-      t.score(c, ii, lt, io, hk) += s.query_t(ii, rd, io, hk) * t.key_t(c, rd, key_lt, hk);
+      if (s.bf16_products) {
+        // Whole pairs of head dims on vdpbf16ps; an odd head_dim's last one is one more product.
+        RDom rp(0, 2, 0, head_dim / 2, "rdp");
+        t.rdp = rp.x;
+        t.rd = rp.y;
+        t.score_products(c, ii, lt, io, hk) = 0.0f;
+        t.score_products(c, ii, lt, io, hk) +=
+            cast<float>(s.query_pairs(rp.x, ii, rp.y, io, hk)) *
+            cast<float>(t.key_rows(2 * rp.y + rp.x, c, key_lt, hk));
+        Expr last = head_dim - 1;
+        Expr odd_dim = select(head_dim % 2 == 1,
+                              cast<float>(s.query_pairs(0, ii, head_dim / 2, io, hk)) *
+                                  cast<float>(t.key_rows(last, c, key_lt, hk)),
+                              0.0f);
+        t.score(c, ii, lt, io, hk) = t.score_products(c, ii, lt, io, hk) + odd_dim;
+      } else {
+        t.rd = rd.x;
+        t.score(c, ii, lt, io, hk) = 0.0f;
+        t.score(c, ii, lt, io, hk) += s.query_t(ii, rd, io, hk) * t.key_t(c, rd, key_lt, hk);
+      }
       Expr score = t.score(c, ii, lt, io, hk);
       Expr bits = reinterpret<uint32_t>(score);
       Expr poisoned = tilelab::detail::fp32_bits_is_nan(bits) ||
@@ -225,28 +275,51 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
       t.block_max(ii, lt, io, hk) = kLowest;
       t.block_max(ii, lt, io, hk) = max(t.block_max(ii, lt, io, hk), t.masked(rj, ii, lt, io, hk));
     };
-    auto build_probs = [&](tilelab::generators::KeyTileStages& t, const Expr& key_lt,
-                           const Expr& m_now) {
+    auto build_probs = [&](tilelab::generators::KeyTileStages& t, const Expr& width,
+                           const Expr& key_lt, const Expr& m_now) {
       t.prob_f32(c, ii, lt, io, hk) = exp(t.masked(c, ii, lt, io, hk) - m_now);
       t.prob(c, ii, lt, io, hk) = kernel_round(t.prob_f32(c, ii, lt, io, hk));
       t.prob_t(ii, c, lt, io, hk) = t.prob(c, ii, lt, io, hk);
       t.block_sum(ii, lt, io, hk) = 0.0f;
       t.block_sum(ii, lt, io, hk) += t.prob_f32(t.rj, ii, lt, io, hk);
       t.block_pv(d, ii, lt, io, hk) = 0.0f;
-      t.block_pv(d, ii, lt, io, hk) +=
-          t.prob_t(ii, t.rj, lt, io, hk) * t.value_t(d, t.rj, key_lt, hk);
+      if (s.bf16_products) {
+        // P rounded to bf16 (as `prob`), columns in pairs (the widths are even).
+        Var &cp = s.cp, &co = s.co;
+        t.prob_pairs(cp, ii, co, lt, io, hk) =
+            cast(BFloat(16), t.prob_f32(2 * co + cp, ii, lt, io, hk));
+        RDom rp(0, 2, 0, width / 2, "rjp");
+        t.rjp = rp.x;
+        t.rjo = rp.y;
+        t.block_pv(d, ii, lt, io, hk) += cast<float>(t.prob_pairs(rp.x, ii, rp.y, lt, io, hk)) *
+                                         cast<float>(t.value_pairs(rp.x, d, rp.y, key_lt, hk));
+      } else {
+        t.block_pv(d, ii, lt, io, hk) +=
+            t.prob_t(ii, t.rj, lt, io, hk) * t.value_t(d, t.rj, key_lt, hk);
+      }
     };
 
     // Context tiles. The running max over tiles 0..lt is recomputed from stored tile maxima, so
     // the merge below needs one exp per (row, tile) rather than one per output element.
-    build_scores(s.context, lts, large_tile, mask_at(large_tile * lts + c));
+    // bf16 products read the mask in row vectors: transposed once per task, not per head.
+    Expr context_visible = mask_at(large_tile * lts + c);
+    Expr active_visible = mask_at(context_len + c);
+    if (s.bf16_products) {
+      s.context.visible(c, ii, lt, io) = cast<uint8_t>(context_visible);
+      s.active.visible(c, ii, lt, io) = cast<uint8_t>(active_visible);
+      Expr tasks = query_blocks.dim(0).extent();
+      Expr task = clamp(io % tasks, 0, tasks - 1);
+      context_visible = s.context.visible(c, ii, lt, task) != 0;
+      active_visible = s.active.visible(c, ii, 0, task) != 0;
+    }
+    build_scores(s.context, lts, large_tile, context_visible);
     RDom rb(0, context_tiles, "rb");
     rb.where(rb <= lt);
     s.rb = rb.x;
     s.running_max(ii, lt, io, hk) = kLowest;
     s.running_max(ii, lt, io, hk) =
         max(s.running_max(ii, lt, io, hk), s.context.block_max(ii, rb, io, hk));
-    build_probs(s.context, large_tile, s.running_max(ii, lt, io, hk));
+    build_probs(s.context, lts, large_tile, s.running_max(ii, lt, io, hk));
     s.rescale(ii, lt, io, hk) =
         select(lt == 0, 1.0f,
                exp(s.running_max(ii, max(lt - 1, 0), io, hk) - s.running_max(ii, lt, io, hk)));
@@ -261,7 +334,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
         s.state(d, ii, io, hk)[2] * alpha + s.context.block_pv(d, ii, rk, io, hk)};
 
     // The new tokens' tile (its lt is always 0), merged last.
-    build_scores(s.active, seq_q, 0, mask_at(context_len + c) && c < s.active_limit(ii, io));
+    build_scores(s.active, seq_q, 0, active_visible && c < s.active_limit(ii, io));
     // Left-out large tiles score -9984 everywhere: they bound the context's max from below (and
     // keep it finite when every large tile is left out).
     Expr context_max = s.state(0, ii, io, hk)[0];
@@ -270,7 +343,7 @@ class PagedAttentionForward : public Generator<PagedAttentionForward> {
           select(live_tile_count < num_large_tiles, max(context_max, kMaskedScore), context_max);
     }
     s.final_max(ii, io, hk) = max(context_max, s.active.block_max(ii, 0, io, hk));
-    build_probs(s.active, 0, s.final_max(ii, io, hk));
+    build_probs(s.active, seq_q, 0, s.final_max(ii, io, hk));
     Expr active_alpha = exp(context_max - s.final_max(ii, io, hk));
     s.final_sum(ii, io, hk) =
         s.state(0, ii, io, hk)[1] * active_alpha + s.active.block_sum(ii, 0, io, hk);

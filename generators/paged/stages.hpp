@@ -27,8 +27,20 @@ struct KeyTileStages {
   Halide::Func prob_t{"prob_t"};        // (ii, c, lt, io, hk) P transposed: partition c, free ii
   Halide::Func block_sum{"block_sum"};  // (ii, lt, io, hk) Σ prob_f32 (ScalarE's reduce)
   Halide::Func block_pv{"block_pv"};    // (d, ii, lt, io, hk) Σ P·V, fp32 accumulation
-  Halide::RVar rd;                      // head dim, reduced by score
+  Halide::RVar rd;                      // head dim (pairs of head dims: bf16 products), by score
   Halide::RVar rj;                      // tile columns, reduced by block_max / block_sum / block_pv
+
+  // bf16 products (PagedAttentionStages::bf16_products): the operands of q·k and P·V laid out in
+  // pairs along the reduced dimension, one 32-bit lane holding the two bf16 values a vdpbf16ps
+  // lane multiplies and adds.
+  Halide::Func key_rows{"key_rows"};              // (d, c, lt, hk) K of column c, bf16
+  Halide::Func value_pairs{"value_pairs"};        // (cp, d, co, lt, hk) V of column 2·co + cp
+  Halide::Func score_products{"score_products"};  // (c, ii, lt, io, hk) Σ over whole pairs of q·k
+  Halide::Func prob_pairs{"prob_pairs"};          // (cp, ii, co, lt, io, hk) P of column 2·co + cp
+  // (c, ii, lt, task) the mask of a task's rows (the same for every head), uint8.
+  Halide::Func visible{"visible"};
+  Halide::RVar rdp;       // the head dim within a pair, by score_products
+  Halide::RVar rjp, rjo;  // the column within a pair and the pairs, by block_pv
 };
 
 struct PagedAttentionStages {
@@ -36,9 +48,13 @@ struct PagedAttentionStages {
   // The 128-partition KV gathers, (d, tb, p, ld, lt, hk): partition p of load ld holds
   // tiled_block_size tokens (tb) of one cache block piece, head dims d innermost.
   Halide::Var tb{"tb"}, p{"p"}, ld{"ld"};
+  // Pairs (bf16 products): dp / cp the head dim / column within a pair, dh / co the pair.
+  Halide::Var dp{"dp"}, dh{"dh"}, cp{"cp"}, co{"co"};
   Halide::Func key_loaded{"key_loaded"};
   Halide::Func value_loaded{"value_loaded"};
   Halide::Func query_t{"query_t"};            // (ii, d, io, hk) q · scale in the kernel dtype
+  Halide::Func query_pairs{"query_pairs"};    // (dp, ii, dh, io, hk) bf16 products: q · scale,
+                                              // head dims 2·dh + dp (0 past an odd head_dim)
   Halide::Func active_limit{"active_limit"};  // (ii, io) new-token columns the row's tile may see
   KeyTileStages context, active;
   Halide::Func running_max{"running_max"};  // (ii, lt, io, hk) max over context tiles 0..lt
@@ -54,6 +70,9 @@ struct PagedAttentionStages {
   int query_tile = 0;                   // rows per query tile
   bool mixed_precision = false;
   bool kv_is_f32 = false;  // K/V inputs are fp32: the gathers are plain copies
+  // cpu schedule, mixed precision, a CPU with AVX-512 BF16: q·k and P·V run on vdpbf16ps. The
+  // products of bf16 values are exact in fp32 either way; only the order of the fp32 sums differs.
+  bool bf16_products = false;
 
   // Where the tile schedule holds each stage on the machine (the footprint pass reads these):
   // SBUF over the 128 partitions (query rows ii, or the gather partitions p; prob_t's partition

@@ -40,9 +40,98 @@
 // time) takes 997-2481 ms (0.38-0.45× the dense kernel): about 4× faster in the same conditions.
 #include "schedules/paged/x86.hpp"
 
+#include "schedules/flash/x86_shared.hpp"
+
 namespace tilelab::schedules {
 
 using namespace Halide;
+
+namespace {
+
+// The per-call operands and the key-tile stages of the bf16-products nest: rows vectorized (the
+// query tile's 32 rows are two vectors), columns broadcast, as the dense flash forward's bf16 nest.
+void schedule_bf16_products(PagedAttentionStages& s, int VL, const Var& tile, const Var& dout) {
+  Var kv_tile("kv_tile"), iii("iii"), ci("ci"), iio("iio"), din("din"), dvo("dvo"), dvi("dvi");
+  // K rows and V pairs once per call (specialized on the fast head dims, whose reads need no
+  // clamp: clamped, every load was a gather).
+  for (KeyTileStages* t : {&s.context, &s.active}) {
+    t->key_rows.compute_root()
+        .fuse(s.lt, s.hk, kv_tile)
+        .parallel(kv_tile)
+        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    t->value_pairs.compute_root()
+        .fuse(s.lt, s.hk, kv_tile)
+        .parallel(kv_tile)
+        .vectorize(s.cp)
+        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    for (int dims : flash::kFastHeadDims) {
+      t->key_rows.specialize(s.head_dim == dims);
+      t->value_pairs.specialize(s.head_dim == dims);
+    }
+  }
+  // The tasks' masks in row vectors, once per call.
+  for (KeyTileStages* t : {&s.context, &s.active}) {
+    t->visible.compute_root()
+        .reorder_storage(s.ii, s.c)
+        .reorder(s.ii, s.c)
+        .fuse(s.lt, s.io, kv_tile)
+        .parallel(kv_tile)
+        .vectorize(s.ii, 2 * VL);
+  }
+  // q · scale in pairs of head dims: two row vectors interleaved.
+  s.query_pairs.compute_at(s.final_out, tile).vectorize(s.dp).vectorize(s.ii, VL);
+
+  auto schedule_key_tile = [&](KeyTileStages& t, const LoopLevel& at) {
+    // Scores with rows innermost: register tiles of (2·VL rows) × 8 columns, 16 accumulators;
+    // per pair of head dims 2 row vectors of q pairs, 8 broadcast K pairs, 16 vdpbf16ps.
+    t.masked.compute_at(at)
+        .reorder_storage(s.ii, s.c)
+        .tile(s.ii, s.c, iii, ci, 2 * VL, 8)
+        .vectorize(iii, VL)
+        .unroll(iii)
+        .unroll(ci);
+    t.score_products.compute_at(t.masked, s.ii)
+        .reorder_storage(s.ii, s.c)
+        .vectorize(s.ii, VL)
+        .unroll(s.ii)
+        .unroll(s.c);
+    t.score_products.update()
+        .reorder(t.rdp, s.ii, s.c, t.rd)
+        .atomic()
+        .vectorize(t.rdp)
+        .vectorize(s.ii, VL)
+        .unroll(s.ii)
+        .unroll(s.c);
+    // Row statistics are vertical over the columns.
+    for (Func f : {t.block_max, t.block_sum}) {
+      f.compute_at(at).vectorize(s.ii, VL);
+      f.update().reorder(s.ii, t.rj).vectorize(s.ii, VL).unroll(t.rj, 4);
+    }
+    t.prob_f32.compute_at(at).reorder_storage(s.ii, s.c).reorder(s.ii, s.c).vectorize(s.ii, VL);
+    t.prob_pairs.compute_at(at).vectorize(s.cp).vectorize(s.ii, VL);
+  };
+  schedule_key_tile(s.context, LoopLevel(s.state, s.rk));
+  schedule_key_tile(s.active, LoopLevel(s.final_out, tile));
+
+  // Context P·V per register tile of the merge: 4 V vectors of (column pair) × VL head dims, 4
+  // broadcast P pairs, 16 vdpbf16ps.
+  flash::schedule_tile_product(s.context.block_pv, s.d, s.ii, s.context.rjo,
+                               LoopLevel(s.state, dout), VL, s.context.rjp);
+  // The new tokens' P·V: the same register tiles, for the whole query tile.
+  s.active.block_pv.compute_at(s.final_out, tile).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  s.active.block_pv.update()
+      .split(s.d, dout, din, 4 * VL, TailStrategy::RoundUp)
+      .split(s.ii, iio, iii, 4)
+      .split(din, dvo, dvi, VL)
+      .reorder(s.active.rjp, dvi, dvo, iii, s.active.rjo, dout, iio)
+      .atomic()
+      .vectorize(s.active.rjp)
+      .vectorize(dvi)
+      .unroll(dvo)
+      .unroll(iii);
+}
+
+}  // namespace
 
 void schedule_paged_attention_x86(PagedAttentionStages& s, const Target& target) {
   const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
@@ -51,19 +140,9 @@ void schedule_paged_attention_x86(PagedAttentionStages& s, const Target& target)
   Var tile("tile"), co("co"), ci("ci"), iio("iio"), iii("iii"), dout("dout"), din("din"), u("u");
   Var dvo("dvo"), dvi("dvi"), kv_tile("kv_tile");
 
-  s.out.vectorize(s.d, VL, TailStrategy::GuardWithIf).parallel(s.h);
-
-  // Once per call: gathered, converted K (columns innermost) and V (head dims innermost).
-  for (KeyTileStages* t : {&s.context, &s.active}) {
-    t->key_t.compute_root()
-        .fuse(s.lt, s.hk, kv_tile)
-        .parallel(kv_tile)
-        .vectorize(s.c, VL, TailStrategy::GuardWithIf);
-    t->value_t.compute_root()
-        .fuse(s.lt, s.hk, kv_tile)
-        .parallel(kv_tile)
-        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
-  }
+  // A task's rows: the runtime passes kPagedCpuQueryTile of them, and constant row strides keep
+  // the row-vector loads dense.
+  s.out.bound(s.i, 0, QT).vectorize(s.d, VL, TailStrategy::GuardWithIf).parallel(s.h);
 
   // One task per (query tile, kv head).
   s.final_out.compute_root().fuse(s.io, s.hk, tile).parallel(tile);
@@ -96,6 +175,22 @@ void schedule_paged_attention_x86(PagedAttentionStages& s, const Target& target)
   s.running_max.compute_at(s.state, s.rk).vectorize(s.ii, VL);
   s.running_max.update().reorder(s.ii, s.rb).vectorize(s.ii, VL);
   s.rescale.compute_at(s.state, s.rk).vectorize(s.ii, VL);
+
+  if (s.bf16_products) {
+    schedule_bf16_products(s, VL, tile, dout);
+    return;
+  }
+  // Once per call: gathered, converted K (columns innermost) and V (head dims innermost).
+  for (KeyTileStages* t : {&s.context, &s.active}) {
+    t->key_t.compute_root()
+        .fuse(s.lt, s.hk, kv_tile)
+        .parallel(kv_tile)
+        .vectorize(s.c, VL, TailStrategy::GuardWithIf);
+    t->value_t.compute_root()
+        .fuse(s.lt, s.hk, kv_tile)
+        .parallel(kv_tile)
+        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  }
 
   auto schedule_key_tile = [&](KeyTileStages& t, const LoopLevel& at) {
     t.masked.compute_at(at)
