@@ -9,7 +9,9 @@
 // tensor engine and accumulated in fp32, softmax statistics are fp32, and the output is rounded to
 // bf16; without it everything is fp32. The exp-sum adds P before its bf16 rounding (ScalarE reduces
 // the fp32 activation). Normalization divides by the sum where the NKI kernel multiplies by
-// exp(m - lse): equal up to fp32 rounding.
+// exp(m - lse): equal up to fp32 rounding. On CPUs with AVX-512 BF16 the cpu schedule's mixed
+// precision sums the same bf16 products on vdpbf16ps (exact products, fp32 sums in another
+// order), which reads subnormal bf16 operands (|x| < 2^-126) as zero.
 //
 // The query heads sharing a kv head (the GQA group) are folded into rows, row = g · seq_q + i;
 // seq_q is a multiple of 128, so a query tile never spans two heads.

@@ -129,8 +129,8 @@ PagedKernel pick_kernel(PagedSchedule schedule, bool mixed_precision) {
 struct RowMagnitudes {
   float sum_squares = 0, largest = 0;
 };
-__attribute__((target_clones("arch=x86-64-v3", "default"))) RowMagnitudes bf16_row_magnitudes(
-    const std::uint16_t* row, std::int64_t length) {
+__attribute__((target_clones("arch=x86-64-v3", "default"))) RowMagnitudes
+bf16_row_magnitudes(const std::uint16_t* row, std::int64_t length) {
   float sum = 0, largest = 0;
 #pragma omp simd reduction(+ : sum) reduction(max : largest)
   for (std::int64_t e = 0; e < length; ++e) {
@@ -140,8 +140,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) RowMagnitudes bf16_r
   }
   return {sum, largest};
 }
-__attribute__((target_clones("arch=x86-64-v3", "default"))) RowMagnitudes f32_row_magnitudes(
-    const float* row, std::int64_t length) {
+__attribute__((target_clones("arch=x86-64-v3", "default"))) RowMagnitudes
+f32_row_magnitudes(const float* row, std::int64_t length) {
   float sum = 0, largest = 0;
 #pragma omp simd reduction(+ : sum) reduction(max : largest)
   for (std::int64_t e = 0; e < length; ++e) {
@@ -176,12 +176,10 @@ Magnitudes magnitudes(const TensorView& view, std::int64_t count, std::int64_t l
     if (step == 1 && (view.dtype() == DType::bf16 || view.dtype() == DType::f32)) {
       // Contiguous rows (K and V): vectorized, in fp32 (this pass reads all of K and V; scalar,
       // it took a tenth of the call).
-      const RowMagnitudes row = view.dtype() == DType::bf16
-                                    ? bf16_row_magnitudes(
-                                          static_cast<const std::uint16_t*>(view.data()) + base,
-                                          length)
-                                    : f32_row_magnitudes(
-                                          static_cast<const float*>(view.data()) + base, length);
+      const RowMagnitudes row =
+          view.dtype() == DType::bf16
+              ? bf16_row_magnitudes(static_cast<const std::uint16_t*>(view.data()) + base, length)
+              : f32_row_magnitudes(static_cast<const float*>(view.data()) + base, length);
       norm2 = upper_bound_of_fp32_sum(row.sum_squares, length);
       largest = row.largest;
     } else {
