@@ -29,6 +29,9 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
   // precision), on targets that have them (AVX-512 BF16); elsewhere, and when false, P stays fp32
   // and the products run on fp32 FMAs.
   GeneratorParam<bool> bf16_products{"bf16_products", false};
+  // Prefill with the score options of docs/attention_options.md (softcap, ALiBi, sliding window,
+  // sinks) as run-time inputs, appended after causal_offset; no bias.
+  GeneratorParam<bool> score_options{"score_options", false};
 
   // Indexed by d, i, h, b (head dim innermost).
   Input<Buffer<void, 4>> q{"q"};
@@ -49,6 +52,18 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     k.set_type(io_type);
     v.set_type(io_type);
     out.set_type(io_type);
+    if (score_options) {
+      // 0 turns soft-capping off.
+      softcap = add_input<float>("softcap");
+      // Indexed by query head: the ALiBi slope (0 without ALiBi) and the sink (-inf without).
+      alibi_slopes = add_input<Buffer<float, 1>>("alibi_slopes");
+      sinks = add_input<Buffer<float, 1>>("sinks");
+      // Query row i is at absolute position i + position_offset (ALiBi).
+      position_offset = add_input<int>("position_offset");
+      // Key j is visible to query i only if j >= i + window_begin_offset (the window's left edge;
+      // its right edge is folded into causal_offset by the caller).
+      window_begin_offset = add_input<int>("window_begin_offset");
+    }
   }
 
   void generate() {
@@ -68,6 +83,9 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     s.value_is_f32 = io_type.value() == Float(32);
     s.bf16_products = tilelab::schedules::uses_bf16_products(bf16_products, io_type.value(), decode,
                                                              get_target());
+    s.operands_at_root = score_options;
+    TILELAB_REQUIRE(!score_options || (!has_bias && !decode))
+        << "score_options: a prefill variant without bias only";
 
     Expr head_dim = q.dim(0).extent();
     Expr q_len = q.dim(1).extent();
@@ -109,25 +127,55 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
       // A bias of -inf masks the key whatever q·k is (NaN included).
       visible = visible && reinterpret<uint32_t>(bias_value) != Expr(kFp32MinusInfinityBits);
     }
+    Expr softcap_on;
+    if (score_options) {
+      // docs/attention_options.md, in its order: softcap, ALiBi, then the window's left edge.
+      Expr cap = *softcap;
+      softcap_on = cap > 0.0f;
+      biased = select(softcap_on, tilelab::generators::softcapped(biased, cap, 1.0f / cap), biased);
+      s.row_slope(ii, io, hk) = (*alibi_slopes)(s.row_head(ii, io, hk));
+      s.row_sink(ii, io, hk) = (*sinks)(s.row_head(ii, io, hk));
+      s.row_key_first(ii, io) = s.row_query(ii, io) + *window_begin_offset;
+      Expr position = s.row_query(ii, io) + *position_offset;
+      biased += s.row_slope(ii, io, hk) * cast<float>(key - position);
+      visible = visible && key >= s.row_key_first(ii, io);
+    }
     s.masked(ii, jj, jb, io, hk, b) = classify_score(biased, visible);
 
     // Causal: blocks wholly right of the tile's last visible key are skipped, not masked. The
     // tile's largest query index is its last row's, unless the tile crosses into the next head.
     Expr first_row = io * QT, last_row = min(io * QT + QT - 1, rows - 1);
-    Expr tile_max_i = select(first_row / q_len == last_row / q_len, last_row % q_len, q_len - 1);
-    tilelab::generators::define_online_softmax(s, (kv_len + KB - 1) / KB, [&](const Expr& rk) {
-      return rk * KB <= tile_max_i + causal_offset;
-    });
+    Expr one_head = first_row / q_len == last_row / q_len;
+    Expr tile_max_i = select(one_head, last_row % q_len, q_len - 1);
+    // A window's left edge: blocks wholly left of the tile's first row's window are skipped too.
+    Expr first_block;
+    if (score_options) {
+      Expr tile_min_i = select(one_head, first_row % q_len, 0);
+      first_block = max(tile_min_i + *window_begin_offset, 0) / KB;
+    }
+    tilelab::generators::define_online_softmax(
+        s, (kv_len + KB - 1) / KB,
+        [&](const Expr& rk) { return rk * KB <= tile_max_i + causal_offset; }, first_block);
 
     // Finished rows: out per column, and the row's lse and 1 / l once per row.
     Tuple first_column = s.state(0, ii, io, hk, b);
-    s.row_lse_and_scale(ii, io, hk, b) = {
-        tilelab::generators::row_lse(first_column[0], first_column[1]), 1.0f / first_column[1]};
     Tuple state = s.state(d, ii, io, hk, b);
-    Tuple finished_row = s.row_lse_and_scale(ii, io, hk, b);
-    s.out_rows(d, ii, io, hk, b) = {
-        tilelab::generators::normalized_out(state[0], state[1], state[2], finished_row[1]),
-        finished_row[0]};
+    if (score_options) {
+      Expr sink = s.row_sink(ii, io, hk);
+      s.row_lse_and_scale(ii, io, hk, b) =
+          tilelab::generators::finish_row_with_sink(first_column[0], first_column[1], sink);
+      Tuple finished_row = s.row_lse_and_scale(ii, io, hk, b);
+      s.out_rows(d, ii, io, hk, b) = {tilelab::generators::normalized_out_with_sink(
+                                          state[0], state[1], state[2], sink, finished_row[1]),
+                                      finished_row[0]};
+    } else {
+      s.row_lse_and_scale(ii, io, hk, b) = {
+          tilelab::generators::row_lse(first_column[0], first_column[1]), 1.0f / first_column[1]};
+      Tuple finished_row = s.row_lse_and_scale(ii, io, hk, b);
+      s.out_rows(d, ii, io, hk, b) = {
+          tilelab::generators::normalized_out(state[0], state[1], state[2], finished_row[1]),
+          finished_row[0]};
+    }
     // Back from rows to (i, h).
     Expr out_row = (h % group) * q_len + i;
     auto rows_at = [&](const Expr& dd) {
@@ -140,7 +188,16 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
 
     // Schedule
     tilelab::schedules::schedule_flash_attention_x86(s, get_target(), head_dim);
+    // Soft-capping costs about as much per score as the q·k of 16 head dims: only when asked.
+    if (score_options) s.masked.specialize(softcap_on);
   }
+
+ private:
+  Input<float>* softcap = nullptr;
+  Input<Buffer<float, 1>>* alibi_slopes = nullptr;
+  Input<Buffer<float, 1>>* sinks = nullptr;
+  Input<int>* position_offset = nullptr;
+  Input<int>* window_begin_offset = nullptr;
 };
 
 }  // namespace

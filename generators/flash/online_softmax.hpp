@@ -50,6 +50,31 @@ inline Halide::Expr classify_score(const Halide::Expr& biased, const Halide::Exp
   return select(visible, classified, S::kMasked);
 }
 
+// cap · tanh(score / cap) for cap > 0 (logit soft-capping, docs/attention_options.md), as IEEE
+// says: NaN stays NaN, ±inf becomes ±cap. tanh(u) for u = |score / cap| (clamped to 10, where
+// fp32 tanh is 1) is u + u³·P(u²) below 0.625 (P a degree-4 least-squares fit of
+// (tanh(u)/u - 1)/u² on [0, 0.625]: 1.3 ulp at most, measured in fp32 on 200001 points) and
+// 1 - 2 / (e^(2u) + 1) above (no cancellation there: the result is above 0.55); the sign is
+// copied back. Computed from bits where fast-math would fold NaN and inf away.
+inline Halide::Expr softcapped(const Halide::Expr& score, const Halide::Expr& cap,
+                               const Halide::Expr& inverse_cap) {
+  using namespace Halide;
+  Expr bits = reinterpret<uint32_t>(score);
+  Expr sign = bits & Expr(0x80000000u);
+  Expr u = min(reinterpret<float>((bits & Expr(0x7fffffffu))) * inverse_cap, 10.0f);
+  Expr w = u * u;
+  Expr p = -0.005704042501747608f;
+  for (float c :
+       {0.020637862384319305f, -0.05373915657401085f, 0.133314311504364f, -0.3333328068256378f}) {
+    p = p * w + c;
+  }
+  Expr small = u + u * w * p;
+  Expr large = 1.0f - 2.0f / (exp(2.0f * u) + 1.0f);
+  Expr capped = cap * select(u < 0.625f, small, large);
+  Expr capped_bits = reinterpret<uint32_t>(capped) | sign;
+  return reinterpret<float>(select(detail::fp32_bits_is_nan(bits), bits, capped_bits));
+}
+
 // Defines s.score(ii, jj, jb, io, hk, b) = Σ_d query_t · key_f32 (query_t carries the scale).
 // Prefill: rows innermost, so the row statistics that follow are vertical ops. Decode
 // (s.decode): per-lane partial sums with the head dim in s.decode_lanes vector lanes, then one
@@ -133,10 +158,14 @@ inline void define_bf16_operands(FlashAttentionStages& s, const Halide::Expr& he
 // per-block P·V and the running state s.state, merged over key blocks 0 .. num_blocks - 1 in order.
 // `block_is_live(rk)`, when given, says which blocks the merge visits (a predicate on the pure vars
 // and rk; Halide turns it into a loop bound only when it loads nothing); the blocks it skips must
-// be a suffix of 0 .. num_blocks - 1 (running_max reads blocks 0..jb).
+// be a suffix of first_block .. num_blocks - 1. `first_block`, when given (a
+// function of the pure vars), is where the merge and the running max start: every key of the
+// blocks before it is masked for every row of the tile (a sliding window's left edge), so they
+// change nothing.
 inline void define_online_softmax(
     FlashAttentionStages& s, const Halide::Expr& num_blocks,
-    const std::function<Halide::Expr(const Halide::Expr&)>& block_is_live) {
+    const std::function<Halide::Expr(const Halide::Expr&)>& block_is_live,
+    const Halide::Expr& first_block = Halide::Expr()) {
   using namespace Halide;
   using S = ScoreMarkers;
   Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
@@ -153,12 +182,14 @@ inline void define_online_softmax(
   // per block and row) so that the merge below needs no exp per output element.
   RDom rb(0, num_blocks, "rb");
   rb.where(rb <= jb);
+  if (first_block.defined()) rb.where(rb >= first_block);
   s.running_max(ii, jb, io, hk, b) = S::kMasked;
   s.running_max(ii, jb, io, hk, b) =
       max(s.running_max(ii, jb, io, hk, b), s.block_max(ii, rb, io, hk, b));
   s.rb = rb.x;
   Expr m_now = s.running_max(ii, jb, io, hk, b);
-  // Rescale of what blocks < jb accumulated: exp(m(jb-1) - m(jb)), per row.
+  // Rescale of what blocks < jb accumulated: exp(m(jb-1) - m(jb)), per row (at first_block,
+  // m(jb-1) is a max over no block, kMasked, and the state it rescales is still 0).
   s.rescale(ii, jb, io, hk, b) =
       select(jb == 0, 1.0f, exp(s.running_max(ii, max(jb - 1, 0), io, hk, b) - m_now));
   // exp's argument is <= 0; the clamp keeps the polynomial away from denormals.
@@ -190,6 +221,7 @@ inline void define_online_softmax(
   // Merge block rk into (m, l, o): two FMAs per element, the exps were per row.
   RDom rk(0, num_blocks, "rk");
   if (block_is_live) rk.where(block_is_live(rk));
+  if (first_block.defined()) rk.where(rk >= first_block);
   s.rk = rk.x;
   s.state(d, ii, io, hk, b) = {S::kMasked, 0.0f, 0.0f};
   Expr alpha = s.rescale(ii, rk, io, hk, b);
@@ -221,6 +253,46 @@ inline Halide::Expr row_lse(const Halide::Expr& m, const Halide::Expr& l) {
   Expr lse_bits =
       select(l > 0.0f, reinterpret<uint32_t>(m + log(l)), Expr(detail::kFp32MinusInfinityBits));
   return reinterpret<float>(select(row_is_nan(m), Expr(detail::kFp32QuietNanBits), lse_bits));
+}
+
+// A finished row whose softmax denominator also holds e^(sink - m) (docs/attention_options.md): a
+// sink of -inf adds nothing (the row finishes as above), NaN or +inf makes the row NaN; a finite
+// sink also turns a row whose scores were all -inf (0 / 0 without it) into 0. Tuple(lse, scale)
+// with out = select(l > 0, o · scale, 0) (normalized_out with inverse_l = scale), and
+// row_is_nan_with_sink says which rows are NaN instead.
+inline Halide::Expr sink_counts(const Halide::Expr& sink) {
+  using namespace Halide;
+  return detail::fp32_bits_is_finite(reinterpret<uint32_t>(sink));
+}
+inline Halide::Expr row_is_nan_with_sink(const Halide::Expr& m, const Halide::Expr& sink) {
+  using namespace Halide;
+  Expr bits = reinterpret<uint32_t>(sink);
+  Expr sink_is_nan_or_plus_inf = !sink_counts(sink) && bits != Expr(detail::kFp32MinusInfinityBits);
+  return m == ScoreMarkers::kPoisoned || sink_is_nan_or_plus_inf ||
+         (m == ScoreMarkers::minus_infinity() && !sink_counts(sink));
+}
+inline Halide::Tuple finish_row_with_sink(const Halide::Expr& m, const Halide::Expr& l,
+                                          const Halide::Expr& sink) {
+  using namespace Halide;
+  // exp of an argument <= 0, exactly 0 where fp32 underflows (no clamp bends the result).
+  auto exp_or_zero = [](const Expr& x) { return select(x < -87.0f, 0.0f, exp(max(x, -87.0f))); };
+  Expr saw_key = l > 0.0f;
+  Expr top = select(saw_key, max(m, sink), sink);
+  Expr alpha = select(saw_key, exp_or_zero(m - top), 0.0f);
+  Expr total = l * alpha + exp_or_zero(sink - top);
+  Expr lse_bits = select(sink_counts(sink), reinterpret<uint32_t>(top + log(total)),
+                         reinterpret<uint32_t>(row_lse(m, l)));
+  Expr lse = reinterpret<float>(
+      select(row_is_nan_with_sink(m, sink), Expr(detail::kFp32QuietNanBits), lse_bits));
+  return {lse, select(sink_counts(sink), alpha / total, 1.0f / l)};
+}
+inline Halide::Expr normalized_out_with_sink(const Halide::Expr& m, const Halide::Expr& l,
+                                             const Halide::Expr& o, const Halide::Expr& sink,
+                                             const Halide::Expr& scale) {
+  using namespace Halide;
+  Expr out_bits = reinterpret<uint32_t>(select(l > 0.0f, o * scale, 0.0f));
+  return reinterpret<float>(
+      select(row_is_nan_with_sink(m, sink), Expr(detail::kFp32QuietNanBits), out_bits));
 }
 
 }  // namespace tilelab::generators

@@ -26,9 +26,14 @@ struct FlashAttentionStages {
   Halide::Func score{"score"};                    // (ii, jj, jb, io, hk, b) q·k, scaled
   Halide::Func masked{
       "masked"};  // (ii, jj, jb, io, hk, b) score + bias, or kMasked where not visible
-  Halide::Func row_query{"row_query"};                    // (ii, io) query index of a row
-  Halide::Func row_head{"row_head"};                      // (ii, io, hk) query head of a row
-  Halide::Func row_key_limit{"row_key_limit"};            // (ii, io) last key the row sees
+  Halide::Func row_query{"row_query"};          // (ii, io) query index of a row
+  Halide::Func row_head{"row_head"};            // (ii, io, hk) query head of a row
+  Halide::Func row_key_limit{"row_key_limit"};  // (ii, io) last key the row sees
+  // Score options (the score_options variant): the first key the row's window lets it see (may
+  // be negative), and the row's ALiBi slope and sink (per query head).
+  Halide::Func row_key_first{"row_key_first"};            // (ii, io)
+  Halide::Func row_slope{"row_slope"};                    // (ii, io, hk)
+  Halide::Func row_sink{"row_sink"};                      // (ii, io, hk)
   Halide::Func block_max_in_block{"block_max_in_block"};  // reduction behind block_max
   Halide::Func block_sum_in_block{"block_sum_in_block"};  // reduction behind block_sum
   Halide::Func block_max{"block_max"};                    // (ii, jb, io, hk, b) max over the block
@@ -62,10 +67,12 @@ struct FlashAttentionStages {
   // value_bf16 depends on the block only (not the query tile): made once per call for all tiles.
   bool value_pairs_shared_by_tiles = true;
   bool value_is_f32 = false;  // K and V are fp32 already: read in place, no conversion copy
-  int key_block = 0;          // keys per block
-  int query_tile = 0;         // rows per query tile
-  bool decode = false;        // few rows per kv head: head dim in the vector lanes for q·k
-  int decode_lanes = 16;      // lanes of score_partial
+  // V (and 16-bit K) as fp32 copies made once per call (the score options variant).
+  bool operands_at_root = false;
+  int key_block = 0;      // keys per block
+  int query_tile = 0;     // rows per query tile
+  bool decode = false;    // few rows per kv head: head dim in the vector lanes for q·k
+  int decode_lanes = 16;  // lanes of score_partial
 };
 
 }  // namespace tilelab::generators

@@ -123,11 +123,12 @@ std::string flash_attention_implementation(
     const py::handle& causal_alignment, const py::handle& scale, const py::handle& bias,
     const py::handle& return_lse, const py::handle& sliding_window, const py::handle& softcap,
     const py::handle& alibi_slopes, const py::handle& sinks, const py::handle& k_scale,
-    const py::handle& v_scale) {
-  const AttentionCall call =
+    const py::handle& v_scale, const py::handle& fp32_probabilities) {
+  AttentionCall call =
       prepare_call(q, k, v, causal, causal_alignment, scale, bias,
                    parse_bool(return_lse, "return_lse"), py::str("automatic"),
                    ScoreKeywords{sliding_window, softcap, alibi_slopes, sinks, k_scale, v_scale});
+  call.options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
   return tilelab::flash_attention_implementation(call.q.view, call.k.view, call.v.view,
                                                  call.out_view, call.options);
 }
@@ -213,7 +214,9 @@ PYBIND11_MODULE(_core, module) {
              py::arg("sliding_window") = py::make_tuple(-1, -1), py::arg("softcap") = 0.0,
              py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
              py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
-             "'generated' or 'reference': what flash_attention would run for these arguments.");
+             py::arg("fp32_probabilities") = false,
+             "'generated', 'reference' or 'paged': what flash_attention would run for these "
+             "arguments.");
   module.def("flash_attention_backward", &flash_attention_backward, py::arg("dout"), py::arg("q"),
              py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::kw_only(),
              py::arg("causal") = false, py::arg("causal_alignment") = "top_left",

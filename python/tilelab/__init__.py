@@ -300,11 +300,14 @@ def flash_attention_implementation(
     sinks: np.ndarray | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp32_probabilities: bool = False,
 ) -> str:
     """Which implementation :func:`flash_attention` would run for these arguments with
-    ``implementation="automatic"``: ``"generated"``, ``"reference"``, or ``"paged"`` (score
-    options, fp8 k/v, or decode, M == 1 without a bias: the paged kernel). Validates like
-    :func:`flash_attention` and raises the same errors; computes nothing."""
+    ``implementation="automatic"``: ``"generated"``, ``"reference"``, or ``"paged"`` (fp8 k/v;
+    score options on decode-sized calls, with non-finite values in v, or bf16 with
+    ``fp32_probabilities``; decode, M == 1 without a bias). Validates like
+    :func:`flash_attention` and raises the same errors; reads v for non-finite values when there
+    are score options, computes nothing."""
     return _core.flash_attention_implementation(
         q,
         k,
@@ -320,6 +323,7 @@ def flash_attention_implementation(
         sinks=sinks,
         k_scale=k_scale,
         v_scale=v_scale,
+        fp32_probabilities=fp32_probabilities,
     )
 
 

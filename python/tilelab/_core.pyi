@@ -37,6 +37,7 @@ def flash_attention_implementation(
     sinks: np.ndarray | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp32_probabilities: bool = False,
 ) -> str: ...
 def flash_attention_backward(
     dout: np.ndarray,

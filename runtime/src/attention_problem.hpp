@@ -32,9 +32,9 @@ struct AttentionProblem {
   float k_scale = 1.0f, v_scale = 1.0f;
   bool fp32_probabilities = false;  // FlashAttentionOptions::fp32_probabilities
 
-  // Calls with score options or fp8 k/v run on the paged kernel (neither the generated dense
-  // kernels nor the dense reference implement them).
-  bool needs_paged_kernel() const { return score.any() || is_fp8(kv_dtype); }
+  // Score options or fp8 k/v: neither the dense reference nor the backward implements them (the
+  // paged kernel does; the generated kernels cover score options on prefill-sized calls).
+  bool has_score_options_or_fp8() const { return score.any() || is_fp8(kv_dtype); }
   // Decode (one query row per batch entry and head) without a bias: under automatic dispatch the
   // paged kernel, which reads each K/V row once for a whole GQA group, outruns the generated
   // kernels (measured: bench/attention/bench_flash.py's decode rows).
@@ -58,7 +58,9 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
 void reference_flash_attention(const AttentionProblem& problem);
 
 // Runs the generated Halide kernel; false when the problem is outside what the generated kernels
-// cover (then nothing is written).
+// cover (then nothing is written). With score options they cover prefill-sized calls (more than
+// kDecodeMaxRows rows per kv head) without fp8 k/v, with finite v (they multiply a masked key's v
+// by 0) and, for bf16, without fp32_probabilities.
 bool generated_flash_attention(const AttentionProblem& problem);
 // Whether generated_flash_attention would accept the problem.
 bool generated_flash_attention_covers(const AttentionProblem& problem);

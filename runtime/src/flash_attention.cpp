@@ -1,36 +1,46 @@
-// flash_attention: validate, then dispatch to the generated kernel or the reference.
+// flash_attention: validate, then dispatch to the generated kernel, the paged kernel or the
+// reference.
 #include "attention_problem.hpp"
+#include "schedules/flash/tiling.hpp"
 #include "tilelab/error.hpp"
 
 namespace tilelab {
 
 using detail::AttentionProblem;
 
+namespace {
+
+// The dense reference implements neither score options nor fp8 k/v: the paged kernel runs those.
+void run_reference(const AttentionProblem& problem) {
+  if (problem.has_score_options_or_fp8()) {
+    detail::flash_attention_on_paged_kernel(problem);
+  } else {
+    detail::reference_flash_attention(problem);
+  }
+}
+
+}  // namespace
+
 void flash_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& out, const FlashAttentionOptions& options) {
   const AttentionProblem problem = detail::validate_flash_attention(q, k, v, out, options);
-  if (problem.needs_paged_kernel()) {
-    TILELAB_REQUIRE(options.implementation != Implementation::generated)
-        << "implementation: 'generated' does not cover score options or fp8 k/v (they run on "
-           "the paged kernel); use 'automatic' or 'reference'";
-    detail::flash_attention_on_paged_kernel(problem);
-    return;
-  }
   switch (options.implementation) {
     case Implementation::reference:
-      detail::reference_flash_attention(problem);
+      run_reference(problem);
       return;
     case Implementation::generated:
       TILELAB_REQUIRE(detail::generated_flash_attention(problem))
           << "implementation: 'generated' does not cover this call (" << q.describe()
-          << "); the generated kernels need innermost stride 1 on q, k, v, out and bias, and "
-             "head_dim <= 256; use 'automatic' or 'reference'";
+          << "); the generated kernels need innermost stride 1 on q, k, v, out and bias, "
+             "head_dim <= 256 and k, v of q's dtype, and with score options more than "
+          << schedules::flash::kDecodeMaxRows << " query rows per kv head, finite v and (bf16) "
+          << "fp32_probabilities off; use 'automatic' or 'reference'";
       return;
     case Implementation::automatic:
       if (problem.automatic_prefers_paged_kernel()) {
         detail::flash_attention_on_paged_kernel(problem);
       } else if (!detail::generated_flash_attention(problem)) {
-        detail::reference_flash_attention(problem);
+        run_reference(problem);
       }
       return;
   }
@@ -40,8 +50,9 @@ const char* flash_attention_implementation(const TensorView& q, const TensorView
                                            const TensorView& v, const TensorView& out,
                                            const FlashAttentionOptions& options) {
   const AttentionProblem problem = detail::validate_flash_attention(q, k, v, out, options);
-  if (problem.needs_paged_kernel() || problem.automatic_prefers_paged_kernel()) return "paged";
-  return detail::generated_flash_attention_covers(problem) ? "generated" : "reference";
+  if (problem.automatic_prefers_paged_kernel()) return "paged";
+  if (detail::generated_flash_attention_covers(problem)) return "generated";
+  return problem.has_score_options_or_fp8() ? "paged" : "reference";
 }
 
 }  // namespace tilelab

@@ -1,22 +1,28 @@
 // The generated flash attention kernels behind detail::generated_flash_attention: the variant is
 // picked by dtype, bias and rows per kv head; TensorViews become halide_buffer_t (halide_glue).
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "attention_problem.hpp"
+#include "finite_values.hpp"
 #include "flash_fwd_bf16.h"
 #include "flash_fwd_bf16_bias.h"
 #include "flash_fwd_bf16_bias_fp32_probabilities.h"
 #include "flash_fwd_bf16_decode.h"
 #include "flash_fwd_bf16_fp32_probabilities.h"
+#include "flash_fwd_bf16_options.h"
 #include "flash_fwd_bf16_wide.h"
 #include "flash_fwd_f16.h"
 #include "flash_fwd_f16_bias.h"
 #include "flash_fwd_f16_decode.h"
+#include "flash_fwd_f16_options.h"
 #include "flash_fwd_f16_wide.h"
 #include "flash_fwd_f32.h"
 #include "flash_fwd_f32_bias.h"
 #include "flash_fwd_f32_decode.h"
+#include "flash_fwd_f32_options.h"
 #include "flash_fwd_f32_wide.h"
 #include "halide_glue.hpp"
 #include "schedules/flash/tiling.hpp"
@@ -27,14 +33,54 @@ namespace {
 
 using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
                          float, int32_t, halide_buffer_t*, halide_buffer_t*);
+// The score options variant: (..., causal_offset, softcap, alibi_slopes, sinks, position_offset,
+// window_begin_offset, out, lse).
+using OptionsKernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
+                                halide_buffer_t*, float, int32_t, float, halide_buffer_t*,
+                                halide_buffer_t*, int32_t, int32_t, halide_buffer_t*,
+                                halide_buffer_t*);
 
 using schedules::flash::kDecodeMaxRows;
+
+bool decode_rows(const AttentionProblem& p) {
+  return p.q_len * (p.q_heads / p.kv_heads) <= kDecodeMaxRows;
+}
+
+// Score options run on their prefill variant; decode-sized calls, bf16 with fp32 probabilities
+// and fp8 K/V stay on the paged kernel.
+OptionsKernelFn pick_options_kernel(const AttentionProblem& p) {
+  if (decode_rows(p) || is_fp8(p.kv_dtype) || p.bias) return nullptr;
+  switch (p.dtype) {
+    case DType::f32:
+      return flash_fwd_f32_options;
+    case DType::f16:
+      return flash_fwd_f16_options;
+    case DType::bf16:
+      return p.fp32_probabilities ? nullptr : flash_fwd_bf16_options;
+    default:
+      return nullptr;
+  }
+}
+
+// The key offsets of docs/attention_options.md's window for the kernels: key j is visible to row i
+// iff i + window_begin <= j <= i + causal_offset (the causal limit and the window's right edge).
+struct KeyBounds {
+  std::int64_t window_begin, causal_offset;
+};
+KeyBounds key_bounds(const AttentionProblem& p) {
+  const SlidingWindow& window = p.score.window;
+  KeyBounds bounds{window.left >= 0 ? p.position_offset - window.left : -p.q_len, p.causal_offset};
+  if (window.right >= 0) {
+    bounds.causal_offset = std::min(bounds.causal_offset, p.position_offset + window.right);
+  }
+  return bounds;
+}
 
 // Without a bias: decode for few rows per kv head, else 128-key blocks without a causal mask
 // (kPrefillWideTiling) and 64-key blocks with one.
 KernelFn pick_kernel(const AttentionProblem& p) {
   const bool has_bias = p.bias.has_value();
-  const bool decode = !has_bias && p.q_len * (p.q_heads / p.kv_heads) <= kDecodeMaxRows;
+  const bool decode = !has_bias && decode_rows(p);
   const bool wide = !has_bias && !decode && !p.causal;
   switch (p.dtype) {
     case DType::f32:
@@ -67,8 +113,12 @@ bool generated_flash_attention_covers(const AttentionProblem& p) {
     if (view->stride(3) != 1 || !offsets_fit_int32(*view)) return false;
   }
   if (p.bias && (p.bias->stride(3) != 1 || !offsets_fit_int32(*p.bias))) return false;
-  return !p.needs_paged_kernel() && p.head_dim <= kMaxFlashHeadDim && fits_int32(p.causal_offset) &&
-         pick_kernel(p);
+  if (p.head_dim > kMaxFlashHeadDim || !fits_int32(p.causal_offset)) return false;
+  if (!p.score.any()) return !is_fp8(p.kv_dtype) && pick_kernel(p);
+  const KeyBounds bounds = key_bounds(p);
+  return pick_options_kernel(p) && fits_int32(bounds.window_begin) &&
+         fits_int32(bounds.causal_offset) && fits_int32(p.position_offset) &&
+         every_value_finite(p.v);
 }
 
 bool generated_flash_attention(const AttentionProblem& p) {
@@ -93,8 +143,25 @@ bool generated_flash_attention(const AttentionProblem& p) {
   HalideView lse(lse_view);
 
   halide_error_message_of_thread().clear();
-  const int status = pick_kernel(p)(q.get(), k.get(), v.get(), bias.get(), p.scale,
-                                    static_cast<int32_t>(p.causal_offset), out.get(), lse.get());
+  int status = 0;
+  if (p.score.any()) {
+    // Absent options as their neutral values: slopes 0 (adding 0 · (j - i) changes no score) and
+    // sinks -inf.
+    const auto heads = static_cast<std::size_t>(p.q_heads);
+    std::vector<float> slopes = p.score.alibi_slopes, sinks = p.score.sinks;
+    if (slopes.empty()) slopes.assign(heads, 0.0f);
+    if (sinks.empty()) sinks.assign(heads, -std::numeric_limits<float>::infinity());
+    HalideView slope_view(TensorView(slopes.data(), DType::f32, {p.q_heads}));
+    HalideView sink_view(TensorView(sinks.data(), DType::f32, {p.q_heads}));
+    const KeyBounds bounds = key_bounds(p);
+    status = pick_options_kernel(p)(
+        q.get(), k.get(), v.get(), bias.get(), p.scale, static_cast<int32_t>(bounds.causal_offset),
+        p.score.softcap, slope_view.get(), sink_view.get(), static_cast<int32_t>(p.position_offset),
+        static_cast<int32_t>(bounds.window_begin), out.get(), lse.get());
+  } else {
+    status = pick_kernel(p)(q.get(), k.get(), v.get(), bias.get(), p.scale,
+                            static_cast<int32_t>(p.causal_offset), out.get(), lse.get());
+  }
   TILELAB_CHECK(status == 0) << "generated flash attention kernel failed (status " << status
                              << "): " << halide_error_message_of_thread();
   return true;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention_problem.hpp"
+#include "finite_values.hpp"
 #include "paged_problem.hpp"
 #include "scratch_memory.hpp"
 #include "tilelab/detail/fp32_classes.hpp"
@@ -96,35 +97,6 @@ void widen_scaled_row(const void* src, std::int64_t count, float scale, DType dt
   } else {
     scale_to_f32(row, count, scale, static_cast<float*>(dst));
   }
-}
-
-// Whether every element of `count` values of `dtype` (bf16, fp16 or fp32 bits) is finite.
-template <typename Bits, Bits kExponentBits>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) bool every_value_finite(
-    const Bits* bits, std::int64_t count) {
-  unsigned non_finite = 0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    non_finite |= (bits[i] & kExponentBits) == kExponentBits ? 1u : 0u;
-  }
-  return non_finite == 0;
-}
-
-bool every_value_finite(const void* data, std::int64_t count, DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return every_value_finite<std::uint32_t, kFp32PlusInfinityBits>(
-          static_cast<const std::uint32_t*>(data), count);
-    case DType::bf16:
-      return every_value_finite<std::uint16_t, 0x7f80>(static_cast<const std::uint16_t*>(data),
-                                                       count);
-    case DType::f16:
-      return every_value_finite<std::uint16_t, 0x7c00>(static_cast<const std::uint16_t*>(data),
-                                                       count);
-    default:
-      break;
-  }
-  TILELAB_CHECK(false) << "paged_attention: gathered rows of dtype " << dtype_name(dtype);
-  return false;
 }
 
 // Copies `rows` rows of `cache` from `src` (rows cache.stride(2) elements apart) into `dst`

@@ -124,7 +124,7 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
   problem.k_scale = options.k_scale;
   problem.v_scale = options.v_scale;
   problem.fp32_probabilities = options.fp32_probabilities;
-  TILELAB_REQUIRE(!(problem.bias && problem.needs_paged_kernel()))
+  TILELAB_REQUIRE(!(problem.bias && problem.has_score_options_or_fp8()))
       << "bias: expected no bias together with score options (softcap, alibi_slopes, "
          "sliding_window, sinks) or fp8 k/v, which do not take a bias yet; got a bias of shape "
       << shape_of(*problem.bias);
@@ -161,7 +161,7 @@ AttentionBackwardProblem validate_flash_attention_backward(
   AttentionBackwardProblem problem;
   problem.forward = validate_flash_attention(q, k, v, out, forward_options);
   const AttentionProblem& forward = problem.forward;
-  TILELAB_REQUIRE(!forward.needs_paged_kernel())
+  TILELAB_REQUIRE(!forward.has_score_options_or_fp8())
       << "options.score: expected no score options (softcap, alibi_slopes, sliding_window, "
          "sinks) and k, v of q's dtype for the backward, which does not implement them yet";
 

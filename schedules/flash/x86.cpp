@@ -62,6 +62,10 @@ void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
   for (Func f : {s.row_query, s.row_key_limit, s.row_head, s.row_lse_and_scale}) {
     f.compute_at(at_tile).vectorize(s.ii, RV);
   }
+  // Score options only.
+  for (Func f : {s.row_key_first, s.row_slope, s.row_sink}) {
+    if (f.defined()) f.compute_at(at_tile).vectorize(s.ii, RV);
+  }
 }
 
 void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
@@ -112,7 +116,22 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     // Copied along each row of q (scalar moves): vectorized over rows, every lane was a gather.
     if (!s.decode) s.query_t.reorder(s.d, s.ii).unroll(s.d, 4, TailStrategy::GuardWithIf);
   }
-  if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
+  if (s.operands_at_root && !s.bf16_products) {
+    // V (and 16-bit K) in fp32 once per call, before the tiles, specialized like the merge: the
+    // score options variant's merge loop starts at a window's first block, and converted per
+    // (tile, block) or read in place, their clamped head-dim loads became gathers.
+    Var blocks("blocks");
+    std::vector<Func> copies{s.value_f32};
+    if (!s.value_is_f32) copies.push_back(s.key_f32);
+    for (Func f : copies) {
+      f.compute_root()
+          .fuse(s.jb, s.hk, blocks)
+          .fuse(blocks, s.b, blocks)
+          .parallel(blocks)
+          .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+      for (int dims : flash::kFastHeadDims) f.specialize(head_dim == dims);
+    }
+  } else if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
     // (Decode tiles have 4 rows: there the conversion is fused into the loads instead.)
     s.key_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);

@@ -348,9 +348,15 @@ TEST_CASE("flash_attention with score options: lse, and the backward refuses the
     CHECK(std::isfinite(lse.get(i)));
     CHECK(lse.get(i) <= std::log(7.0f) + 1.0f);
   }
+  // 10 rows per kv head: the generated prefill kernel with score options; at most 8, the paged
+  // kernel.
   CHECK(std::string(tilelab::flash_attention_implementation(q.view(), k.view(), v.view(),
-                                                            out.view(), options)) == "paged");
+                                                            out.view(), options)) == "generated");
   options.lse.reset();
+  const tilelab::TensorView four_queries(q.view().data(), DType::f32, {1, 2, 4, 8}, {80, 40, 8, 1});
+  HostTensor out4(DType::f32, {1, 2, 4, 8});
+  CHECK(std::string(tilelab::flash_attention_implementation(four_queries, k.view(), v.view(),
+                                                            out4.view(), options)) == "paged");
   HostTensor dq(DType::f32, {1, 2, 5, 8}), dk(DType::f32, {1, 1, 7, 8}),
       dv(DType::f32, {1, 1, 7, 8});
   expect_error(
