@@ -59,8 +59,9 @@ void reference_flash_attention(const AttentionProblem& problem);
 
 // Runs the generated Halide kernel; false when the problem is outside what the generated kernels
 // cover (then nothing is written). With score options they cover prefill-sized calls (more than
-// kDecodeMaxRows rows per kv head) without fp8 k/v, with finite v (they multiply a masked key's v
-// by 0) and, for bf16, without fp32_probabilities.
+// kDecodeMaxRows rows per kv head) without fp8 k/v and, for bf16, without fp32_probabilities.
+// They multiply a masked key's v row by P = 0: callers with score options (whose masked keys are
+// never read, docs/attention_options.md) check v for NaN and inf first.
 bool generated_flash_attention(const AttentionProblem& problem);
 // Whether generated_flash_attention would accept the problem.
 bool generated_flash_attention_covers(const AttentionProblem& problem);

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "attention_problem.hpp"
-#include "finite_values.hpp"
 #include "flash_fwd_bf16.h"
 #include "flash_fwd_bf16_bias.h"
 #include "flash_fwd_bf16_bias_fp32_probabilities.h"
@@ -117,8 +116,7 @@ bool generated_flash_attention_covers(const AttentionProblem& p) {
   if (!p.score.any()) return !is_fp8(p.kv_dtype) && pick_kernel(p);
   const KeyBounds bounds = key_bounds(p);
   return pick_options_kernel(p) && fits_int32(bounds.window_begin) &&
-         fits_int32(bounds.causal_offset) && fits_int32(p.position_offset) &&
-         every_value_finite(p.v);
+         fits_int32(bounds.causal_offset) && fits_int32(p.position_offset);
 }
 
 bool generated_flash_attention(const AttentionProblem& p) {

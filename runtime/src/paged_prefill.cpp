@@ -43,12 +43,21 @@ void* element_at(const TensorView& view, std::int64_t offset) {
          offset * static_cast<std::int64_t>(dtype_size(view.dtype()));
 }
 
+// The first key a sequence's queries can see, rounded down to its cache block: a sliding window
+// leaves the keys before it out of the gather.
+std::int64_t first_gathered_key(const PagedProblem& p, std::int64_t seq) {
+  const std::int64_t first = p.first_visible_key(p.first_query_position(seq));
+  return first / p.block_size * p.block_size;
+}
+
 // The dense problem of kv heads [kv_head, kv_head + kv_heads) of sequence `seq`: queries and
-// outputs are views of the token rows, K and V the gathered rows at `keys` and `values`
-// ([kv_heads, N, D] contiguous).
+// outputs are views of the token rows, K and V the gathered rows of keys [first_key, N) at `keys`
+// and `values` ([kv_heads, N - first_key, D] contiguous).
 AttentionProblem dense_problem(const PagedProblem& p, std::int64_t seq, std::int64_t kv_head,
-                               std::int64_t kv_heads, void* keys, void* values) {
-  const std::int64_t group = group_of(p), M = p.q_len(seq), N = p.seq_lens[seq], D = p.head_dim;
+                               std::int64_t kv_heads, std::int64_t first_key, void* keys,
+                               void* values) {
+  const std::int64_t group = group_of(p), M = p.q_len(seq), D = p.head_dim;
+  const std::int64_t N = p.seq_lens[seq] - first_key;
   const std::int64_t first_token = p.query_starts[seq];
   const auto token_rows = [&](const TensorView& view) {
     const std::int64_t offset = first_token * view.stride(0) + kv_head * group * view.stride(1);
@@ -71,10 +80,20 @@ AttentionProblem dense_problem(const PagedProblem& p, std::int64_t seq, std::int
   dense.head_dim = D;
   dense.scale = p.scale * p.k_scale;  // as the paged kernel's score scale
   dense.causal = p.causal;
-  // Bottom-right: the sequence's queries are its last positions.
+  // Bottom-right: the sequence's queries are its last positions (gathered key j is key
+  // first_key + j).
   dense.causal_offset = p.causal ? N - M : N;
   dense.position_offset = N - M;
   dense.fp32_probabilities = p.fp32_probabilities;
+  // The score options, with the slopes and sinks of the call's query heads.
+  dense.score = p.score;
+  const auto heads = [&](const std::vector<float>& per_head) {
+    if (per_head.empty()) return per_head;
+    const auto begin = per_head.begin() + kv_head * group;
+    return std::vector<float>(begin, begin + kv_heads * group);
+  };
+  dense.score.alibi_slopes = heads(p.score.alibi_slopes);
+  dense.score.sinks = heads(p.score.sinks);
   return dense;
 }
 
@@ -119,17 +138,19 @@ void copy_rows(const PagedProblem& p, const TensorView& cache, const char* src, 
   }
 }
 
-// Copies the rows of keys [0, N) of kv heads [kv_head, kv_head + kv_heads) of `seq` from `cache`
-// into `dst` ([kv_heads, N, D] contiguous, the query's dtype), a block at a time. An fp8 cache is
-// widened and multiplied by `scale` on the way. Returns whether every copied value is finite
-// (checked only when `check_finite`, on each block while it is still in cache; else true).
+// Copies the rows of keys [first_key, N) (first_key a multiple of the block size) of kv heads
+// [kv_head, kv_head + kv_heads) of `seq` from `cache` into `dst` ([kv_heads, N - first_key, D]
+// contiguous, the query's dtype), a block at a time. An fp8 cache is widened and multiplied by
+// `scale` on the way. Returns whether every copied value is finite (checked only when
+// `check_finite`, on each block while it is still in cache; else true).
 bool gather_rows(const PagedProblem& p, const TensorView& cache, std::int64_t seq,
-                 std::int64_t kv_head, std::int64_t kv_heads, float scale, bool check_finite,
-                 void* dst) {
-  const std::int64_t N = p.seq_lens[seq], D = p.head_dim, bs = p.block_size;
+                 std::int64_t kv_head, std::int64_t kv_heads, std::int64_t first_key, float scale,
+                 bool check_finite, void* dst) {
+  const std::int64_t D = p.head_dim, bs = p.block_size, first_block = first_key / bs;
+  const std::int64_t N = p.seq_lens[seq] - first_key;
   const auto element = static_cast<std::int64_t>(dtype_size(cache.dtype()));
   const auto out_element = static_cast<std::int64_t>(dtype_size(p.dtype));
-  const std::int64_t blocks = (N + bs - 1) / bs;
+  const std::int64_t blocks = (N + bs - 1) / bs;  // from first_block
   const bool same_dtype = cache.dtype() == p.dtype;
   const bool whole_rows = same_dtype && cache.stride(2) == D;  // one copy per block
   bool finite = true;
@@ -138,8 +159,9 @@ bool gather_rows(const PagedProblem& p, const TensorView& cache, std::int64_t se
   for (std::int64_t h = 0; h < kv_heads; ++h) {
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t rows = std::min(bs, N - b * bs);
-      const auto* src = static_cast<const char*>(element_at(
-          cache, p.physical_block(seq, b) * cache.stride(0) + (kv_head + h) * cache.stride(1)));
+      const auto* src = static_cast<const char*>(
+          element_at(cache, p.physical_block(seq, first_block + b) * cache.stride(0) +
+                                (kv_head + h) * cache.stride(1)));
       char* to = static_cast<char*>(dst) + ((h * N + b * bs) * D) * out_element;
       if (whole_rows) {
         std::memcpy(to, src, rows * D * element);
@@ -156,27 +178,29 @@ bool gather_rows(const PagedProblem& p, const TensorView& cache, std::int64_t se
 
 std::vector<char> sequences_for_generated_prefill(const PagedProblem& p) {
   std::vector<char> chosen(p.num_seqs, 0);
-  // The generated kernels implement none of the score options and produce no lse for a paged
-  // problem. They read k and v of q's dtype: an fp8 cache is widened into bf16 or fp32 rows
-  // (fp16's range could not hold v_scale · v).
+  // The generated kernels produce no lse for a paged problem. They read k and v of q's dtype: an
+  // fp8 cache is widened into bf16 or fp32 rows (fp16's range could not hold v_scale · v).
   const bool widens = is_fp8(p.cache_dtype) && (p.dtype == DType::bf16 || p.dtype == DType::f32);
-  if (p.score.any() || (p.cache_dtype != p.dtype && !widens) || p.lse || p.position_shift != 0) {
-    return chosen;
-  }
+  if ((p.cache_dtype != p.dtype && !widens) || p.lse || p.position_shift != 0) return chosen;
   if (p.key_cache.stride(3) != 1 || p.value_cache.stride(3) != 1) return chosen;
   const std::int64_t group = group_of(p);
   for (std::int64_t s = 0; s < p.num_seqs; ++s) {
     if (p.q_len(s) * group < generated_prefill_min_rows(p.dtype)) continue;
-    const std::int64_t heads = kv_heads_per_call(p, p.seq_lens[s]);
-    chosen[s] = generated_flash_attention_covers(dense_problem(p, s, 0, heads, nullptr, nullptr));
+    const std::int64_t first_key = first_gathered_key(p, s);
+    const std::int64_t heads = kv_heads_per_call(p, p.seq_lens[s] - first_key);
+    chosen[s] = generated_flash_attention_covers(
+        dense_problem(p, s, 0, heads, first_key, nullptr, nullptr));
   }
   return chosen;
 }
 
 void generated_prefill_attention(const PagedProblem& p, std::vector<char>& sequences) {
   const auto element = static_cast<std::int64_t>(dtype_size(p.dtype));
+  const auto gathered_keys = [&](std::int64_t seq) {
+    return p.seq_lens[seq] - first_gathered_key(p, seq);
+  };
   const auto gathered_bytes = [&](std::int64_t seq) {
-    return kv_heads_per_call(p, p.seq_lens[seq]) * p.seq_lens[seq] * p.head_dim * element;
+    return kv_heads_per_call(p, gathered_keys(seq)) * gathered_keys(seq) * p.head_dim * element;
   };
   std::int64_t bytes = 0;
   for (std::int64_t s = 0; s < p.num_seqs; ++s) {
@@ -187,7 +211,8 @@ void generated_prefill_attention(const PagedProblem& p, std::vector<char>& seque
   const ScratchBuffer keys(bytes), values(bytes);
   for (std::int64_t s = 0; s < p.num_seqs; ++s) {
     if (!sequences[s]) continue;
-    const std::int64_t heads_per_call = kv_heads_per_call(p, p.seq_lens[s]);
+    const std::int64_t first_key = first_gathered_key(p, s);
+    const std::int64_t heads_per_call = kv_heads_per_call(p, gathered_keys(s));
     for (std::int64_t h = 0; h < p.kv_heads; h += heads_per_call) {
       const std::int64_t heads = std::min(heads_per_call, p.kv_heads - h);
       // k_scale joins the softmax scale (dense_problem); v_scale multiplies the widened V.
@@ -195,13 +220,13 @@ void generated_prefill_attention(const PagedProblem& p, std::vector<char>& seque
       // not see it, so a NaN or inf there would reach them; the paged kernel accumulates only
       // the keys each row sees. Such a sequence goes back to the paged kernel (which then
       // computes all its heads).
-      if (!gather_rows(p, p.value_cache, s, h, heads, p.v_scale, true, values.data())) {
+      if (!gather_rows(p, p.value_cache, s, h, heads, first_key, p.v_scale, true, values.data())) {
         sequences[s] = 0;
         break;
       }
-      gather_rows(p, p.key_cache, s, h, heads, 1.0f, false, keys.data());
-      TILELAB_CHECK(
-          generated_flash_attention(dense_problem(p, s, h, heads, keys.data(), values.data())))
+      gather_rows(p, p.key_cache, s, h, heads, first_key, 1.0f, false, keys.data());
+      TILELAB_CHECK(generated_flash_attention(
+          dense_problem(p, s, h, heads, first_key, keys.data(), values.data())))
           << "paged_attention: sequence " << s << " was chosen for a generated kernel that does "
           << "not cover it";
     }

@@ -270,28 +270,37 @@ def test_sinks_extremes():
     """A sink of -inf adds nothing; a huge sink takes nearly all the weight (out near 0)."""
     rng = np.random.default_rng(15)
     batch = make_batch(rng, MIXED, q_heads=4, kv_heads=2, head_dim=32, block_size=16)
-    plain = tilelab.paged_attention(*arguments(batch), sliding_window=ON_THE_PAGED_KERNEL)
+    plain = tilelab.paged_attention(*arguments(batch), sliding_window=NO_OP_WINDOW)
     none = tilelab.paged_attention(*arguments(batch), sinks=np.full(4, -np.inf, np.float32))
     np.testing.assert_array_equal(none, plain)
     heavy = tilelab.paged_attention(*arguments(batch), sinks=np.full(4, 80.0, np.float32))
     assert np.max(np.abs(heavy)) < 1e-20
 
 
-def test_window_skips_blocks_outside():
-    """Keys outside the window are never read: NaN there does not reach the output."""
+@pytest.mark.parametrize("requests", [[(1, 400), (4, 300)], [(40, 400), (4, 300)]],
+                         ids=["paged", "prefill-route"])
+def test_window_skips_blocks_outside(requests):
+    """Keys outside the window are never read: NaN there does not reach the output. The paged
+    kernel skips whole blocks and masks the rest; the prefill route (sequence 0 of the second
+    case) gathers from the block of its first query's window on, so NaN in the blocks before it
+    leaves the sequence on the generated kernels."""
     rng = np.random.default_rng(16)
-    batch = make_batch(rng, [(1, 400), (4, 300)], q_heads=4, kv_heads=2, head_dim=32,
-                       block_size=16)
+    batch = make_batch(rng, requests, q_heads=4, kv_heads=2, head_dim=32, block_size=16)
     expected = reference_paged(*arguments(batch), sliding_window=(20, -1))
     atol = tolerance("float32", batch)
+    routed = requests[0][0] == 40
     for s, seq_len in enumerate(batch["seq_lens"]):
-        first_visible = seq_len - 4 - 20 if s else seq_len - 1 - 20
-        for position in range(0, first_visible - 1):
+        first_visible = seq_len - requests[s][0] - 20
+        end = first_visible // 16 * 16 if routed and s == 0 else first_visible - 1
+        for position in range(0, end):
             block = batch["block_table"][s, position // 16]
             batch["key_cache"][block, :, position % 16] = np.nan
             batch["value_cache"][block, :, position % 16] = np.nan
     out = tilelab.paged_attention(*arguments(batch), sliding_window=(20, -1))
     np.testing.assert_allclose(out, expected, atol=atol)
+    if routed:
+        np.testing.assert_array_equal(out[:40], dense_result(batch, 0, causal=True,
+                                                             sliding_window=(20, -1)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,9 +551,8 @@ def test_split_kv_is_deterministic_and_thread_independent():
 # ---------------------------------------------------------------------------------------------
 # Prefill sequences on the generated dense kernels
 
-# A window no sequence reaches: the results of the paged kernel for every sequence (score
-# options keep a call off the generated kernels).
-ON_THE_PAGED_KERNEL = (1 << 30, -1)
+# A window no sequence reaches: it changes no bit of any sequence's result.
+NO_OP_WINDOW = (1 << 30, -1)
 
 
 def generated_route_rows(dtype):
@@ -554,15 +562,18 @@ def generated_route_rows(dtype):
 
 def dense_result(batch, seq, **options):
     """flash_attention (bottom-right causal) on sequence seq's K/V gathered through its block
-    table, as [q_len, Hq, D]."""
+    table, as [q_len, Hq, D]. With a window's left edge, the keys before the first query's window
+    (from the start of its cache block) are left out, as the route gathers them."""
     q0, q1 = batch["query_start_loc"][seq], batch["query_start_loc"][seq + 1]
     seq_len = int(batch["seq_lens"][seq])
     block_size = batch["key_cache"].shape[2]
     table = batch["block_table"][seq, : -(-seq_len // block_size)]
+    left = options.get("sliding_window", (-1, -1))[0]
+    first = max(seq_len - int(q1 - q0) - left, 0) // block_size * block_size if left >= 0 else 0
 
     def gathered(cache):
         rows = cache[table].transpose(1, 0, 2, 3).reshape(cache.shape[1], -1, cache.shape[3])
-        return np.ascontiguousarray(rows[None, :, :seq_len])
+        return np.ascontiguousarray(rows[None, :, first:seq_len])
 
     query = batch["query"][q0:q1].transpose(1, 0, 2)[None]
     out = tilelab.flash_attention(query, gathered(batch["key_cache"]),
@@ -585,11 +596,11 @@ def widened_for_the_route(batch, dtype, k_scale, v_scale):
 
 def check_prefill_route(batch, dtype, **options):
     """Every sequence with enough query rows per kv head gives exactly flash_attention's result on
-    its gathered K/V (an fp8 cache widened to the query's dtype); every other sequence exactly the
-    paged kernel's; all match fp64."""
+    its gathered K/V (an fp8 cache widened to the query's dtype); every other sequence the same
+    bits with a no-op window; all match fp64."""
     out = tilelab.paged_attention(*arguments(batch), split_kv=1, **options)
     paged = tilelab.paged_attention(*arguments(batch), split_kv=1,
-                                    sliding_window=ON_THE_PAGED_KERNEL, **options)
+                                    **{"sliding_window": NO_OP_WINDOW, **options})
     group = batch["query"].shape[1] // batch["key_cache"].shape[1]
     flags = {k: v for k, v in options.items() if k not in ("causal", "k_scale", "v_scale")}
     flags["causal"] = options.get("causal", True)
@@ -636,6 +647,21 @@ def test_prefill_route_head_dims_and_causality(head_dim, causal):
     batch = make_batch(rng, ROUTE_REQUESTS, q_heads=8, kv_heads=2, head_dim=head_dim,
                        block_size=16)
     assert check_prefill_route(batch, "float32", causal=causal) == (5 if head_dim <= 256 else 0)
+
+
+@pytest.mark.parametrize("option", [*OPTION_NAMES, "window_both", "all"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_prefill_route_score_options(option, dtype):
+    """Score options take the route too (the generated kernels' score options variant): a window's
+    left edge leaves the blocks before the first query's window out of the gather."""
+    rng = np.random.default_rng(66)
+    batch = make_batch(rng, ROUTE_REQUESTS, q_heads=8, kv_heads=2, head_dim=64, block_size=16,
+                       dtype=dtype)
+    values = option_values(8, rng)
+    values["window_both"] = dict(sliding_window=(50, 9))
+    values["all"] = {**values["softcap"], **values["alibi"], **values["sinks"],
+                     "sliding_window": (70, 3)}
+    assert check_prefill_route(batch, dtype, **values[option]) == 5
 
 
 @pytest.mark.parametrize("fp32_probabilities", [False, True])
