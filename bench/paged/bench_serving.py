@@ -12,6 +12,10 @@ Workloads (Hq 32, Hkv 8, d 128, bf16 unless named):
   a user would write), our dense flash attention on the same useful tokens (per sequence, K/V
   already contiguous), and the NKI-layout kernel (tilelab.nki.flash_paged_attention, cpu
   schedule) on the same batch in its own layout.
+- options: the default batch's 4 prefill requests with Gemma-2-like score options (sliding window
+  512, softcap 50): paged_attention, our dense flash attention per sequence on the generated
+  kernels and on the paged kernel (implementation="reference"), and PyTorch SDPA per sequence
+  with the window as a boolean mask (SDPA has no softcap).
 - decode: 64 sequences decoding one token each, contexts 512 to 4 k, bf16 and fp8 (e4m3fn) caches:
   GB/s of K and V read against the triad bandwidth measured in the same run.
 - long decode: one sequence decoding one token with a 32 k context (split-KV), GB/s against triad.
@@ -161,6 +165,63 @@ def mixed_workload(tilelab, torch, args, rng):
     return results
 
 
+def options_workload(tilelab, torch, args, rng):
+    """The default batch's prefill requests with a sliding window and softcap."""
+    prefill, _ = tilelab.sim.default_batch()
+    schedule = tilelab.sim.PagedAttentionSchedule()
+    requests = [(q, c + q) for q, c in prefill]
+    batch = paged_batch(rng, requests, schedule.block_size)
+    window, softcap = 512, 50.0
+    options = dict(sliding_window=(window, -1), softcap=softcap)
+    calls = {"paged_attention": paged_call(tilelab, batch, **options)}
+    block_size = batch["block_size"]
+    gathered = []
+    for s, (q_len, seq_len) in enumerate(requests):
+        table = batch["block_table"][s, : -(-seq_len // block_size)]
+        k = batch["key_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
+        v = batch["value_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
+        q0 = batch["query_start_loc"][s]
+        q = batch["query"][q0:q0 + q_len].transpose(1, 0, 2)
+        gathered.append((np.ascontiguousarray(q[None]), np.ascontiguousarray(k[None, :, :seq_len]),
+                         np.ascontiguousarray(v[None, :, :seq_len])))
+
+    def dense(implementation):
+        def call():
+            for q, k, v in gathered:
+                tilelab.flash_attention(q, k, v, causal=True, causal_alignment="bottom_right",
+                                        implementation=implementation, **options)
+        return call
+    calls["dense flash per sequence, generated kernels"] = dense("automatic")
+    calls["dense flash per sequence, paged kernel"] = dense("reference")
+    if torch is not None:
+        def as_torch(a):
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        tensors = [tuple(as_torch(a) for a in arrays) for arrays in gathered]
+        masks = []
+        for q_len, seq_len in requests:
+            i = np.arange(seq_len - q_len, seq_len)[:, None]
+            j = np.arange(seq_len)[None, :]
+            masks.append(torch.from_numpy((j <= i) & (j >= i - window)))
+
+        def sdpa():
+            with torch.inference_mode():
+                for (q, k, v), mask in zip(tensors, masks, strict=True):
+                    torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                     enable_gqa=True)
+        calls["PyTorch SDPA per sequence, window mask only"] = sdpa
+    times = alternating_medians(list(calls.values()), args.warmup, args.repeats)
+    ours = times[0]
+    rows, results = [], []
+    for (name, _), t in zip(calls.items(), times, strict=True):
+        rows.append([name, f"{t * 1e3:.2f}", f"{t / ours:.2f}"])
+        results.append({"workload": "options", "implementation": name, "seconds": t,
+                        "time_vs_paged_attention": t / ours})
+    print(f"\noptions: the default batch's {len(prefill)} prefill requests, sliding_window "
+          f"({window}, -1), softcap {softcap:g}, bf16")
+    print_table(["implementation", "ms", "time / ours"], rows, 1)
+    return results
+
+
 def decode_workloads(tilelab, args, rng, peak):
     triad = peak["triad_bandwidth_gb_per_s"]
     # Reading blocks of this many bytes in a random order, measured in the same run: the ceiling of
@@ -208,6 +269,8 @@ def main() -> None:
     results = []
     if not args.filter or args.filter in "mixed":
         results += mixed_workload(tilelab, torch, args, rng)
+    if not args.filter or args.filter in "options":
+        results += options_workload(tilelab, torch, args, rng)
     results += decode_workloads(tilelab, args, rng, peak)
     write_json_report(args, "tilelab.bench_serving", tilelab, torch, peak, results)
 
