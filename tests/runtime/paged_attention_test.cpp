@@ -329,6 +329,48 @@ TEST_CASE("paged_attention errors name the argument and write nothing", "[runtim
   CHECK(out.bytes() == before);
 }
 
+TEST_CASE("flash_attention with score options: the generated kernels agree with the paged kernel",
+          "[runtime][paged]") {
+  // 3 query heads per kv head, 45 queries, 150 keys: prefill-sized, three 64-key blocks, so a
+  // window's left edge skips whole blocks.
+  const float slopes[6] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
+  const float sinks[6] = {0.5f, -1.0f, 3.0f, -std::numeric_limits<float>::infinity(), 0.0f, 1.5f};
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    HostTensor q(dtype, {1, 6, 45, 40}), k(dtype, {1, 2, 150, 40}), v(dtype, {1, 2, 150, 40});
+    Random random(12);
+    q.fill_uniform(random, 1.0);
+    k.fill_uniform(random, 1.0);
+    v.fill_uniform(random, 1.0);
+    for (const bool causal : {true, false}) {
+      tilelab::FlashAttentionOptions options;
+      options.causal = causal;
+      options.causal_alignment = tilelab::CausalAlignment::bottom_right;
+      options.score.softcap = 4.0f;
+      options.score.alibi_slopes = tilelab::TensorView(const_cast<float*>(slopes), DType::f32, {6});
+      options.score.sinks = tilelab::TensorView(const_cast<float*>(sinks), DType::f32, {6});
+      options.score.sliding_window = {70, causal ? -1 : 5};
+      HostTensor generated(dtype, {1, 6, 45, 40}), paged(dtype, {1, 6, 45, 40});
+      HostTensor generated_lse(DType::f32, {1, 6, 45}), paged_lse(DType::f32, {1, 6, 45});
+      CHECK(std::string(tilelab::flash_attention_implementation(
+                q.view(), k.view(), v.view(), generated.view(), options)) == "generated");
+      options.lse = generated_lse.view();
+      options.implementation = tilelab::Implementation::generated;
+      tilelab::flash_attention(q.view(), k.view(), v.view(), generated.view(), options);
+      options.lse = paged_lse.view();
+      options.implementation = tilelab::Implementation::reference;  // the paged kernel
+      tilelab::flash_attention(q.view(), k.view(), v.view(), paged.view(), options);
+      // Both fp32 accumulation; bf16 rounds P (generated) and the output to bf16.
+      const double tolerance = dtype == DType::f32 ? 2e-5 : 2e-2;
+      for (std::int64_t i = 0; i < generated.numel(); ++i) {
+        REQUIRE(std::abs(generated.get(i) - paged.get(i)) <= tolerance);
+      }
+      for (std::int64_t i = 0; i < generated_lse.numel(); ++i) {
+        REQUIRE(std::abs(generated_lse.get(i) - paged_lse.get(i)) <= 1e-4);
+      }
+    }
+  }
+}
+
 TEST_CASE("flash_attention with score options: lse, and the backward refuses them",
           "[runtime][paged]") {
   HostTensor q(DType::f32, {1, 2, 5, 8}), k(DType::f32, {1, 1, 7, 8}), v(DType::f32, {1, 1, 7, 8});
