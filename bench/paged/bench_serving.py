@@ -73,6 +73,22 @@ def paged_call(tilelab, batch, **options):
     return call
 
 
+def gathered_sequences(batch):
+    """Per sequence: queries [1, Hq, q, d] and K/V gathered through the block table
+    ([1, Hkv, seq_len, d]), contiguous."""
+    block_size = batch["block_size"]
+    gathered = []
+    for s, (q_len, seq_len) in enumerate(batch["requests"]):
+        table = batch["block_table"][s, : -(-seq_len // block_size)]
+        k = batch["key_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
+        v = batch["value_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
+        q0 = batch["query_start_loc"][s]
+        q = batch["query"][q0:q0 + q_len].transpose(1, 0, 2)
+        gathered.append((np.ascontiguousarray(q[None]), np.ascontiguousarray(k[None, :, :seq_len]),
+                         np.ascontiguousarray(v[None, :, :seq_len])))
+    return gathered
+
+
 def useful_flops(requests):
     """4 · Hq · d · (visible keys): each query row sees its causal prefix."""
     keys = sum(q * (s - q) + q * (q + 1) // 2 for q, s in requests)
@@ -97,16 +113,7 @@ def mixed_workload(tilelab, torch, args, rng):
                                for name in ("key_cache", "value_cache")})
     calls["paged_attention, fp8 e4m3fn cache"] = paged_call(tilelab, fp8_batch)
 
-    # Per sequence: K/V gathered through the block table ([Hkv, seq_len, d]), queries [Hq, q, d].
-    gathered = []
-    for s, (q_len, seq_len) in enumerate(requests):
-        table = batch["block_table"][s, : -(-seq_len // block_size)]
-        k = batch["key_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
-        v = batch["value_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
-        q0 = batch["query_start_loc"][s]
-        q = batch["query"][q0:q0 + q_len].transpose(1, 0, 2)
-        gathered.append((np.ascontiguousarray(q[None]), np.ascontiguousarray(k[None, :, :seq_len]),
-                         np.ascontiguousarray(v[None, :, :seq_len])))
+    gathered = gathered_sequences(batch)
 
     def dense():
         for q, k, v in gathered:
@@ -174,16 +181,7 @@ def options_workload(tilelab, torch, args, rng):
     window, softcap = 512, 50.0
     options = dict(sliding_window=(window, -1), softcap=softcap)
     calls = {"paged_attention": paged_call(tilelab, batch, **options)}
-    block_size = batch["block_size"]
-    gathered = []
-    for s, (q_len, seq_len) in enumerate(requests):
-        table = batch["block_table"][s, : -(-seq_len // block_size)]
-        k = batch["key_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
-        v = batch["value_cache"][table].transpose(1, 0, 2, 3).reshape(KV_HEADS, -1, HEAD_DIM)
-        q0 = batch["query_start_loc"][s]
-        q = batch["query"][q0:q0 + q_len].transpose(1, 0, 2)
-        gathered.append((np.ascontiguousarray(q[None]), np.ascontiguousarray(k[None, :, :seq_len]),
-                         np.ascontiguousarray(v[None, :, :seq_len])))
+    gathered = gathered_sequences(batch)
 
     def dense(implementation):
         def call():

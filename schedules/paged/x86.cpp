@@ -65,6 +65,16 @@ using namespace Halide;
 
 namespace {
 
+// `f` once per call, before the query tiles: parallel over (large tile, kv head), `lanes` of `var`
+// per vector. Returns `f` for more scheduling.
+Func at_root_per_kv_tile(Func f, const PagedAttentionStages& s, const Var& var, int lanes) {
+  Var kv_tile("kv_tile");
+  return f.compute_root()
+      .fuse(s.lt, s.hk, kv_tile)
+      .parallel(kv_tile)
+      .vectorize(var, lanes, TailStrategy::GuardWithIf);
+}
+
 // The per-call operands and the key-tile stages of the bf16-products nest: rows vectorized (the
 // query tile's 32 rows are two vectors), columns broadcast, as the dense flash forward's bf16 nest.
 void schedule_bf16_products(PagedAttentionStages& s, int VL, const Var& tile, const Var& dout) {
@@ -72,15 +82,8 @@ void schedule_bf16_products(PagedAttentionStages& s, int VL, const Var& tile, co
   // K rows and V pairs once per call (specialized on the fast head dims, whose reads need no
   // clamp: clamped, every load was a gather).
   for (KeyTileStages* t : {&s.context, &s.active}) {
-    t->key_rows.compute_root()
-        .fuse(s.lt, s.hk, kv_tile)
-        .parallel(kv_tile)
-        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
-    t->value_pairs.compute_root()
-        .fuse(s.lt, s.hk, kv_tile)
-        .parallel(kv_tile)
-        .vectorize(s.cp)
-        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    at_root_per_kv_tile(t->key_rows, s, s.d, VL);
+    at_root_per_kv_tile(t->value_pairs, s, s.d, VL).vectorize(s.cp);
     for (int dims : flash::kFastHeadDims) {
       t->key_rows.specialize(s.head_dim == dims);
       t->value_pairs.specialize(s.head_dim == dims);
@@ -155,7 +158,7 @@ void schedule_paged_attention_x86(PagedAttentionStages& s, const Target& target)
   const int QT = s.query_tile;
   const int score_rows = std::min(QT, 8), pv_rows = std::min(QT, 4);
   Var tile("tile"), co("co"), ci("ci"), iio("iio"), iii("iii"), dout("dout"), din("din"), u("u");
-  Var dvo("dvo"), dvi("dvi"), kv_tile("kv_tile");
+  Var dvo("dvo"), dvi("dvi");
 
   // A task's rows: the runtime passes kPagedCpuQueryTile of them, and constant row strides keep
   // the row-vector loads dense.
@@ -199,14 +202,8 @@ void schedule_paged_attention_x86(PagedAttentionStages& s, const Target& target)
   }
   // Once per call: gathered, converted K (columns innermost) and V (head dims innermost).
   for (KeyTileStages* t : {&s.context, &s.active}) {
-    t->key_t.compute_root()
-        .fuse(s.lt, s.hk, kv_tile)
-        .parallel(kv_tile)
-        .vectorize(s.c, VL, TailStrategy::GuardWithIf);
-    t->value_t.compute_root()
-        .fuse(s.lt, s.hk, kv_tile)
-        .parallel(kv_tile)
-        .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    at_root_per_kv_tile(t->key_t, s, s.c, VL);
+    at_root_per_kv_tile(t->value_t, s, s.d, VL);
   }
 
   auto schedule_key_tile = [&](KeyTileStages& t, const LoopLevel& at) {
