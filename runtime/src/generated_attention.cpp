@@ -66,11 +66,16 @@ OptionsKernelFn pick_options_kernel(const AttentionProblem& p) {
 struct KeyBounds {
   std::int64_t window_begin, causal_offset;
 };
+// (Compared before subtracting or adding: a side may be as large as int64 allows.)
 KeyBounds key_bounds(const AttentionProblem& p) {
   const SlidingWindow& window = p.score.window;
-  KeyBounds bounds{window.left >= 0 ? p.position_offset - window.left : -p.q_len, p.causal_offset};
-  if (window.right >= 0) {
-    bounds.causal_offset = std::min(bounds.causal_offset, p.position_offset + window.right);
+  // -q_len: every row's window begins at or before key 0.
+  KeyBounds bounds{-p.q_len, p.causal_offset};
+  if (window.left >= 0 && window.left < p.position_offset + p.q_len) {
+    bounds.window_begin = p.position_offset - window.left;
+  }
+  if (window.right >= 0 && window.right < bounds.causal_offset - p.position_offset) {
+    bounds.causal_offset = p.position_offset + window.right;
   }
   return bounds;
 }

@@ -50,14 +50,17 @@ struct PagedProblem {
   std::int32_t physical_block(std::int64_t seq, std::int64_t logical_block) const {
     return block_table[seq * max_blocks_per_seq + logical_block];
   }
-  // Keys [begin, end) that query position i sees (end <= begin when none).
+  // Keys [begin, end) that query position i sees (end <= begin when none). (Window sides are
+  // compared before they are added or subtracted: they may be as large as int64 allows.)
   std::int64_t first_visible_key(std::int64_t position) const {
-    return score.window.left >= 0 ? std::max<std::int64_t>(0, position - score.window.left) : 0;
+    const std::int64_t left = score.window.left;
+    return left >= 0 && left < position ? position - left : 0;
   }
   std::int64_t visible_key_end(std::int64_t seq, std::int64_t position) const {
     std::int64_t end = seq_lens[seq];
     if (causal) end = std::min(end, position + 1);
-    if (score.window.right >= 0) end = std::min(end, position + score.window.right + 1);
+    const std::int64_t right = score.window.right;
+    if (right >= 0 && right < end - position - 1) end = position + right + 1;
     return end;
   }
 };

@@ -237,3 +237,19 @@ def test_refusals_name_the_argument():
     out, lse = tilelab.flash_attention(q, k, v, return_lse=True)
     with pytest.raises(TypeError):
         tilelab.flash_attention_backward(out, q, k, v, out, lse, softcap=2.0)
+
+
+@pytest.mark.parametrize("rows", list(ROWS))
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_window_sides_as_large_as_int64(rows, alignment):
+    """Window sides up to int64's largest value mean "unbounded": no overflow, the same bits."""
+    q_len, _ = ROWS[rows]
+    rng = np.random.default_rng(9)
+    q, k, v = inputs(rng, q_len=q_len, kv_len=20)
+    largest = int(np.iinfo(np.int64).max)
+    for causal in (True, False):
+        options = dict(causal=causal, causal_alignment=alignment, softcap=5.0)
+        unbounded = tilelab.flash_attention(q, k, v, **options)
+        for window in [(largest, -1), (-1, largest), (largest, largest)]:
+            np.testing.assert_array_equal(
+                tilelab.flash_attention(q, k, v, sliding_window=window, **options), unbounded)

@@ -266,6 +266,21 @@ def test_non_causal_without_window():
     check(batch, causal=False)
 
 
+def test_window_sides_as_large_as_int64():
+    """Window sides up to int64's largest value mean "unbounded": no overflow, the same bits, on
+    the paged kernel and the prefill route alike."""
+    rng = np.random.default_rng(17)
+    batch = make_batch(rng, [*PREFILL, *DECODE, (40, 300)], q_heads=8, kv_heads=2, head_dim=64,
+                       block_size=16)
+    largest = int(np.iinfo(np.int64).max)
+    for causal in (True, False):
+        unbounded = tilelab.paged_attention(*arguments(batch), causal=causal, softcap=5.0)
+        for window in [(largest, -1), (-1, largest), (largest, largest)]:
+            np.testing.assert_array_equal(
+                tilelab.paged_attention(*arguments(batch), causal=causal, softcap=5.0,
+                                        sliding_window=window), unbounded)
+
+
 def test_sinks_extremes():
     """A sink of -inf adds nothing; a huge sink takes nearly all the weight (out near 0)."""
     rng = np.random.default_rng(15)
