@@ -1,7 +1,6 @@
 // tilelab::nki::flash_paged_attention: validation (the NKI kernel's constraints via
 // PagedAttentionSchedule), dtype conversion around the generated kernels, the kernel call.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -134,7 +133,7 @@ bf16_row_magnitudes(const std::uint16_t* row, std::int64_t length) {
   float sum = 0, largest = 0;
 #pragma omp simd reduction(+ : sum) reduction(max : largest)
   for (std::int64_t e = 0; e < length; ++e) {
-    const float x = std::bit_cast<float>(static_cast<std::uint32_t>(row[e]) << 16);
+    const float x = detail::bf16_bits_to_float(row[e]);
     sum += x * x;
     largest = std::max(largest, std::abs(x));
   }

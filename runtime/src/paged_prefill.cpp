@@ -13,7 +13,6 @@
 #include "finite_values.hpp"
 #include "paged_problem.hpp"
 #include "scratch_memory.hpp"
-#include "tilelab/detail/fp32_classes.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/threading.hpp"
 #include "widen_rows.hpp"

@@ -36,11 +36,29 @@
 // call, 4 broadcast P pairs → 16 vdpbf16ps. P is rounded to bf16 once per (tile, block).
 #include "schedules/flash/x86.hpp"
 
+#include <optional>
+
 #include "schedules/flash/x86_shared.hpp"
 
 namespace tilelab::schedules {
 
 using namespace Halide;
+
+namespace {
+
+// `f`, indexed (..., d, ..., jb, hk, b), once per call before the query tiles: parallel over
+// (key block, kv head, batch), head dims in vectors (inside `pair`'s lanes when given), and
+// specialized like the merge, so that the fast head dims read without a clamp.
+void at_root_per_key_block(Func f, const FlashAttentionStages& s, const Expr& head_dim, int lanes,
+                           const std::optional<Var>& pair = std::nullopt) {
+  Var blocks("blocks");
+  f.compute_root().fuse(s.jb, s.hk, blocks).fuse(blocks, s.b, blocks).parallel(blocks);
+  if (pair) f.vectorize(*pair);
+  f.vectorize(s.d, lanes, TailStrategy::GuardWithIf);
+  for (int dims : flash::kFastHeadDims) f.specialize(head_dim == dims);
+}
+
+}  // namespace
 
 void schedule_flash_attention_x86(FlashAttentionStages& s, const Target& target,
                                   const Expr& head_dim) {
@@ -97,14 +115,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
       // V in key pairs once per call, before the tiles: every query tile of a kv head reads the
       // same blocks, and interleaving them per tile cost about 5% of the call. (Specialized like
       // the merge: the fast head dims read V without a clamp.)
-      Var blocks("blocks");
-      s.value_bf16.compute_root()
-          .fuse(s.jb, s.hk, blocks)
-          .fuse(blocks, s.b, blocks)
-          .parallel(blocks)
-          .vectorize(s.jp)
-          .vectorize(s.d, VL, TailStrategy::GuardWithIf);
-      for (int dims : flash::kFastHeadDims) s.value_bf16.specialize(head_dim == dims);
+      at_root_per_key_block(s.value_bf16, s, head_dim, VL, s.jp);
     } else {
       s.value_bf16.compute_at(s.state, s.rk)
           .vectorize(s.jp)
@@ -120,17 +131,8 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     // V (and 16-bit K) in fp32 once per call, before the tiles, specialized like the merge: the
     // score options variant's merge loop starts at a window's first block, and converted per
     // (tile, block) or read in place, their clamped head-dim loads became gathers.
-    Var blocks("blocks");
-    std::vector<Func> copies{s.value_f32};
-    if (!s.value_is_f32) copies.push_back(s.key_f32);
-    for (Func f : copies) {
-      f.compute_root()
-          .fuse(s.jb, s.hk, blocks)
-          .fuse(blocks, s.b, blocks)
-          .parallel(blocks)
-          .vectorize(s.d, VL, TailStrategy::GuardWithIf);
-      for (int dims : flash::kFastHeadDims) f.specialize(head_dim == dims);
-    }
+    at_root_per_key_block(s.value_f32, s, head_dim, VL);
+    if (!s.value_is_f32) at_root_per_key_block(s.key_f32, s, head_dim, VL);
   } else if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
     // (Decode tiles have 4 rows: there the conversion is fused into the loads instead.)
@@ -147,14 +149,8 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     if (s.bf16_products) {
       // Per pair of head dims: 2 row vectors of (q pair) × 16 rows, 8 key-pair broadcasts, 16
       // vdpbf16ps into 16 accumulators.
-      s.score_products.compute_at(s.masked, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
-      s.score_products.update()
-          .reorder(s.rdp, s.ii, s.jj, s.rd)
-          .atomic()
-          .vectorize(s.rdp)
-          .vectorize(s.ii, VL)
-          .unroll(s.ii)
-          .unroll(s.jj);
+      flash::schedule_score_pair_products(s.score_products, s.ii, s.jj, s.rdp, s.rd,
+                                          LoopLevel(s.masked, s.ii), VL);
     } else {
       s.score.compute_at(s.masked, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
       s.score.update().reorder(s.ii, s.jj, s.rd).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);

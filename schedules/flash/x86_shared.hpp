@@ -57,6 +57,23 @@ inline void split_register_tiles(Halide::Stage stage, const Halide::Var& d,
       .unroll(si);
 }
 
+// The q·k products of one score register tile on bf16 pairs, f(rows, cols) = Σ over (`pair`,
+// `r`), computed at `level`: rows in vectors of `lanes`, unrolled with the columns; per pair of
+// head dims, row vectors of q pairs and broadcast K pairs feed one vdpbf16ps per accumulator.
+inline void schedule_score_pair_products(Halide::Func f, const Halide::Var& rows,
+                                         const Halide::Var& cols, const Halide::RVar& pair,
+                                         const Halide::RVar& r, const Halide::LoopLevel& level,
+                                         int lanes) {
+  f.compute_at(level).vectorize(rows, lanes).unroll(rows).unroll(cols);
+  f.update()
+      .reorder(pair, rows, cols, r)
+      .atomic()
+      .vectorize(pair)
+      .vectorize(rows, lanes)
+      .unroll(rows)
+      .unroll(cols);
+}
+
 // The product of one register tile, f(d, second) = Σ over `r`, computed at `level` (the `dout`
 // loop of split_register_tiles): head dims in vectors, `second` unrolled, the accumulators in
 // registers. With `pair` (bf16 products: `r` counts pairs, `pair` of extent 2 within one), the

@@ -110,18 +110,9 @@ void schedule_bf16_products(PagedAttentionStages& s, int VL, const Var& tile, co
         .vectorize(iii, VL)
         .unroll(iii)
         .unroll(ci);
-    t.score_products.compute_at(t.masked, s.ii)
-        .reorder_storage(s.ii, s.c)
-        .vectorize(s.ii, VL)
-        .unroll(s.ii)
-        .unroll(s.c);
-    t.score_products.update()
-        .reorder(t.rdp, s.ii, s.c, t.rd)
-        .atomic()
-        .vectorize(t.rdp)
-        .vectorize(s.ii, VL)
-        .unroll(s.ii)
-        .unroll(s.c);
+    t.score_products.reorder_storage(s.ii, s.c);
+    flash::schedule_score_pair_products(t.score_products, s.ii, s.c, t.rdp, t.rd,
+                                        LoopLevel(t.masked, s.ii), VL);
     // Row statistics are vertical over the columns.
     for (Func f : {t.block_max, t.block_sum}) {
       f.compute_at(at).vectorize(s.ii, VL);
