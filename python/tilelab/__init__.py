@@ -128,12 +128,13 @@ def flash_attention(
             combinable with ``bias`` yet. Calls with score options or fp8 k/v run on the paged
             kernel: ``implementation="generated"`` refuses them.
         k_scale, v_scale: dequantization scales of fp8 k and v (1.0 otherwise).
-        fp32_probabilities: bfloat16 q, k, v: the generated prefill kernels round the
-            probabilities P to bfloat16 before ``P @ v`` (FlashAttention's mixed precision), so
-            that ``q @ k^T`` and ``P @ v`` run on bf16 dot products where the CPU has AVX-512 BF16
-            (Zen 4, Sapphire Rapids and later), about twice as fast; True keeps P in float32. The
-            bf16 products are exact in float32 either way and the softmax denominator sums
-            float32 P. Other dtypes, decode and the reference always keep P in float32.
+        fp32_probabilities: bfloat16 q: the generated prefill kernels and the paged kernel
+            (decode, fp8 k/v, score options) round the probabilities P to bfloat16 before
+            ``P @ v`` (FlashAttention's mixed precision), so that ``q @ k^T`` and ``P @ v`` run on
+            bf16 dot products where the CPU has AVX-512 BF16 (Zen 4, Sapphire Rapids and later),
+            about twice as fast; True keeps P in float32. The bf16 products are exact in float32
+            either way and the softmax denominator sums float32 P. Other dtypes, the generated
+            kernels on CPUs without AVX-512 BF16 and the reference always keep P in float32.
         implementation: ``"automatic"`` (decode, M == 1 without a bias, on the paged kernel,
             which reads each K/V row once for a whole GQA group; otherwise the generated kernel
             when it covers the call, else the reference), ``"generated"`` (ValueError when it
@@ -446,10 +447,11 @@ def paged_attention(
         split_kv: ``"auto"`` or a number of pieces >= 1 each work item's keys are split into
             (split-KV decoding); results do not depend on the thread count beyond fp32 summation
             order and are identical run to run.
-        fp32_probabilities: bfloat16: sequences with at least 16 query rows per kv head (query
-            tokens times Hq // Hkv) run on the generated prefill kernels, which round P to
-            bfloat16 before P @ V (bf16 dot products) unless this is True; decode and short
-            queries always keep P in float32. As :func:`flash_attention`'s.
+        fp32_probabilities: bfloat16: P is rounded to bfloat16 before P @ V unless this is
+            True, both on the generated prefill kernels (sequences with at least 16 query rows
+            per kv head) and on the paged kernel (decode and short queries; its decode products
+            run on bf16 dot products where the CPU has AVX-512 BF16 and VBMI). As
+            :func:`flash_attention`'s.
         out: a writeable ``[num_tokens, Hq, D]`` array of query's dtype written in place (and
             returned); default a new array.
 

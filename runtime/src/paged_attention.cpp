@@ -41,6 +41,7 @@ void flash_attention_on_paged_kernel(const AttentionProblem& dense) {
   problem.score = dense.score;
   problem.k_scale = dense.k_scale;
   problem.v_scale = dense.v_scale;
+  problem.fp32_probabilities = dense.fp32_probabilities;
   // Paged positions put the queries last (N - M + row); the dense ones are row + offset.
   problem.position_shift = dense.position_offset - (N - M);
   // q, out [B, H, M, D] as tokens [B * M, H, D]: token b * M + m is at b * stride(0) + m *

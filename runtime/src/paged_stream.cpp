@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "tilelab/error.hpp"
@@ -21,20 +22,32 @@ bool cpu_streams_cache_rows() {
   return supported;
 }
 
-std::int64_t streamed_acc_index(DType cache_dtype, std::int64_t d) {
-  if (cache_dtype != DType::bf16) return d;
+std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d) {
+  if (cache_dtype != DType::bf16 || products == StreamedProducts::bf16_dots) return d;
   constexpr std::int64_t kGroup = 32;
   return d / kGroup * kGroup + d % 2 * (kGroup / 2) + d % kGroup / 2;
 }
 
 namespace {
 
+// AVX-512 BF16 for vdpbf16ps, VBMI for the byte permutes that widen fp8 (Zen 4, Sapphire Rapids
+// and later have both).
 bool cpu_has_bf16_dot_products() {
-  static const bool supported = __builtin_cpu_supports("avx512bf16");
+  static const bool supported =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
   return supported;
 }
 
 }  // namespace
+
+StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities) {
+  const bool bf16_values =
+      cache_dtype == DType::bf16 || cache_dtype == DType::f8e4m3fn || cache_dtype == DType::f8e5m2;
+  return query_dtype == DType::bf16 && bf16_values && !fp32_probabilities &&
+                 cpu_streams_cache_rows() && cpu_has_bf16_dot_products()
+             ? StreamedProducts::bf16_dots
+             : StreamedProducts::fp32;
+}
 
 // GCC 12's AVX-512 headers trip -Wuninitialized in their own masked intrinsics (GCC bug 105593).
 #pragma GCC diagnostic push
@@ -67,6 +80,12 @@ template <DType dtype>
   const char* row = static_cast<const char*>(rows.rows[j + distance]);
   for (std::int64_t offset = 0; offset < head_dim * element_bytes<dtype>(); offset += 64) {
     _mm_prefetch(row + offset, _MM_HINT_T0);
+  }
+  // The companion rows (the V rows of the keys scored) are used after the scores: into L2.
+  if (rows.companion == nullptr) return;
+  const char* companion = static_cast<const char*>(rows.companion[j + distance]);
+  for (std::int64_t offset = 0; offset < head_dim * element_bytes<dtype>(); offset += 64) {
+    _mm_prefetch(companion + offset, _MM_HINT_T1);
   }
 }
 
@@ -480,30 +499,103 @@ void values_of(const float* p, std::int64_t p_stride, std::int64_t rows, Streame
 
 #pragma GCC pop_options
 
-// q·k on vdpbf16ps, for bf16 queries with bf16 or fp8 caches on CPUs with AVX-512 BF16. Every
-// such key element is a bf16 value (fp8 ones exactly), so the products are exact in fp32 as after
-// widening, with half the multiply-adds and, for bf16, no widening. (Like the dense bf16 kernels,
-// it treats bf16 subnormals as zero; fp8 values are never that small.)
+// q·k and p·v on vdpbf16ps, for bf16 queries with bf16 or fp8 caches on CPUs with AVX-512 BF16
+// and VBMI. Every such key and value element is a bf16 value (fp8 ones exactly), so q·k is exact in
+// fp32 as after widening, with half the multiply-adds and no fp32 widening; p·v rounds P to bf16
+// (StreamedProducts::bf16_dots). fp8 widens to bf16 through byte-permute tables, 64 elements in
+// five instructions. (Like the dense bf16 kernels, these treat bf16 subnormals as zero; fp8 values
+// are never that small.)
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,f16c,fma")
 
 namespace {
 
 constexpr std::int64_t kPairs = 32;  // bf16 elements of one vdpbf16ps operand
 
-// The 32 cache elements at `element` as bf16; `masked`: lanes outside `mask` are zero and their
-// memory is not read.
-template <DType dtype, bool masked>
-[[gnu::always_inline]] inline __m512bh load_bf16_pairs(const void* element, __mmask32 mask) {
-  if constexpr (dtype == DType::bf16) {
-    if constexpr (masked)
-      return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, element));
-    return reinterpret_cast<__m512bh>(_mm512_loadu_si512(element));
-  } else {
-    const __m256i bytes = masked ? _mm256_maskz_loadu_epi8(mask, element)
-                                 : _mm256_loadu_si256(static_cast<const __m256i*>(element));
-    return reinterpret_cast<__m512bh>(fp8_to_bf16_bits<dtype>(bytes));
+// 64 bytes: a vpermi2b table or index vector.
+struct ByteVector {
+  std::uint8_t bytes[64];
+};
+struct Fp8ByteTables {
+  std::uint8_t low[128], high[128];
+};
+
+// The low and the high bytes of fp8_magnitude_table: vpermi2b looks up 128 entries by the low 7
+// bits of each byte, the magnitude.
+template <DType dtype>
+constexpr Fp8ByteTables fp8_byte_tables() {
+  constexpr Fp8MagnitudeTable words = fp8_magnitude_table<dtype>();
+  Fp8ByteTables tables{};
+  for (int m = 0; m < 128; ++m) {
+    tables.low[m] = static_cast<std::uint8_t>(words.bits[m] & 0xff);
+    tables.high[m] = static_cast<std::uint8_t>(words.bits[m] >> 8);
   }
+  return tables;
+}
+
+// Byte b of the result is byte index(b) of (low, high), high's bytes numbered from 64. `words`:
+// 16-bit words from elements first..first + 31 in order. `pairs`: 32-bit lanes pairing element
+// first + i with element 32 + first + i (the same head-dim element of two keys), i < 16.
+constexpr ByteVector words_index(int first) {
+  ByteVector index{};
+  for (int i = 0; i < 32; ++i) {
+    index.bytes[2 * i] = static_cast<std::uint8_t>(first + i);
+    index.bytes[2 * i + 1] = static_cast<std::uint8_t>(64 + first + i);
+  }
+  return index;
+}
+constexpr ByteVector pairs_index(int first) {
+  ByteVector index{};
+  for (int i = 0; i < 16; ++i) {
+    index.bytes[4 * i] = static_cast<std::uint8_t>(first + i);
+    index.bytes[4 * i + 1] = static_cast<std::uint8_t>(64 + first + i);
+    index.bytes[4 * i + 2] = static_cast<std::uint8_t>(32 + first + i);
+    index.bytes[4 * i + 3] = static_cast<std::uint8_t>(96 + first + i);
+  }
+  return index;
+}
+// Word w of the result: 2 × w interleaves element i of a with element i of b (vpermt2w).
+struct WordVector {
+  std::uint16_t words[32];
+};
+constexpr WordVector word_pairs_index(int first) {
+  WordVector index{};
+  for (int i = 0; i < 16; ++i) {
+    index.words[2 * i] = static_cast<std::uint16_t>(first + i);
+    index.words[2 * i + 1] = static_cast<std::uint16_t>(32 + first + i);
+  }
+  return index;
+}
+
+[[gnu::always_inline]] inline __m512i load_vector(const void* p) {
+  return _mm512_loadu_si512(p);
+}
+
+// The bf16 bits of the 64 fp8 values of `bytes` as two byte vectors, low and high bytes, in the
+// order of `bytes`.
+template <DType dtype>
+[[gnu::always_inline]] inline void fp8_to_bf16_bytes(__m512i bytes, __m512i& low, __m512i& high) {
+  static constexpr Fp8ByteTables kTables = fp8_byte_tables<dtype>();
+  low = _mm512_permutex2var_epi8(load_vector(kTables.low), bytes, load_vector(kTables.low + 64));
+  const __m512i magnitude =
+      _mm512_permutex2var_epi8(load_vector(kTables.high), bytes, load_vector(kTables.high + 64));
+  // magnitude | (bytes & 0x80)
+  high =
+      _mm512_ternarylogic_epi32(magnitude, bytes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
+}
+
+// lanes(remaining) for 32 and 64 elements.
+__mmask32 lanes32(std::int64_t remaining) {
+  if (remaining >= 32) return ~__mmask32{0};
+  return remaining <= 0 ? 0 : static_cast<__mmask32>((__mmask32{1} << remaining) - 1);
+}
+__mmask64 lanes64(std::int64_t remaining) {
+  if (remaining >= 64) return ~__mmask64{0};
+  return remaining <= 0 ? 0 : (__mmask64{1} << remaining) - 1;
+}
+
+[[gnu::always_inline]] inline __m512bh as_pairs(__m512i x) {
+  return reinterpret_cast<__m512bh>(x);
 }
 
 // Four bf16 q rows (q_stride elements apart, zero from head_dim to a multiple of 32) against one
@@ -514,21 +606,92 @@ __m512 score_key_bf16_dot(const std::uint16_t* q, std::int64_t q_stride, const v
   const __m512 zero = _mm512_setzero_ps();
   KeyColumn c{zero, zero, zero, zero};
   const auto* k_row = static_cast<const char*>(key);
-  const auto step = [&](std::int64_t d, auto masked, __mmask32 mask) {
-    const __m512bh k =
-        load_bf16_pairs<dtype, masked.value>(k_row + d * element_bytes<dtype>(), mask);
+  // k holds the key's elements d to d + 32 as bf16.
+  const auto dots = [&](std::int64_t d, __m512i k) {
     const auto q_pairs = [&](std::int64_t r) {
-      return reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + r * q_stride + d));
+      return as_pairs(load_vector(q + r * q_stride + d));
     };
-    c.r0 = _mm512_dpbf16_ps(c.r0, q_pairs(0), k);
-    c.r1 = _mm512_dpbf16_ps(c.r1, q_pairs(1), k);
-    c.r2 = _mm512_dpbf16_ps(c.r2, q_pairs(2), k);
-    c.r3 = _mm512_dpbf16_ps(c.r3, q_pairs(3), k);
+    c.r0 = _mm512_dpbf16_ps(c.r0, q_pairs(0), as_pairs(k));
+    c.r1 = _mm512_dpbf16_ps(c.r1, q_pairs(1), as_pairs(k));
+    c.r2 = _mm512_dpbf16_ps(c.r2, q_pairs(2), as_pairs(k));
+    c.r3 = _mm512_dpbf16_ps(c.r3, q_pairs(3), as_pairs(k));
   };
   std::int64_t d = 0;
-  for (; d + kPairs <= head_dim; d += kPairs) step(d, std::false_type{}, 0);
-  if (d < head_dim) step(d, std::true_type{}, (__mmask32{1} << (head_dim - d)) - 1);
+  if constexpr (dtype == DType::bf16) {
+    for (; d + kPairs <= head_dim; d += kPairs) dots(d, load_vector(k_row + 2 * d));
+    if (d < head_dim) dots(d, _mm512_maskz_loadu_epi16(lanes32(head_dim - d), k_row + 2 * d));
+  } else {
+    static constexpr ByteVector kLowWords = words_index(0), kHighWords = words_index(32);
+    const auto step = [&](__m512i bytes) {
+      __m512i low, high;
+      fp8_to_bf16_bytes<dtype>(bytes, low, high);
+      dots(d, _mm512_permutex2var_epi8(low, load_vector(kLowWords.bytes), high));
+      if (d + kPairs < head_dim) {
+        dots(d + kPairs, _mm512_permutex2var_epi8(low, load_vector(kHighWords.bytes), high));
+      }
+    };
+    for (; d + 2 * kPairs <= head_dim; d += 2 * kPairs) step(load_vector(k_row + d));
+    if (d < head_dim) step(_mm512_maskz_loadu_epi8(lanes64(head_dim - d), k_row + d));
+  }
   return fold_rows(c);
+}
+
+// score_key_bf16_dot for head dims of up to 128, with the four q rows' pairs in registers:
+// q[r][g] holds row r's elements 32g to 32g + 32 (zero past head_dim).
+template <DType dtype, int groups>
+[[gnu::always_inline]] inline __m512 score_key_held_q(const __m512i (&q)[kTile][groups],
+                                                      const void* key, std::int64_t head_dim) {
+  const __m512 zero = _mm512_setzero_ps();
+  KeyColumn c{zero, zero, zero, zero};
+  const auto* k_row = static_cast<const char*>(key);
+  const auto dots = [&](int g, __m512i k) {
+    c.r0 = _mm512_dpbf16_ps(c.r0, as_pairs(q[0][g]), as_pairs(k));
+    c.r1 = _mm512_dpbf16_ps(c.r1, as_pairs(q[1][g]), as_pairs(k));
+    c.r2 = _mm512_dpbf16_ps(c.r2, as_pairs(q[2][g]), as_pairs(k));
+    c.r3 = _mm512_dpbf16_ps(c.r3, as_pairs(q[3][g]), as_pairs(k));
+  };
+  if constexpr (dtype == DType::bf16) {
+#pragma GCC unroll 4
+    for (int g = 0; g < groups; ++g) {
+      const char* element = k_row + 2 * g * kPairs;
+      dots(g, (g + 1) * kPairs <= head_dim
+                  ? load_vector(element)
+                  : _mm512_maskz_loadu_epi16(lanes32(head_dim - g * kPairs), element));
+    }
+  } else {
+    static constexpr ByteVector kLowWords = words_index(0), kHighWords = words_index(32);
+#pragma GCC unroll 2
+    for (int h = 0; 2 * h < groups; ++h) {
+      const char* element = k_row + 2 * h * kPairs;
+      const __m512i bytes =
+          (h + 1) * 2 * kPairs <= head_dim
+              ? load_vector(element)
+              : _mm512_maskz_loadu_epi8(lanes64(head_dim - 2 * h * kPairs), element);
+      __m512i low, high;
+      fp8_to_bf16_bytes<dtype>(bytes, low, high);
+      dots(2 * h, _mm512_permutex2var_epi8(low, load_vector(kLowWords.bytes), high));
+      if (2 * h + 1 < groups) {
+        dots(2 * h + 1, _mm512_permutex2var_epi8(low, load_vector(kHighWords.bytes), high));
+      }
+    }
+  }
+  return fold_rows(c);
+}
+
+// The four-row tile's scores against every key with its q pairs held in registers.
+template <DType dtype, int groups>
+void score_tile_held_q(const std::uint16_t* q, std::int64_t q_stride, StreamedRows keys,
+                       std::int64_t head_dim, float* scores, std::int64_t score_stride,
+                       std::int64_t prefetch_distance) {
+  __m512i q_pairs[kTile][groups];
+#pragma GCC unroll 4
+  for (int r = 0; r < kTile; ++r) {
+#pragma GCC unroll 4
+    for (int g = 0; g < groups; ++g) q_pairs[r][g] = load_vector(q + r * q_stride + g * kPairs);
+  }
+  score_tiles_of_keys<dtype>(
+      keys, head_dim, scores, score_stride, prefetch_distance,
+      [&](const void* key) { return score_key_held_q<dtype, groups>(q_pairs, key, head_dim); });
 }
 
 // scores_of on vdpbf16ps. The q rows hold bf16 values (a bf16 query), so their bf16 copy, made
@@ -549,11 +712,195 @@ void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride
                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
       }
     }
-    score_tiles_of_keys<dtype>(keys, head_dim, scores + r * score_stride, score_stride,
-                               r == 0 ? prefetch_distance : 0, [&](const void* key) {
-                                 return score_key_bf16_dot<dtype>(q_bf16, pair_stride, key,
-                                                                  head_dim);
-                               });
+    float* tile_scores = scores + r * score_stride;
+    const std::int64_t distance = r == 0 ? prefetch_distance : 0;
+    const auto held = [&](auto groups) {
+      score_tile_held_q<dtype, groups.value>(q_bf16, pair_stride, keys, head_dim, tile_scores,
+                                             score_stride, distance);
+    };
+    switch (pair_stride / kPairs) {
+      case 1:
+        held(std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        held(std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        held(std::integral_constant<int, 3>{});
+        break;
+      case 4:
+        held(std::integral_constant<int, 4>{});
+        break;
+      default:
+        score_tiles_of_keys<dtype>(
+            keys, head_dim, tile_scores, score_stride, distance, [&](const void* key) {
+              return score_key_bf16_dot<dtype>(q_bf16, pair_stride, key, head_dim);
+            });
+    }
+  }
+}
+
+// The value pairs of two keys for the 32 head-dim elements at row_a and row_b: lane i of `first`
+// holds (a[i], b[i]) for i < 16, lane i of `second` (a[16 + i], b[16 + i]). Without `partner`, b
+// is zero and row_b is not read; `masked`: elements outside `mask` are zero and not read.
+template <DType dtype, bool masked, bool partner>
+[[gnu::always_inline]] inline void value_pairs(const char* row_a, const char* row_b, __mmask32 mask,
+                                               __m512i& first, __m512i& second) {
+  if constexpr (dtype == DType::bf16) {
+    static constexpr WordVector kFirst = word_pairs_index(0), kSecond = word_pairs_index(16);
+    const auto load = [&](const char* row) {
+      return masked ? _mm512_maskz_loadu_epi16(mask, row) : load_vector(row);
+    };
+    const __m512i a = load(row_a);
+    const __m512i b = partner ? load(row_b) : _mm512_setzero_si512();
+    first = _mm512_permutex2var_epi16(a, load_vector(kFirst.words), b);
+    second = _mm512_permutex2var_epi16(a, load_vector(kSecond.words), b);
+  } else {
+    static constexpr ByteVector kFirst = pairs_index(0), kSecond = pairs_index(16);
+    const auto load = [&](const char* row) {
+      return masked ? _mm256_maskz_loadu_epi8(mask, row)
+                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+    };
+    const __m256i b = partner ? load(row_b) : _mm256_setzero_si256();
+    __m512i low, high;
+    fp8_to_bf16_bytes<dtype>(_mm512_inserti64x4(_mm512_castsi256_si512(load(row_a)), b, 1), low,
+                             high);
+    first = _mm512_permutex2var_epi8(low, load_vector(kFirst.bytes), high);
+    second = _mm512_permutex2var_epi8(low, load_vector(kSecond.bytes), high);
+  }
+}
+
+// Keys whose P a bf16 p·v call rounds at a time.
+constexpr std::int64_t kPairedKeys = 256;
+
+// `tile_rows` rows of p·v over `groups` 32-element groups of the head dim from element d:
+// acc = acc · scale + Σ p · v, keys in pairs. p_pairs holds each row's P in bf16, a pair of keys
+// per 32 bits, pair_stride pairs apart (zero past the last key).
+template <DType dtype, int tile_rows, int groups, bool masked>
+void value_tile_bf16_dot(const std::uint32_t* p_pairs, std::int64_t pair_stride,
+                         StreamedRows values, std::int64_t d, std::int64_t head_dim,
+                         const float* scale, float* acc, std::int64_t acc_stride,
+                         std::int64_t prefetch_distance) {
+  __m512 sums[tile_rows][2 * groups];
+  __mmask32 mask[groups];
+#pragma GCC unroll 4
+  for (int g = 0; g < groups; ++g) mask[g] = lanes32(head_dim - d - g * kPairs);
+#pragma GCC unroll 4
+  for (int r = 0; r < tile_rows; ++r) {
+    const __m512 factor = _mm512_set1_ps(scale[r]);
+#pragma GCC unroll 4
+    for (int v = 0; v < 2 * groups; ++v) {
+      sums[r][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * acc_stride + d + v * kVector), factor);
+    }
+  }
+  const auto add_pair = [&](std::int64_t j, auto partner) {
+    const char* row_a = static_cast<const char*>(values.rows[j]);
+    const char* row_b = partner.value ? static_cast<const char*>(values.rows[j + 1]) : nullptr;
+    __m512i pair_p[tile_rows];
+#pragma GCC unroll 4
+    for (int r = 0; r < tile_rows; ++r) {
+      pair_p[r] = _mm512_set1_epi32(static_cast<int>(p_pairs[r * pair_stride + j / 2]));
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < groups; ++g) {
+      const std::int64_t offset = (d + g * kPairs) * element_bytes<dtype>();
+      __m512i first, second;
+      value_pairs<dtype, masked, partner.value>(row_a + offset, row_b + offset, mask[g], first,
+                                                second);
+#pragma GCC unroll 4
+      for (int r = 0; r < tile_rows; ++r) {
+        sums[r][2 * g] = _mm512_dpbf16_ps(sums[r][2 * g], as_pairs(pair_p[r]), as_pairs(first));
+        sums[r][2 * g + 1] =
+            _mm512_dpbf16_ps(sums[r][2 * g + 1], as_pairs(pair_p[r]), as_pairs(second));
+      }
+    }
+  };
+  std::int64_t j = 0;
+  for (; j + 2 <= values.count; j += 2) {
+    if (d == 0) {
+      prefetch_ahead<dtype>(values, j, prefetch_distance, head_dim);
+      prefetch_ahead<dtype>(values, j + 1, prefetch_distance, head_dim);
+    }
+    add_pair(j, std::true_type{});
+  }
+  if (j < values.count) add_pair(j, std::false_type{});
+#pragma GCC unroll 4
+  for (int r = 0; r < tile_rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 2 * groups; ++v) {
+      _mm512_storeu_ps(acc + r * acc_stride + d + v * kVector, sums[r][v]);
+    }
+  }
+}
+
+// value_tile_bf16_dot over the whole head dim: panels of two groups (64 elements), the last one
+// masked where the head dim ends inside it.
+template <DType dtype, int tile_rows>
+void value_rows_bf16_dot(const std::uint32_t* p_pairs, std::int64_t pair_stride,
+                         StreamedRows values, std::int64_t head_dim, const float* scale, float* acc,
+                         std::int64_t acc_stride, std::int64_t prefetch_distance) {
+  std::int64_t d = 0;
+  for (; d + 2 * kPairs <= head_dim; d += 2 * kPairs) {
+    value_tile_bf16_dot<dtype, tile_rows, 2, false>(p_pairs, pair_stride, values, d, head_dim,
+                                                    scale, acc, acc_stride, prefetch_distance);
+  }
+  const std::int64_t left = head_dim - d;
+  if (left > kPairs) {
+    value_tile_bf16_dot<dtype, tile_rows, 2, true>(p_pairs, pair_stride, values, d, head_dim, scale,
+                                                   acc, acc_stride, prefetch_distance);
+  } else if (left == kPairs) {
+    value_tile_bf16_dot<dtype, tile_rows, 1, false>(p_pairs, pair_stride, values, d, head_dim,
+                                                    scale, acc, acc_stride, prefetch_distance);
+  } else if (left > 0) {
+    value_tile_bf16_dot<dtype, tile_rows, 1, true>(p_pairs, pair_stride, values, d, head_dim, scale,
+                                                   acc, acc_stride, prefetch_distance);
+  }
+}
+
+// values_of with StreamedProducts::bf16_dots: P rounded to bf16 per four-row tile and run of
+// kPairedKeys keys. Accumulators keep head-dim order.
+template <DType dtype>
+void values_of_bf16_dot(const float* p, std::int64_t p_stride, std::int64_t rows,
+                        StreamedRows values, std::int64_t head_dim, const float* correction,
+                        float* acc, std::int64_t acc_stride, std::int64_t prefetch_distance) {
+  constexpr std::int64_t kPairStride = kPairedKeys / 2 + kVector / 2;
+  alignas(64) std::uint32_t p_pairs[kTile * kPairStride];
+  constexpr float kOnes[kTile] = {1.0f, 1.0f, 1.0f, 1.0f};
+  for (std::int64_t run = 0; run < values.count; run += kPairedKeys) {
+    const std::int64_t count = std::min(kPairedKeys, values.count - run);
+    const StreamedRows run_values{values.rows + run, count};
+    for (std::int64_t r = 0; r < rows; r += kTile) {
+      const std::int64_t tile_rows = std::min<std::int64_t>(kTile, rows - r);
+      for (std::int64_t t = 0; t < tile_rows; ++t) {
+        const float* src = p + (r + t) * p_stride + run;
+        auto* dst = reinterpret_cast<std::uint16_t*>(p_pairs + t * kPairStride);
+        for (std::int64_t k = 0; k < count; k += kVector) {
+          const __m512 x = _mm512_maskz_loadu_ps(lanes(count - k), src + k);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
+                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+        }
+      }
+      const float* scale = run == 0 ? correction + r : kOnes;
+      float* tile_acc = acc + r * acc_stride;
+      const std::int64_t distance = r == 0 ? prefetch_distance : 0;
+      const auto tile = [&](auto rows_in_tile) {
+        value_rows_bf16_dot<dtype, rows_in_tile.value>(p_pairs, kPairStride, run_values, head_dim,
+                                                       scale, tile_acc, acc_stride, distance);
+      };
+      switch (tile_rows) {
+        case 4:
+          tile(std::integral_constant<int, 4>{});
+          break;
+        case 3:
+          tile(std::integral_constant<int, 3>{});
+          break;
+        case 2:
+          tile(std::integral_constant<int, 2>{});
+          break;
+        default:
+          tile(std::integral_constant<int, 1>{});
+      }
+    }
   }
 }
 
@@ -607,10 +954,20 @@ void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::in
   });
 }
 
-void stream_values(DType cache_dtype, const float* p, std::int64_t p_stride, std::int64_t rows,
-                   StreamedRows values, std::int64_t head_dim, const float* correction, float* acc,
+void stream_values(DType cache_dtype, StreamedProducts products, const float* p,
+                   std::int64_t p_stride, std::int64_t rows, StreamedRows values,
+                   std::int64_t head_dim, const float* correction, float* acc,
                    std::int64_t acc_stride, std::int64_t prefetch_distance) {
   with_cache_dtype(cache_dtype, "stream_values", [&](auto dtype) {
+    if constexpr (dtype.value == DType::bf16 || dtype.value == DType::f8e4m3fn ||
+                  dtype.value == DType::f8e5m2) {
+      if (products == StreamedProducts::bf16_dots) {
+        return values_of_bf16_dot<dtype.value>(p, p_stride, rows, values, head_dim, correction, acc,
+                                               acc_stride, prefetch_distance);
+      }
+    }
+    TILELAB_CHECK(products == StreamedProducts::fp32)
+        << "stream_values: bf16 dot products for cache dtype " << dtype_name(cache_dtype);
     values_of<dtype.value>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride,
                            prefetch_distance);
   });

@@ -18,17 +18,33 @@ constexpr std::int64_t kStreamedRowTile = 4;
 // True when the CPU runs the streaming micro-kernels (AVX-512 F, BW, VL, DQ, and F16C).
 bool cpu_streams_cache_rows();
 
-// Where stream_values keeps head-dim element d in an accumulator row: bf16 rows are widened 32
-// elements at a time as their even and their odd elements (one instruction each), so within each
-// group of 32 the row holds the 16 even elements, then the 16 odd ones. Other dtypes keep d.
-// Accumulator rows must hold round_up(head_dim, 32) floats.
-std::int64_t streamed_acc_index(DType cache_dtype, std::int64_t d);
+// How stream_values forms p·v.
+enum class StreamedProducts {
+  // V widened to fp32, fp32 FMAs with P as given.
+  fp32,
+  // P rounded to bf16 (nearest even) and pairs of keys on vdpbf16ps: every bf16 and fp8 V element
+  // is a bf16 value, so only P's rounding differs from fp32 products. Half the multiply-adds, and
+  // V is never widened to fp32.
+  bf16_dots,
+};
+
+// bf16_dots for bf16 queries with bf16 or fp8 caches on CPUs with AVX-512 BF16 (and VBMI for
+// fp8), unless the caller keeps P in fp32 (PagedAttentionOptions::fp32_probabilities).
+StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities);
+
+// Where stream_values keeps head-dim element d in an accumulator row. fp32 products widen bf16
+// rows 32 elements at a time as their even and their odd elements (one instruction each), so
+// within each group of 32 the row holds the 16 even elements, then the 16 odd ones. Other dtypes
+// and bf16 dots keep d. Accumulator rows must hold round_up(head_dim, 32) floats.
+std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d);
 
 // The K or V rows of a run of keys: rows[j] is key j's row, head_dim contiguous elements of the
-// cache dtype.
+// cache dtype. Optional companion rows (the V rows of scored keys) are prefetched into L2 along
+// with rows, so that p·v finds them there.
 struct StreamedRows {
   const void* const* rows;
   std::int64_t count;
+  const void* const* companion = nullptr;
 };
 
 // Both kernels read key j's row while prefetching the row of key j + prefetch_distance (0: none).
@@ -46,9 +62,10 @@ void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::in
 
 // acc[r][i(d)] = acc[r][i(d)] · correction[r] + Σ_j p[r * p_stride + j] · v[j][d], for r < rows,
 // j < values.count and d < head_dim, where i is streamed_acc_index; acc rows are acc_stride floats
-// apart.
-void stream_values(DType cache_dtype, const float* p, std::int64_t p_stride, std::int64_t rows,
-                   StreamedRows values, std::int64_t head_dim, const float* correction, float* acc,
+// apart. `products` must be what streamed_products chose.
+void stream_values(DType cache_dtype, StreamedProducts products, const float* p,
+                   std::int64_t p_stride, std::int64_t rows, StreamedRows values,
+                   std::int64_t head_dim, const float* correction, float* acc,
                    std::int64_t acc_stride, std::int64_t prefetch_distance);
 
 }  // namespace tilelab::detail

@@ -507,7 +507,16 @@ STREAMED_LENGTHS = [2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300, 513]
                          ids=lambda h: f"Hq{h[0]}-Hkv{h[1]}")
 @pytest.mark.parametrize("head_dim", [1, 7, 16, 33, 100, 128, 200, 512])
 def test_decode_matches_the_widening_path(dtypes, heads, head_dim):
+    """bf16 queries take both decode product paths: P rounded to bf16 (the default, within the
+    tolerance's bf16 term) and fp32 P."""
     query_dtype, cache_dtype = dtypes
+    for fp32_probabilities in [False, True] if query_dtype == "bfloat16" else [False]:
+        compare_decode_with_widening_path(query_dtype, cache_dtype, heads, head_dim,
+                                          fp32_probabilities)
+
+
+def compare_decode_with_widening_path(query_dtype, cache_dtype, heads, head_dim,
+                                      fp32_probabilities):
     rng = np.random.default_rng(head_dim * 100 + heads[0])
     batch = make_batch(rng, [(2, n) for n in STREAMED_LENGTHS], q_heads=heads[0],
                        kv_heads=heads[1], head_dim=head_dim, block_size=48,
@@ -516,17 +525,66 @@ def test_decode_matches_the_widening_path(dtypes, heads, head_dim):
     for name in ("key_cache", "value_cache"):
         batch[name] = np.asarray(batch[name], np.float32).astype(cache)
     scales = dict(k_scale=0.5, v_scale=2.0) if cache_dtype in FP8 else {}
-    prefill = tilelab.paged_attention(*arguments(batch), **scales)
+    prefill = tilelab.paged_attention(*arguments(batch), **scales, fp32_probabilities=True)
     last = batch["query_start_loc"][1:] - 1
     decode = tilelab.paged_attention(
         batch["query"][last], batch["key_cache"], batch["value_cache"], batch["block_table"],
-        batch["seq_lens"], np.arange(len(last) + 1, dtype=np.int32), **scales)
+        batch["seq_lens"], np.arange(len(last) + 1, dtype=np.int32), **scales,
+        fp32_probabilities=fp32_probabilities)
     expected = np.asarray(prefill[last], np.float64)
     got = np.asarray(decode, np.float64)
     magnitude = np.max(np.abs(expected), initial=1.0)
     atol = magnitude * (2 * UNIT_ROUNDOFF[query_dtype] + 64 * UNIT_ROUNDOFF["float32"])
     error = np.max(np.abs(got - expected))
     assert np.all(np.isfinite(got)) and error <= atol, f"{error:.3g} > {atol:.3g}"
+
+
+def decode_output_with_probabilities(batch, round_p, v_scale):
+    """Decode out in float64 with P = exp(s - max) computed in fp32 and, if round_p, rounded to
+    bf16 before P·V (the denominator sums fp32 P); one block of keys per sequence."""
+    q = np.asarray(batch["query"], np.float64)
+    _, q_heads, head_dim = q.shape
+    kv_heads, block_size = batch["key_cache"].shape[1], batch["key_cache"].shape[2]
+    group = q_heads // kv_heads
+    scale = np.float32(1) / np.sqrt(np.float32(head_dim))
+    out = np.zeros_like(q)
+    for s, seq_len in enumerate(batch["seq_lens"]):
+        positions = np.arange(seq_len)
+        blocks = batch["block_table"][s, positions // block_size]
+        keys = np.asarray(batch["key_cache"], np.float64)[blocks, :, positions % block_size]
+        values = np.asarray(batch["value_cache"], np.float64)[blocks, :, positions % block_size]
+        for h in range(q_heads):
+            scores = (scale * (keys[:, h // group] @ q[s, h])).astype(np.float32)
+            p = np.exp(scores - scores.max())
+            weights = p.astype(ml_dtypes.bfloat16) if round_p else p
+            out[s, h] = (np.asarray(weights, np.float64) @ values[:, h // group]) / np.sum(
+                p, dtype=np.float64) * v_scale
+    return out
+
+
+@pytest.mark.parametrize("cache_dtype", ["bfloat16", *FP8])
+def test_decode_rounds_p_to_bf16_unless_fp32_probabilities(cache_dtype):
+    """bf16 decode rounds P to bf16 before P·V (both products on bf16 dot products where the CPU
+    has them, exact fp32 products otherwise); fp32_probabilities keeps P in fp32. Each output
+    element is compared, as bf16, with both float64 models: with few keys per sequence P's
+    rounding moves a good share of the outputs by one bf16 step, so a kernel that rounds matches
+    the rounding model almost everywhere and the other model visibly less often."""
+    rng = np.random.default_rng(73)
+    requests = [(1, int(n)) for n in rng.integers(2, 6, size=48)]
+    batch = make_batch(rng, requests, q_heads=8, kv_heads=2, head_dim=128, block_size=16,
+                       dtype="bfloat16")
+    cache = FP8.get(cache_dtype, DTYPES.get(cache_dtype))
+    for name in ("key_cache", "value_cache"):
+        batch[name] = np.asarray(batch[name], np.float32).astype(cache)
+    v_scale = 0.5 if cache_dtype in FP8 else 1.0
+    models = {round_p: decode_output_with_probabilities(batch, round_p, v_scale).astype(
+        ml_dtypes.bfloat16) for round_p in (True, False)}
+    for fp32_probabilities in (False, True):
+        out = tilelab.paged_attention(*arguments(batch), v_scale=v_scale,
+                                      fp32_probabilities=fp32_probabilities)
+        same = {round_p: float(np.mean(out == model)) for round_p, model in models.items()}
+        model, other = same[not fp32_probabilities], same[fp32_probabilities]
+        assert model >= 0.99 and model - other >= 0.1, (fp32_probabilities, same)
 
 
 @pytest.mark.parametrize("split_kv", [2, 3, 7, 1000])

@@ -63,14 +63,14 @@ struct FlashAttentionOptions {
   // v of q's dtype. Must be finite.
   float k_scale = 1.0f;
   float v_scale = 1.0f;
-  // bf16 q, k, v: the generated prefill kernels round the probabilities P to bf16 before P·V, as
-  // FlashAttention's mixed precision does, so that q·k and P·V both run on bf16 dot products
-  // (vdpbf16ps) on CPUs that have them (AVX-512 BF16: Zen 4, Sapphire Rapids and later), about
-  // twice the fp32 FMA rate. true keeps P in fp32 (fp32 FMAs). The bf16 × bf16 products are exact
-  // in fp32 either way; the softmax denominator always sums fp32 P. The bf16 backward likewise
-  // rounds P and dS to bf16 before dV = Pᵀ dO, dK = dSᵀ Q and dQ = dS K unless this is true. Other
-  // dtypes, the decode and paged kernels, CPUs without AVX-512 BF16 and the reference always keep
-  // P in fp32.
+  // bf16 q: the generated prefill kernels and the paged kernel (which runs decode, fp8 k/v and
+  // score options) round the probabilities P to bf16 before P·V, as FlashAttention's mixed
+  // precision does, so that q·k and P·V both run on bf16 dot products (vdpbf16ps) on CPUs that
+  // have them (AVX-512 BF16: Zen 4, Sapphire Rapids and later), about twice the fp32 FMA rate.
+  // true keeps P in fp32 (fp32 FMAs). The bf16 × bf16 products are exact in fp32 either way; the
+  // softmax denominator always sums fp32 P. The bf16 backward likewise rounds P and dS to bf16
+  // before dV = Pᵀ dO, dK = dSᵀ Q and dQ = dS K unless this is true. Other dtypes, the generated
+  // kernels on CPUs without AVX-512 BF16 and the reference always keep P in fp32.
   bool fp32_probabilities = false;
   Implementation implementation = Implementation::automatic;
 };

@@ -30,9 +30,10 @@ struct PagedAttentionOptions {
   // The result does not depend on the thread count except through the automatic choice (fp32
   // summation order), and is identical run to run.
   std::int64_t split_kv = 0;
-  // bf16: as FlashAttentionOptions::fp32_probabilities. Sequences with many query tokens per kv
-  // head run on the generated prefill kernels, which round P to bf16 before P·V unless this is
-  // true; the paged kernel (decode and short queries) always keeps P in fp32.
+  // bf16: as FlashAttentionOptions::fp32_probabilities. P is rounded to bf16 before P·V unless
+  // this is true, on the generated prefill kernels and on the paged kernel (decode and short
+  // queries), whose decode products then run on bf16 dot products on CPUs with AVX-512 BF16 and
+  // VBMI.
   bool fp32_probabilities = false;
 };
 
