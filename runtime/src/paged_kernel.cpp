@@ -46,6 +46,9 @@ constexpr std::int64_t kScoreStride = kStreamedKeyChunk;  // floats between rows
 // 64 sequences, four alternating rounds); into L1 instead gained less.
 constexpr std::int64_t kShortBlockBytes = 16 * 1024;
 constexpr std::int64_t kStreamedPrefetchKeys = 16;
+// Streamed chunks also list the rows of the keys after them that the prefetches reach, so that the
+// memory stays busy across chunk boundaries.
+constexpr std::int64_t kStreamedLookahead = kStreamedL2Ahead * kStreamedPrefetchKeys;
 constexpr std::int64_t kPrefetchKeys = kKeyChunk;  // one chunk ahead
 // Rows (query tokens × the group's heads) per item: bounded scratch, and enough rows per K/V chunk
 // that prefill reuses each gathered chunk many times.
@@ -358,8 +361,8 @@ class PagedKernel {
         scores_((group_ + kStreamedRowTile - 1) / kStreamedRowTile * kStreamedRowTile *
                 kScoreStride),
         corrections_(group_),
-        key_rows_(kStreamedKeyChunk),
-        value_rows_(kStreamedKeyChunk),
+        key_rows_(kStreamedKeyChunk + kStreamedLookahead),
+        value_rows_(kStreamedKeyChunk + kStreamedLookahead),
         state_(folded_rows, dim_),
         merged_(folded_rows, dim_) {}
 
@@ -374,7 +377,8 @@ class PagedKernel {
     for (std::int64_t chunk = first_key; chunk < end_key; chunk += chunk_keys) {
       const std::int64_t chunk_end = std::min(chunk + chunk_keys, end_key);
       if (streams(item)) {
-        collect_rows(item, chunk, chunk_end);
+        collected_end_ =
+            collect_rows(item, chunk, std::min(chunk_end + kStreamedLookahead, end_key));
       } else {
         gather_chunk(item, chunk, chunk_end, end_key);
       }
@@ -439,14 +443,15 @@ class PagedKernel {
   // rows widen each chunk once into fp32 scratch and reuse it across their rows.
   bool streams(const WorkItem& item) const { return streams_ && item.tokens == 1; }
 
-  // Lists the K and V row addresses of keys [key, end) of the item.
-  void collect_rows(const WorkItem& item, std::int64_t key, std::int64_t end) {
+  // Lists the K and V row addresses of keys [key, end) of the item; returns end.
+  std::int64_t collect_rows(const WorkItem& item, std::int64_t key, std::int64_t end) {
     std::int64_t count = 0;
     for (CacheRows rows = cache_rows(item, key, end); rows.key < rows.end; advance(item, rows)) {
       key_rows_[count] = rows.key_row;
       value_rows_[count] = rows.value_row;
       ++count;
     }
+    return end;
   }
 
   void load_queries(const WorkItem& item) {
@@ -545,9 +550,10 @@ class PagedKernel {
     const bool streamed = streams(item);
     const bool bf16_dots = streamed_products_ == StreamedProducts::bf16_dots;
     if (streamed) {
-      stream_scores(query_dtype, cache_dtype, &q_rows_[row0 * dim_], group_, dim_,
-                    {&key_rows_[begin - chunk], count, &value_rows_[begin - chunk]}, head_dim_,
-                    scores_.data(), kScoreStride, streamed_prefetch_keys_);
+      stream_scores(
+          query_dtype, cache_dtype, &q_rows_[row0 * dim_], group_, dim_,
+          {&key_rows_[begin - chunk], count, &value_rows_[begin - chunk], collected_end_ - end},
+          head_dim_, scores_.data(), kScoreStride, streamed_prefetch_keys_);
     } else {
       dot_rows_with_keys(&q_rows_[row0 * dim_], group_, &keys_[(begin - chunk) * dim_], count, dim_,
                          scores_.data(), kScoreStride);
@@ -619,6 +625,7 @@ class PagedKernel {
   std::vector<float> corrections_;  // [group]
   // Streamed items: the K and V row addresses of the chunk.
   std::vector<const void*> key_rows_, value_rows_;
+  std::int64_t collected_end_ = 0;  // the key after the last collected row
   RowStates state_, merged_;
 };
 

@@ -72,21 +72,32 @@ constexpr std::int64_t element_bytes() {
   return 1;
 }
 
-// Prefetches row j + distance of `rows` (a distance of 0 prefetches nothing).
+template <DType dtype, _mm_hint hint>
+[[gnu::always_inline]] inline void prefetch_row(const void* row, std::int64_t head_dim) {
+  const char* bytes = static_cast<const char*>(row);
+  for (std::int64_t offset = 0; offset < head_dim * element_bytes<dtype>(); offset += 64) {
+    _mm_prefetch(bytes + offset, hint);
+  }
+}
+
+// Prefetches as paged_stream.hpp describes for key j (a distance of 0 prefetches nothing). Two
+// distances: a block's rows at scattered addresses arrive in about the time of one block's
+// products, so one block ahead into L1 alone leaves the memory idle between requests (measured
+// on Zen 4, decode of 64 sequences with 16-key blocks: the L2 prefetch three blocks ahead made
+// bf16 1.15-1.28x and fp8 1.1-1.23x faster, against 32 or 64 keys ahead within a few percent).
 template <DType dtype>
 [[gnu::always_inline]] inline void prefetch_ahead(StreamedRows rows, std::int64_t j,
                                                   std::int64_t distance, std::int64_t head_dim) {
-  if (distance == 0 || j + distance >= rows.count) return;
-  const char* row = static_cast<const char*>(rows.rows[j + distance]);
-  for (std::int64_t offset = 0; offset < head_dim * element_bytes<dtype>(); offset += 64) {
-    _mm_prefetch(row + offset, _MM_HINT_T0);
-  }
+  const std::int64_t available = rows.count + rows.lookahead;
+  if (distance == 0 || j + distance >= available) return;
+  prefetch_row<dtype, _MM_HINT_T0>(rows.rows[j + distance], head_dim);
   // The companion rows (the V rows of the keys scored) are used after the scores: into L2.
   if (rows.companion == nullptr) return;
-  const char* companion = static_cast<const char*>(rows.companion[j + distance]);
-  for (std::int64_t offset = 0; offset < head_dim * element_bytes<dtype>(); offset += 64) {
-    _mm_prefetch(companion + offset, _MM_HINT_T1);
-  }
+  prefetch_row<dtype, _MM_HINT_T1>(rows.companion[j + distance], head_dim);
+  const std::int64_t far = j + kStreamedL2Ahead * distance;
+  if (far >= available) return;
+  prefetch_row<dtype, _MM_HINT_T1>(rows.rows[far], head_dim);
+  prefetch_row<dtype, _MM_HINT_T1>(rows.companion[far], head_dim);
 }
 
 // The lanes of a vector starting `remaining` elements before the row's end.

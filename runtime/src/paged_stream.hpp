@@ -39,17 +39,22 @@ StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp
 std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d);
 
 // The K or V rows of a run of keys: rows[j] is key j's row, head_dim contiguous elements of the
-// cache dtype. Optional companion rows (the V rows of scored keys) are prefetched into L2 along
-// with rows, so that p·v finds them there.
+// cache dtype. Optional companion rows (the V rows of scored keys) are prefetched along with rows,
+// so that p·v finds them in L2. rows (and companion) hold `lookahead` more entries past count:
+// keys that are only prefetched (the next chunk's).
 struct StreamedRows {
   const void* const* rows;
   std::int64_t count;
   const void* const* companion = nullptr;
+  std::int64_t lookahead = 0;
 };
 
-// Both kernels read key j's row while prefetching the row of key j + prefetch_distance (0: none).
-// Rows that come in short runs (small cache blocks at scattered addresses) need it; long runs are
-// better left to the hardware prefetcher.
+// Both kernels read key j's row while prefetching the row of key j + prefetch_distance into L1
+// (0: none); stream_scores also prefetches the companion row of key j + prefetch_distance, and
+// both rows of key j + kStreamedL2Ahead · prefetch_distance, into L2. Rows that come in short
+// runs (small cache blocks at scattered addresses) need it; long runs are better left to the
+// hardware prefetcher.
+constexpr std::int64_t kStreamedL2Ahead = 3;
 
 // scores[r * score_stride + j] = q[r] · k[j] for r < rows and j < keys.count. The q rows are fp32
 // values of `query_dtype`, q_stride floats apart, zero from head_dim up to q_stride (a multiple of

@@ -18,28 +18,26 @@ inline float nan_propagating_max(float a, float b) {
   return std::isnan(b) || b > a ? b : a;
 }
 
-// The nan_propagating_max of s[0, count) (-inf when count is 0), in a form that vectorizes: lane
-// maxima, and a separate NaN test.
+// The nan_propagating_max of s[0, count) (-inf when count is 0): lane maxima and a separate NaN
+// test in SSE (x86-64's baseline; the compiler leaves the scalar form's NaN test unvectorized).
 inline float block_max_of(const float* s, std::int64_t count) {
-  constexpr int kLanes = 8;
-  float lane_max[kLanes];
-  bool nan[kLanes] = {};
-  for (float& m : lane_max) m = -std::numeric_limits<float>::infinity();
+  const __m128 lowest = _mm_set1_ps(-std::numeric_limits<float>::infinity());
+  __m128 max0 = lowest, max1 = lowest, nan = _mm_setzero_ps();
   std::int64_t j = 0;
-  for (; j + kLanes <= count; j += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      lane_max[l] = s[j + l] > lane_max[l] ? s[j + l] : lane_max[l];
-      nan[l] |= s[j + l] != s[j + l];
-    }
+  for (; j + 8 <= count; j += 8) {
+    const __m128 x0 = _mm_loadu_ps(s + j), x1 = _mm_loadu_ps(s + j + 4);
+    max0 = _mm_max_ps(max0, x0);
+    max1 = _mm_max_ps(max1, x1);
+    nan = _mm_or_ps(nan, _mm_cmpunord_ps(x0, x1));
   }
+  float lanes[8];
+  _mm_storeu_ps(lanes, max0);
+  _mm_storeu_ps(lanes + 4, max1);
   float result = -std::numeric_limits<float>::infinity();
-  bool any_nan = false;
-  for (int l = 0; l < kLanes; ++l) {
-    result = lane_max[l] > result ? lane_max[l] : result;
-    any_nan |= nan[l];
-  }
+  for (const float m : lanes) result = nan_propagating_max(result, m);
+  if (_mm_movemask_ps(nan) != 0) return std::numeric_limits<float>::quiet_NaN();
   for (; j < count; ++j) result = nan_propagating_max(result, s[j]);
-  return any_nan ? std::numeric_limits<float>::quiet_NaN() : result;
+  return result;
 }
 
 // Σ s[0, count) in eight interleaved partial sums (vectorizes; the order is fixed, so the result
