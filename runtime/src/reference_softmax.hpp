@@ -55,30 +55,62 @@ inline float block_sum_of(const float* s, std::int64_t count) {
   return sum;
 }
 
-// SLEEF's AVX2 exp, declared here because sleef.h declares it only when the whole translation
-// unit is compiled for AVX; only exp_in_place_avx2 calls it, after checking the CPU.
+// SLEEF's AVX2 and AVX-512 exp, declared here because sleef.h declares them only when the whole
+// translation unit is compiled for AVX (AVX-512); only the functions below call them, after
+// checking the CPU.
 extern "C" __m256 Sleef_expf8_u10avx2(__m256);
+extern "C" __m512 Sleef_expf16_u10avx512f(__m512);
 
-// 8 lanes of SLEEF's AVX2 entry point, for CPUs that have AVX2 and FMA (see exp_in_place).
-__attribute__((target("avx2,fma"))) inline void exp_in_place_avx2(float* x, std::int64_t count) {
+// x[j] = exp(x[j] - shift) in 16 lanes of SLEEF's AVX-512 entry point (see exp_shifted_in_place).
+__attribute__((target("avx512f"))) inline void exp_shifted_in_place_avx512(float* x,
+                                                                           std::int64_t count,
+                                                                           float shift) {
+  const __m512 by = _mm512_set1_ps(shift);
   std::int64_t j = 0;
-  for (; j + 8 <= count; j += 8)
-    _mm256_storeu_ps(x + j, Sleef_expf8_u10avx2(_mm256_loadu_ps(x + j)));
-  for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j]);
+  for (; j + 16 <= count; j += 16) {
+    _mm512_storeu_ps(x + j, Sleef_expf16_u10avx512f(_mm512_sub_ps(_mm512_loadu_ps(x + j), by)));
+  }
+  if (j < count) {
+    const auto lanes = static_cast<__mmask16>((1u << (count - j)) - 1u);
+    _mm512_mask_storeu_ps(
+        x + j, lanes,
+        Sleef_expf16_u10avx512f(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + j), by)));
+  }
 }
 
-// x[j] = exp(x[j]) for j < count: the softmax's hot transcendental. 8 lanes where the CPU has
-// AVX2 and FMA, else the 4-lane SLEEF entry point (SSE2 is the x86-64 baseline; SLEEF dispatches
-// to SSE4 when present). Both are SLEEF's 1-ulp exp.
-inline void exp_in_place(float* x, std::int64_t count) {
+// 8 lanes of SLEEF's AVX2 entry point, for CPUs that have AVX2 and FMA (see exp_shifted_in_place).
+__attribute__((target("avx2,fma"))) inline void exp_shifted_in_place_avx2(float* x,
+                                                                          std::int64_t count,
+                                                                          float shift) {
+  const __m256 by = _mm256_set1_ps(shift);
+  std::int64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    _mm256_storeu_ps(x + j, Sleef_expf8_u10avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), by)));
+  }
+  for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j] - shift);
+}
+
+// x[j] = exp(x[j] - shift) for j < count (the difference rounded to fp32 first): the softmax's
+// hot transcendental. 16 lanes where the CPU has AVX-512, 8 where it has AVX2 and FMA, else the
+// 4-lane SLEEF entry point (SSE2 is the x86-64 baseline; SLEEF dispatches to SSE4 when present).
+// All are SLEEF's 1-ulp exp.
+inline void exp_shifted_in_place(float* x, std::int64_t count, float shift) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2) {
-    exp_in_place_avx2(x, count);
+  if (avx512) {
+    exp_shifted_in_place_avx512(x, count, shift);
     return;
   }
+  if (avx2) {
+    exp_shifted_in_place_avx2(x, count, shift);
+    return;
+  }
+  const __m128 by = _mm_set1_ps(shift);
   std::int64_t j = 0;
-  for (; j + 4 <= count; j += 4) _mm_storeu_ps(x + j, Sleef_expf4_u10(_mm_loadu_ps(x + j)));
-  for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j]);
+  for (; j + 4 <= count; j += 4) {
+    _mm_storeu_ps(x + j, Sleef_expf4_u10(_mm_sub_ps(_mm_loadu_ps(x + j), by)));
+  }
+  for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j] - shift);
 }
 
 // Turns one block of a row's scores s[0, visible) into probabilities relative to the row's new
@@ -91,8 +123,7 @@ inline float softmax_block_update(float* s, std::int64_t visible, float block_ma
                                   float& row_sum) {
   const float new_max = nan_propagating_max(row_max, block_max);
   const float correction = Sleef_expf_u10(row_max - new_max);  // 0 on the first block
-  for (std::int64_t j = 0; j < visible; ++j) s[j] -= new_max;
-  exp_in_place(s, visible);
+  exp_shifted_in_place(s, visible, new_max);
   const float block_sum = block_sum_of(s, visible);
   row_sum = row_sum * correction + block_sum;
   row_max = new_max;
@@ -114,7 +145,7 @@ inline void merge_block_into_row(float* s, std::int64_t visible, float block_max
   }
 }
 
-// x[j] = cap · tanh(x[j] / cap) for j < count: logit soft-capping (SLEEF, 4 lanes as exp_in_place).
+// x[j] = cap · tanh(x[j] / cap) for j < count: logit soft-capping (SLEEF, 4 lanes).
 inline void softcap_in_place(float* x, std::int64_t count, float cap) {
   const float inverse_cap = 1.0f / cap;
   std::int64_t j = 0;
