@@ -37,14 +37,14 @@ constexpr std::int64_t kKeyChunk = 64;
 // 512 gained 4% more. A multiple of kKeyChunk, so split pieces stay whole.
 constexpr std::int64_t kStreamedKeyChunk = 4 * kKeyChunk;
 constexpr std::int64_t kScoreStride = kStreamedKeyChunk;  // floats between rows of the scores
-// Streamed items whose cache blocks hold at most this many bytes of one kv head's rows prefetch
-// kStreamedPrefetchKeys rows ahead: the hardware prefetcher restarts at every scattered block.
-// Measured side by side on Zen 4 (decode, 64 sequences, Hkv 8, D 128): bf16 1.17x faster with 16
-// rows of 16 keys, 1.04x with 48; fp8 1.33x and 1.26x; fp8 with 128-key blocks (16 KiB) 1.14x,
-// bf16 ones (32 KiB) and dense rows 3-5% slower. Prefetching the V rows into L2 while the keys
-// are scored (same distance) measured 1.10-1.27x faster for bf16 and 1.06-1.18x for fp8 (decode,
-// 64 sequences, four alternating rounds); into L1 instead gained less.
-constexpr std::int64_t kShortBlockBytes = 16 * 1024;
+// Streamed items prefetch kStreamedPrefetchKeys rows ahead into L1, and while scoring, the V rows
+// of the same keys and both rows kStreamedL2Ahead times further into L2 (paged_stream.hpp): the
+// hardware prefetcher restarts at every scattered block, and a block's rows at a scattered address
+// arrive in about the time of one block's products. Measured side by side on Zen 4: L1 alone made
+// decode of 64 sequences (Hkv 8, D 128, 16-key blocks) bf16 1.17x and fp8 1.33x faster; the V and
+// L2 prefetches another 1.15-1.28x (bf16) and 1.1-1.23x (fp8), and made dense decode rows (B8
+// Hq32 Hkv8 N4096 D128), which L1 alone had slowed by 3-5%, 1.08x (fp32) and 1.10-1.17x (bf16)
+// faster; L1 distances of 8 and 32 and L2 factors of 2 to 6 measured within noise of these.
 constexpr std::int64_t kStreamedPrefetchKeys = 16;
 // Streamed chunks also list the rows of the keys after them that the prefetches reach, so that the
 // memory stays busy across chunk boundaries.
@@ -352,9 +352,6 @@ class PagedKernel {
                  problem.key_cache.stride(3) == 1 && problem.value_cache.stride(3) == 1),
         rounds_probabilities_(query_dtype == DType::bf16 && !problem.fp32_probabilities),
         streamed_products_(streamed_products(query_dtype, cache_dtype, problem.fp32_probabilities)),
-        // Streamed items read contiguous rows, so row_bytes_ is their length.
-        streamed_prefetch_keys_(
-            problem.block_size * row_bytes_ <= kShortBlockBytes ? kStreamedPrefetchKeys : 0),
         q_rows_((folded_rows + kStreamedRowTile - 1) * dim_, 0.0f),
         keys_(kKeyChunk * dim_, 0.0f),
         values_(kKeyChunk * dim_, 0.0f),
@@ -553,7 +550,7 @@ class PagedKernel {
       stream_scores(
           query_dtype, cache_dtype, &q_rows_[row0 * dim_], group_, dim_,
           {&key_rows_[begin - chunk], count, &value_rows_[begin - chunk], collected_end_ - end},
-          head_dim_, scores_.data(), kScoreStride, streamed_prefetch_keys_);
+          head_dim_, scores_.data(), kScoreStride, kStreamedPrefetchKeys);
     } else {
       dot_rows_with_keys(&q_rows_[row0 * dim_], group_, &keys_[(begin - chunk) * dim_], count, dim_,
                          scores_.data(), kScoreStride);
@@ -591,7 +588,7 @@ class PagedKernel {
         stream_values(cache_dtype, streamed_products_, &scores_[first_row * kScoreStride],
                       kScoreStride, rows, {&value_rows_[begin - chunk], count}, head_dim_,
                       &corrections_[first_row], acc + first_row * dim_, dim_,
-                      streamed_prefetch_keys_);
+                      kStreamedPrefetchKeys);
       } else {
         accumulate_values(&scores_[first_row * kScoreStride], kScoreStride, rows,
                           &values_[(begin - chunk) * dim_], count, dim_, &corrections_[first_row],
@@ -619,7 +616,6 @@ class PagedKernel {
   // bf16 queries: P is rounded to bf16 before P·V (PagedAttentionOptions::fp32_probabilities).
   const bool rounds_probabilities_;
   const StreamedProducts streamed_products_;
-  const std::int64_t streamed_prefetch_keys_;
   std::vector<float> q_rows_, keys_, values_;  // q_rows_ has kStreamedRowTile - 1 spare rows
   std::vector<float> scores_;       // [group rounded up to kStreamedRowTile][kScoreStride]
   std::vector<float> corrections_;  // [group]
