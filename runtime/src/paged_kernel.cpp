@@ -524,11 +524,10 @@ class PagedKernel {
   }
 
   void prefetch_row(const CacheStorage* row) const {
-    constexpr std::int64_t kLine = 64;
-    const auto* bytes = reinterpret_cast<const char*>(row);
-    for (std::int64_t offset = 0; offset < row_bytes_; offset += kLine) {
-      __builtin_prefetch(bytes + offset);
-    }
+    if (row_bytes_ == 0) return;
+    const CacheLines lines = cache_lines(row, row_bytes_);
+    for (std::int64_t line = 0; line < lines.count; ++line)
+      __builtin_prefetch(lines.first + 64 * line);
   }
 
   void widen_row(const CacheStorage* src, std::int64_t stride, float* dst) const {

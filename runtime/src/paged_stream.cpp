@@ -74,10 +74,9 @@ constexpr std::int64_t element_bytes() {
 
 template <DType dtype, _mm_hint hint>
 [[gnu::always_inline]] inline void prefetch_row(const void* row, std::int64_t head_dim) {
-  const char* bytes = static_cast<const char*>(row);
-  for (std::int64_t offset = 0; offset < head_dim * element_bytes<dtype>(); offset += 64) {
-    _mm_prefetch(bytes + offset, hint);
-  }
+  const CacheLines lines = cache_lines(row, head_dim * element_bytes<dtype>());
+  for (std::int64_t line = 0; line < lines.count; ++line)
+    _mm_prefetch(lines.first + 64 * line, hint);
 }
 
 // Prefetches as paged_stream.hpp describes for key j (a distance of 0 prefetches nothing). Two
