@@ -17,7 +17,9 @@ Workloads (Hq 32, Hkv 8, d 128, bf16 unless named):
   kernels and on the paged kernel (implementation="reference"), and PyTorch SDPA per sequence
   with the window as a boolean mask (SDPA has no softcap).
 - decode: 64 sequences decoding one token each, contexts 512 to 4 k, bf16 and fp8 (e4m3fn) caches:
-  GB/s of K and V read against the triad bandwidth measured in the same run.
+  GB/s of K and V read against the triad bandwidth measured in the same run, and against reading
+  the same blocks (2 or 4 KiB, from two arrays, in a random order, prefetched ahead) without any
+  arithmetic: the ceiling of the access pattern.
 - long decode: one sequence decoding one token with a 32 k context (split-KV), GB/s against triad.
 """
 
@@ -222,8 +224,9 @@ def options_workload(tilelab, torch, args, rng):
 
 def decode_workloads(tilelab, args, rng, peak):
     triad = peak["triad_bandwidth_gb_per_s"]
-    # Reading blocks of this many bytes in a random order, measured in the same run: the ceiling of
-    # a paged cache's reads (a kv head's 16-key block is 4 KiB in bf16, 2 KiB in fp8).
+    # Reading blocks of this many bytes of two arrays in a random order, prefetched ahead, measured
+    # in the same run: the ceiling of a paged cache's reads (a kv head's 16-key block is 4 KiB in
+    # bf16, 2 KiB in fp8).
     block_reads = peak.get("random_block_read_gb_per_s", {})
     contexts = rng.integers(512, 4097, size=64)
     cases = [("decode 64 seqs, bf16", [(1, int(c)) for c in contexts], ml_dtypes.bfloat16, {}),
@@ -255,7 +258,7 @@ def decode_workloads(tilelab, args, rng, peak):
                         "fraction_of_triad": rate / triad,
                         "fraction_of_block_read": rate / block_read if block_read else None})
     print(f"\ndecode: GB/s of K and V read (block_size 16), against triad {triad:.1f} GB/s and "
-          "random-order reads of one block's bytes")
+          "random-order, prefetched reads of one block's bytes from two arrays")
     print_table(["workload", "ms", "GB/s", "of triad", "of block read"], rows, 1)
     return results
 
