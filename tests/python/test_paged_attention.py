@@ -362,20 +362,24 @@ def test_fp8_cache(fp8_name, dtype):
 
 @pytest.mark.parametrize("fp8_name", list(FP8))
 @pytest.mark.parametrize("head_dim", [256, 263])
-def test_every_fp8_code_widens_exactly(fp8_name, head_dim):
+@pytest.mark.parametrize("query_dtype", ["float32", "bfloat16"])
+def test_every_fp8_code_widens_exactly(fp8_name, head_dim, query_dtype):
     """With one visible key, out = v_scale * v exactly: a value row holding all 256 codes (the
     vector path takes 16 at a time, the scalar tail the rest) gives each code's ml_dtypes value,
-    subnormals, zeros, the largest values, inf (e5m2) and NaN included."""
+    subnormals, zeros, the largest values, inf (e5m2) and NaN included. bf16 queries take P·V on
+    bf16 dot products with the codes widened through byte tables; every fp8 value is a bf16
+    value and P = 1, so that is exact too."""
     codes = np.arange(head_dim, dtype=np.uint32).astype(np.uint8)  # 263: codes 0-6 twice
     value_cache = codes.view(FP8[fp8_name]).reshape(1, 1, 1, head_dim)
     key_cache = np.zeros_like(value_cache)
-    query = np.ones((1, 1, head_dim), np.float32)
+    query = np.ones((1, 1, head_dim), DTYPES[query_dtype])
     out = tilelab.paged_attention(query, key_cache, value_cache, np.zeros((1, 1), np.int32),
                                   np.array([1], np.int32), np.array([0, 1], np.int32),
                                   v_scale=1.0)
-    want = value_cache.reshape(1, 1, head_dim).astype(np.float32)
-    # NaN positions must match too. (-0 comes out +0: the accumulator starts at +0.)
-    np.testing.assert_array_equal(out, want)
+    want = value_cache.reshape(1, 1, head_dim).astype(DTYPES[query_dtype])
+    # NaN positions must match too (compared as float32, whose NaN numpy recognizes). (-0 comes
+    # out +0: the accumulator starts at +0.)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), want.astype(np.float32))
 
 
 @pytest.mark.parametrize("fp8_name", list(FP8))
@@ -805,9 +809,11 @@ def test_prefill_route_propagates_nan(cache):
 # Non-finite data
 
 
-def test_nan_in_a_visible_key_makes_its_rows_nan():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_nan_in_a_visible_key_makes_its_rows_nan(dtype):
     rng = np.random.default_rng(41)
-    batch = make_batch(rng, [(2, 40), (1, 30)], q_heads=4, kv_heads=2, head_dim=16, block_size=8)
+    batch = make_batch(rng, [(2, 40), (1, 30)], q_heads=4, kv_heads=2, head_dim=16, block_size=8,
+                       dtype=dtype)
     block = batch["block_table"][0, 1]
     batch["key_cache"][block, 1, 2, 0] = np.nan  # sequence 0, position 10, kv head 1
     out = tilelab.paged_attention(*arguments(batch))
@@ -815,9 +821,11 @@ def test_nan_in_a_visible_key_makes_its_rows_nan():
     assert np.all(np.isfinite(out[0:2, 0:2])) and np.all(np.isfinite(out[2]))
 
 
-def test_inf_in_value_and_query():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_inf_in_value_and_query(dtype):
     rng = np.random.default_rng(42)
-    batch = make_batch(rng, [(1, 20), (1, 20)], q_heads=2, kv_heads=1, head_dim=8, block_size=4)
+    batch = make_batch(rng, [(1, 20), (1, 20)], q_heads=2, kv_heads=1, head_dim=8, block_size=4,
+                       dtype=dtype)
     batch["value_cache"][batch["block_table"][1, 0], 0, 0, 3] = np.inf
     batch["query"][0, 1, 0] = np.inf
     out = tilelab.paged_attention(*arguments(batch))
