@@ -549,7 +549,7 @@ class PagedKernel {
       stream_scores(
           query_dtype, cache_dtype, &q_rows_[row0 * dim_], group_, dim_,
           {&key_rows_[begin - chunk], count, &value_rows_[begin - chunk], collected_end_ - end},
-          head_dim_, scores_.data(), kScoreStride, kStreamedPrefetchKeys);
+          head_dim_, score_scale_, scores_.data(), kScoreStride, kStreamedPrefetchKeys);
     } else {
       dot_rows_with_keys(&q_rows_[row0 * dim_], group_, &keys_[(begin - chunk) * dim_], count, dim_,
                          scores_.data(), kScoreStride);
@@ -560,7 +560,9 @@ class PagedKernel {
       const std::int64_t head = item.kv_head * group_ + g;
       float* s = &scores_[g * kScoreStride];
       state_.saw_key[r] = 1;
-      for (std::int64_t j = 0; j < count; ++j) s[j] *= score_scale_;
+      if (!streamed) {  // the streaming kernels scale as they store
+        for (std::int64_t j = 0; j < count; ++j) s[j] *= score_scale_;
+      }
       if (p_.score.softcap > 0.0f) softcap_in_place(s, count, p_.score.softcap);
       if (!p_.score.alibi_slopes.empty()) {
         const float slope = p_.score.alibi_slopes[head];

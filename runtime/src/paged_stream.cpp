@@ -72,32 +72,56 @@ constexpr std::int64_t element_bytes() {
   return 1;
 }
 
-template <DType dtype, _mm_hint hint>
-[[gnu::always_inline]] inline void prefetch_row(const void* row, std::int64_t head_dim) {
-  const CacheLines lines = cache_lines(row, head_dim * element_bytes<dtype>());
-  for (std::int64_t line = 0; line < lines.count; ++line)
-    _mm_prefetch(lines.first + 64 * line, hint);
-}
+// Prefetches the cache lines of a stream of rows, each line once: a row that starts in the line
+// where the previous row ended (the rows of one cache block) skips that line.
+template <_mm_hint hint>
+struct LineStream {
+  std::uintptr_t next = 0;  // the line after the last one prefetched
+  [[gnu::always_inline]] void prefetch(const void* row, std::int64_t bytes) {
+    constexpr std::uintptr_t kLine = 64;
+    const auto begin = reinterpret_cast<std::uintptr_t>(row);
+    std::uintptr_t line = begin & ~(kLine - 1);
+    if (line + kLine == next) line = next;
+    for (; line < begin + static_cast<std::uintptr_t>(bytes); line += kLine) {
+      _mm_prefetch(reinterpret_cast<const char*>(line), hint);
+    }
+    next = line;
+  }
+};
 
-// Prefetches as paged_stream.hpp describes for key j (a distance of 0 prefetches nothing). Two
+// Prefetches as paged_stream.hpp describes, key by key (a distance of 0 prefetches nothing). Two
 // distances: a block's rows at scattered addresses arrive in about the time of one block's
 // products, so one block ahead into L1 alone leaves the memory idle between requests (measured
 // on Zen 4, decode of 64 sequences with 16-key blocks: the L2 prefetch three blocks ahead made
 // bf16 1.15-1.28x and fp8 1.1-1.23x faster, against 32 or 64 keys ahead within a few percent).
 template <DType dtype>
-[[gnu::always_inline]] inline void prefetch_ahead(StreamedRows rows, std::int64_t j,
-                                                  std::int64_t distance, std::int64_t head_dim) {
-  const std::int64_t available = rows.count + rows.lookahead;
-  if (distance == 0 || j + distance >= available) return;
-  prefetch_row<dtype, _MM_HINT_T0>(rows.rows[j + distance], head_dim);
-  // The companion rows (the V rows of the keys scored) are used after the scores: into L2.
-  if (rows.companion == nullptr) return;
-  prefetch_row<dtype, _MM_HINT_T1>(rows.companion[j + distance], head_dim);
-  const std::int64_t far = j + kStreamedL2Ahead * distance;
-  if (far >= available) return;
-  prefetch_row<dtype, _MM_HINT_T1>(rows.rows[far], head_dim);
-  prefetch_row<dtype, _MM_HINT_T1>(rows.companion[far], head_dim);
-}
+class RowPrefetcher {
+ public:
+  RowPrefetcher(StreamedRows rows, std::int64_t distance, std::int64_t head_dim)
+      : rows_(rows),
+        distance_(distance),
+        available_(rows.count + rows.lookahead),
+        bytes_(head_dim * element_bytes<dtype>()) {}
+
+  // Called for every key j in order.
+  [[gnu::always_inline]] void ahead_of(std::int64_t j) {
+    if (distance_ == 0 || j + distance_ >= available_) return;
+    rows_near_.prefetch(rows_.rows[j + distance_], bytes_);
+    // The companion rows (the V rows of the keys scored) are used after the scores: into L2.
+    if (rows_.companion == nullptr) return;
+    companion_near_.prefetch(rows_.companion[j + distance_], bytes_);
+    const std::int64_t far = j + kStreamedL2Ahead * distance_;
+    if (far >= available_) return;
+    rows_far_.prefetch(rows_.rows[far], bytes_);
+    companion_far_.prefetch(rows_.companion[far], bytes_);
+  }
+
+ private:
+  StreamedRows rows_;
+  std::int64_t distance_, available_, bytes_;
+  LineStream<_MM_HINT_T0> rows_near_;
+  LineStream<_MM_HINT_T1> companion_near_, rows_far_, companion_far_;
+};
 
 // The lanes of a vector starting `remaining` elements before the row's end.
 __mmask16 lanes(std::int64_t remaining) {
@@ -233,11 +257,11 @@ struct KeyColumn {
   return fold_pairs(fold_halves(c.r0, c.r1), fold_halves(c.r2, c.r3));
 }
 
-// scores[r * score_stride + t] for four rows r and four keys t, from each key's fold_rows: block r
-// of key t's vector holds four partial sums of q[r]·k[t]. Two transpose-and-add steps finish the
-// sums with row r's four keys in block r.
+// scores[r * score_stride + t] = scale · q[r]·k[t] for four rows r and four keys t, from each
+// key's fold_rows: block r of key t's vector holds four partial sums of q[r]·k[t]. Two
+// transpose-and-add steps finish the sums with row r's four keys in block r.
 [[gnu::always_inline]] inline void store_tile_sums(__m512 key0, __m512 key1, __m512 key2,
-                                                   __m512 key3, float* scores,
+                                                   __m512 key3, float scale, float* scores,
                                                    std::int64_t score_stride) {
   const __m512 keys01 =
       _mm512_add_ps(_mm512_unpacklo_ps(key0, key1), _mm512_unpackhi_ps(key0, key1));
@@ -245,7 +269,8 @@ struct KeyColumn {
       _mm512_add_ps(_mm512_unpacklo_ps(key2, key3), _mm512_unpackhi_ps(key2, key3));
   const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(keys01), _mm512_castps_pd(keys23));
   const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(keys01), _mm512_castps_pd(keys23));
-  const __m512 sums = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+  const __m512 sums = _mm512_mul_ps(_mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi)),
+                                    _mm512_set1_ps(scale));
   _mm_storeu_ps(scores, _mm512_castps512_ps128(sums));
   _mm_storeu_ps(scores + score_stride, _mm512_extractf32x4_ps(sums, 1));
   _mm_storeu_ps(scores + 2 * score_stride, _mm512_extractf32x4_ps(sums, 2));
@@ -292,30 +317,33 @@ __m512 score_key(const float* q, std::int64_t q_stride, const void* key, std::in
 // fold_rows. The first row tile (`prefetch`) also prefetches ahead.
 template <DType dtype, typename ScoreKey>
 [[gnu::always_inline]] inline void score_tiles_of_keys(StreamedRows keys, std::int64_t head_dim,
-                                                       float* scores, std::int64_t score_stride,
+                                                       float scale, float* scores,
+                                                       std::int64_t score_stride,
                                                        std::int64_t prefetch_distance,
                                                        ScoreKey&& score_key) {
+  RowPrefetcher<dtype> prefetcher(keys, prefetch_distance, head_dim);
   for (std::int64_t j = 0; j < keys.count; j += kTile) {
     __m512 folded[kTile];
     for (int t = 0; t < kTile; ++t) {
       // Past the last key the tile repeats it; those columns are padding.
       const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
-      prefetch_ahead<dtype>(keys, j + t, prefetch_distance, head_dim);
+      prefetcher.ahead_of(j + t);
       folded[t] = score_key(key);
     }
-    store_tile_sums(folded[0], folded[1], folded[2], folded[3], scores + j, score_stride);
+    store_tile_sums(folded[0], folded[1], folded[2], folded[3], scale, scores + j, score_stride);
   }
 }
 
 template <DType dtype>
 void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
-               std::int64_t head_dim, float* scores, std::int64_t score_stride,
+               std::int64_t head_dim, float scale, float* scores, std::int64_t score_stride,
                std::int64_t prefetch_distance) {
   for (std::int64_t r = 0; r < rows; r += kTile) {
     const float* q_tile = q + r * q_stride;
-    score_tiles_of_keys<dtype>(
-        keys, head_dim, scores + r * score_stride, score_stride, r == 0 ? prefetch_distance : 0,
-        [&](const void* key) { return score_key<dtype>(q_tile, q_stride, key, head_dim); });
+    score_tiles_of_keys<dtype>(keys, head_dim, scale, scores + r * score_stride, score_stride,
+                               r == 0 ? prefetch_distance : 0, [&](const void* key) {
+                                 return score_key<dtype>(q_tile, q_stride, key, head_dim);
+                               });
   }
 }
 
@@ -431,9 +459,10 @@ void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std:
     if constexpr (tile_rows > 3) {
       row3 = load_panel<n>(acc + 3 * acc_stride + d, acc_mask, correction[3]);
     }
+    RowPrefetcher<dtype> prefetcher(values, d == 0 ? prefetch_distance : 0, head_dim);
     const auto add_keys = [&](auto masked) {
       for (std::int64_t j = 0; j < values.count; ++j) {
-        if (d == 0) prefetch_ahead<dtype>(values, j, prefetch_distance, head_dim);
+        prefetcher.ahead_of(j);
         const Panel<n> x = widen_panel<dtype, n, masked.value>(values.rows[j], d, mask);
         add_to_panel<n>(row0, p[j], x);
         if constexpr (tile_rows > 1) add_to_panel<n>(row1, p[p_stride + j], x);
@@ -691,7 +720,7 @@ template <DType dtype, int groups>
 // The four-row tile's scores against every key with its q pairs held in registers.
 template <DType dtype, int groups>
 void score_tile_held_q(const std::uint16_t* q, std::int64_t q_stride, StreamedRows keys,
-                       std::int64_t head_dim, float* scores, std::int64_t score_stride,
+                       std::int64_t head_dim, float scale, float* scores, std::int64_t score_stride,
                        std::int64_t prefetch_distance) {
   __m512i q_pairs[kTile][groups];
 #pragma GCC unroll 4
@@ -700,7 +729,7 @@ void score_tile_held_q(const std::uint16_t* q, std::int64_t q_stride, StreamedRo
     for (int g = 0; g < groups; ++g) q_pairs[r][g] = load_vector(q + r * q_stride + g * kPairs);
   }
   score_tiles_of_keys<dtype>(
-      keys, head_dim, scores, score_stride, prefetch_distance,
+      keys, head_dim, scale, scores, score_stride, prefetch_distance,
       [&](const void* key) { return score_key_held_q<dtype, groups>(q_pairs, key, head_dim); });
 }
 
@@ -708,8 +737,8 @@ void score_tile_held_q(const std::uint16_t* q, std::int64_t q_stride, StreamedRo
 // per four-row tile, is exact.
 template <DType dtype>
 void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
-                        std::int64_t head_dim, float* scores, std::int64_t score_stride,
-                        std::int64_t prefetch_distance) {
+                        std::int64_t head_dim, float scale, float* scores,
+                        std::int64_t score_stride, std::int64_t prefetch_distance) {
   const std::int64_t pair_stride = (head_dim + kPairs - 1) / kPairs * kPairs;
   alignas(64) std::uint16_t q_bf16[kTile * kMaxStreamedHeadDim];
   for (std::int64_t r = 0; r < rows; r += kTile) {
@@ -725,8 +754,8 @@ void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride
     float* tile_scores = scores + r * score_stride;
     const std::int64_t distance = r == 0 ? prefetch_distance : 0;
     const auto held = [&](auto groups) {
-      score_tile_held_q<dtype, groups.value>(q_bf16, pair_stride, keys, head_dim, tile_scores,
-                                             score_stride, distance);
+      score_tile_held_q<dtype, groups.value>(q_bf16, pair_stride, keys, head_dim, scale,
+                                             tile_scores, score_stride, distance);
     };
     switch (pair_stride / kPairs) {
       case 1:
@@ -743,7 +772,7 @@ void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride
         break;
       default:
         score_tiles_of_keys<dtype>(
-            keys, head_dim, tile_scores, score_stride, distance, [&](const void* key) {
+            keys, head_dim, scale, tile_scores, score_stride, distance, [&](const void* key) {
               return score_key_bf16_dot<dtype>(q_bf16, pair_stride, key, head_dim);
             });
     }
@@ -825,12 +854,11 @@ void value_tile_bf16_dot(const std::uint32_t* p_pairs, std::int64_t pair_stride,
       }
     }
   };
+  RowPrefetcher<dtype> prefetcher(values, d == 0 ? prefetch_distance : 0, head_dim);
   std::int64_t j = 0;
   for (; j + 2 <= values.count; j += 2) {
-    if (d == 0) {
-      prefetch_ahead<dtype>(values, j, prefetch_distance, head_dim);
-      prefetch_ahead<dtype>(values, j + 1, prefetch_distance, head_dim);
-    }
+    prefetcher.ahead_of(j);
+    prefetcher.ahead_of(j + 1);
     add_pair(j, std::true_type{});
   }
   if (j < values.count) add_pair(j, std::false_type{});
@@ -944,8 +972,8 @@ void with_cache_dtype(DType cache_dtype, const char* caller, F&& f) {
 }  // namespace
 
 void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::int64_t rows,
-                   std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float* scores,
-                   std::int64_t score_stride, std::int64_t prefetch_distance) {
+                   std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float scale,
+                   float* scores, std::int64_t score_stride, std::int64_t prefetch_distance) {
   TILELAB_CHECK(head_dim >= 1 && head_dim <= kMaxStreamedHeadDim && q_stride >= head_dim &&
                 q_stride % 32 == 0)
       << "stream_scores: head_dim " << head_dim << ", q_stride " << q_stride;
@@ -955,11 +983,11 @@ void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::in
     if constexpr (dtype.value == DType::bf16 || dtype.value == DType::f8e4m3fn ||
                   dtype.value == DType::f8e5m2) {
       if (bf16_dot) {
-        return scores_of_bf16_dot<dtype.value>(q, rows, q_stride, keys, head_dim, scores,
+        return scores_of_bf16_dot<dtype.value>(q, rows, q_stride, keys, head_dim, scale, scores,
                                                score_stride, prefetch_distance);
       }
     }
-    scores_of<dtype.value>(q, rows, q_stride, keys, head_dim, scores, score_stride,
+    scores_of<dtype.value>(q, rows, q_stride, keys, head_dim, scale, scores, score_stride,
                            prefetch_distance);
   });
 }
