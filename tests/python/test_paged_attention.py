@@ -591,6 +591,29 @@ def test_decode_rounds_p_to_bf16_unless_fp32_probabilities(cache_dtype):
         assert model >= 0.99 and model - other >= 0.1, (fp32_probabilities, same)
 
 
+@pytest.mark.parametrize("fp32_probabilities", [False, True])
+def test_dense_decode_passes_fp32_probabilities_to_the_paged_kernel(fp32_probabilities):
+    """flash_attention decode (one query row, no bias) runs on the paged kernel: with either
+    setting of fp32_probabilities it gives paged_attention's result bit for bit on the same data,
+    and the two settings differ."""
+    rng = np.random.default_rng(79)
+    batch, q_heads, kv_heads, keys, dim = 6, 8, 2, 5, 64
+    bf16 = ml_dtypes.bfloat16
+    q = rng.standard_normal((batch, q_heads, 1, dim), np.float32).astype(bf16)
+    k = rng.standard_normal((batch, kv_heads, keys, dim), np.float32).astype(bf16)
+    v = rng.standard_normal((batch, kv_heads, keys, dim), np.float32).astype(bf16)
+    assert tilelab.flash_attention_implementation(q, k, v) == "paged"
+    dense = tilelab.flash_attention(q, k, v, fp32_probabilities=fp32_probabilities)
+    paged = tilelab.paged_attention(q[:, :, 0], k, v, np.arange(batch, dtype=np.int32)[:, None],
+                                    np.full(batch, keys, np.int32),
+                                    np.arange(batch + 1, dtype=np.int32),
+                                    fp32_probabilities=fp32_probabilities)
+    np.testing.assert_array_equal(np.asarray(dense[:, :, 0], np.float32),
+                                  np.asarray(paged, np.float32))
+    other = tilelab.flash_attention(q, k, v, fp32_probabilities=not fp32_probabilities)
+    assert np.any(np.asarray(other, np.float32) != np.asarray(dense, np.float32))
+
+
 @pytest.mark.parametrize("split_kv", [2, 3, 7, 1000])
 def test_split_kv_matches_unsplit(split_kv):
     rng = np.random.default_rng(31)
