@@ -260,6 +260,15 @@ def decode_workloads(tilelab, args, rng, peak):
     print(f"\ndecode: GB/s of K and V read (block_size 16), against triad {triad:.1f} GB/s and "
           "random-order, prefetched reads of one block's bytes from two arrays")
     print_table(["workload", "ms", "GB/s", "of triad", "of block read"], rows, 1)
+    seconds = {r["workload"]: r["seconds"] for r in results}
+    pairs = [("decode 64 seqs, bf16", "decode 64 seqs, fp8 e4m3fn"),
+             ("decode 1 seq 32k, bf16, split auto", "decode 1 seq 32k, fp8 e4m3fn, split auto")]
+    lines = [f"{fp8}: {seconds[bf16] / seconds[fp8]:.2f}x faster than bf16"
+             for bf16, fp8 in pairs if bf16 in seconds and fp8 in seconds]
+    if lines:
+        print("\nours against ours, same run:")
+        for line in lines:
+            print(f"  {line}")
     return results
 
 
