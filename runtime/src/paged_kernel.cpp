@@ -219,11 +219,6 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void accumulate_valu
 }
 #pragma GCC diagnostic pop
 
-// x[j] = x[j] rounded to bf16 (nearest even), for j < count.
-void round_to_bf16_values(float* x, std::int64_t count) {
-  for (std::int64_t j = 0; j < count; ++j) x[j] = bf16_bits_to_float(float_to_bf16_bits(x[j]));
-}
-
 struct WorkItem {
   std::int64_t seq, kv_head;
   std::int64_t token_begin, tokens;  // query tokens of the sequence (0 = its first query token)
@@ -374,8 +369,8 @@ class PagedKernel {
     for (std::int64_t chunk = first_key; chunk < end_key; chunk += chunk_keys) {
       const std::int64_t chunk_end = std::min(chunk + chunk_keys, end_key);
       if (streams(item)) {
-        collected_end_ =
-            collect_rows(item, chunk, std::min(chunk_end + kStreamedLookahead, end_key));
+        collected_end_ = std::min(chunk_end + kStreamedLookahead, end_key);
+        collect_rows(item, chunk, collected_end_);
       } else {
         gather_chunk(item, chunk, chunk_end, end_key);
       }
@@ -440,15 +435,14 @@ class PagedKernel {
   // rows widen each chunk once into fp32 scratch and reuse it across their rows.
   bool streams(const WorkItem& item) const { return streams_ && item.tokens == 1; }
 
-  // Lists the K and V row addresses of keys [key, end) of the item; returns end.
-  std::int64_t collect_rows(const WorkItem& item, std::int64_t key, std::int64_t end) {
+  // Lists the K and V row addresses of keys [key, end) of the item.
+  void collect_rows(const WorkItem& item, std::int64_t key, std::int64_t end) {
     std::int64_t count = 0;
     for (CacheRows rows = cache_rows(item, key, end); rows.key < rows.end; advance(item, rows)) {
       key_rows_[count] = rows.key_row;
       value_rows_[count] = rows.value_row;
       ++count;
     }
-    return end;
   }
 
   void load_queries(const WorkItem& item) {
@@ -472,10 +466,11 @@ class PagedKernel {
                     std::int64_t prefetch_end) {
     CacheRows rows = cache_rows(item, chunk, chunk_end);
     CacheRows ahead = cache_rows(item, std::min(chunk + kPrefetchKeys, prefetch_end), prefetch_end);
+    LineStream<_MM_HINT_T0> key_lines, value_lines;
     for (std::int64_t row = 0; rows.key < rows.end; ++row) {
-      if (ahead.key < ahead.end) {
-        prefetch_row(ahead.key_row);
-        prefetch_row(ahead.value_row);
+      if (ahead.key < ahead.end && row_bytes_ != 0) {
+        key_lines.prefetch(ahead.key_row, row_bytes_);
+        value_lines.prefetch(ahead.value_row, row_bytes_);
         advance(item, ahead);
       }
       widen_row(rows.key_row, p_.key_cache.stride(3), &keys_[row * dim_]);
@@ -521,13 +516,6 @@ class PagedKernel {
                                 std::int64_t offset) const {
     return static_cast<const CacheStorage*>(cache.data()) + block * cache.stride(0) +
            item.kv_head * cache.stride(1) + offset * cache.stride(2);
-  }
-
-  void prefetch_row(const CacheStorage* row) const {
-    if (row_bytes_ == 0) return;
-    const CacheLines lines = cache_lines(row, row_bytes_);
-    for (std::int64_t line = 0; line < lines.count; ++line)
-      __builtin_prefetch(lines.first + 64 * line);
   }
 
   void widen_row(const CacheStorage* src, std::int64_t stride, float* dst) const {
@@ -580,7 +568,9 @@ class PagedKernel {
       }
       corrections_[g] = softmax_block_update(s, count, block_max, state_.max[r], state_.sum[r]);
       // bf16 dot products round P themselves; the fp32 products read it rounded.
-      if (rounds_probabilities_ && !(streamed && bf16_dots)) round_to_bf16_values(s, count);
+      if (rounds_probabilities_ && !(streamed && bf16_dots)) {
+        for (std::int64_t j = 0; j < count; ++j) s[j] = round_to_dtype(s[j], DType::bf16);
+      }
     }
     float* acc = &state_.acc[row0 * dim_];
     // Rows whose block had only -inf scores are left out (their correction says so).

@@ -30,6 +30,11 @@ std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, st
 
 namespace {
 
+// Caches whose every element is a bf16 value (the 8-bit floats exactly): what vdpbf16ps can read.
+constexpr bool holds_bf16_values(DType dtype) {
+  return dtype == DType::bf16 || dtype == DType::f8e4m3fn || dtype == DType::f8e5m2;
+}
+
 // AVX-512 BF16 for vdpbf16ps, VBMI for the byte permutes that widen fp8 (Zen 4, Sapphire Rapids
 // and later have both).
 bool cpu_has_bf16_dot_products() {
@@ -41,9 +46,7 @@ bool cpu_has_bf16_dot_products() {
 }  // namespace
 
 StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities) {
-  const bool bf16_values =
-      cache_dtype == DType::bf16 || cache_dtype == DType::f8e4m3fn || cache_dtype == DType::f8e5m2;
-  return query_dtype == DType::bf16 && bf16_values && !fp32_probabilities &&
+  return query_dtype == DType::bf16 && holds_bf16_values(cache_dtype) && !fp32_probabilities &&
                  cpu_streams_cache_rows() && cpu_has_bf16_dot_products()
              ? StreamedProducts::bf16_dots
              : StreamedProducts::fp32;
@@ -71,23 +74,6 @@ constexpr std::int64_t element_bytes() {
   if constexpr (dtype == DType::bf16 || dtype == DType::f16) return 2;
   return 1;
 }
-
-// Prefetches the cache lines of a stream of rows, each line once: a row that starts in the line
-// where the previous row ended (the rows of one cache block) skips that line.
-template <_mm_hint hint>
-struct LineStream {
-  std::uintptr_t next = 0;  // the line after the last one prefetched
-  [[gnu::always_inline]] void prefetch(const void* row, std::int64_t bytes) {
-    constexpr std::uintptr_t kLine = 64;
-    const auto begin = reinterpret_cast<std::uintptr_t>(row);
-    std::uintptr_t line = begin & ~(kLine - 1);
-    if (line + kLine == next) line = next;
-    for (; line < begin + static_cast<std::uintptr_t>(bytes); line += kLine) {
-      _mm_prefetch(reinterpret_cast<const char*>(line), hint);
-    }
-    next = line;
-  }
-};
 
 // Prefetches as paged_stream.hpp describes, key by key (a distance of 0 prefetches nothing). Two
 // distances: a block's rows at scattered addresses arrive in about the time of one block's
@@ -123,11 +109,14 @@ class RowPrefetcher {
   LineStream<_MM_HINT_T1> companion_near_, rows_far_, companion_far_;
 };
 
-// The lanes of a vector starting `remaining` elements before the row's end.
-__mmask16 lanes(std::int64_t remaining) {
-  if (remaining >= kVector) return 0xffff;
+// The lanes of a vector of 8 · sizeof(Mask) elements starting `remaining` elements before the
+// row's end.
+template <typename Mask = __mmask16>
+Mask lanes(std::int64_t remaining) {
+  constexpr std::int64_t kLanes = 8 * sizeof(Mask);
+  if (remaining >= kLanes) return static_cast<Mask>(~Mask{0});
   if (remaining <= 0) return 0;
-  return static_cast<__mmask16>((1u << remaining) - 1u);
+  return static_cast<Mask>((std::uint64_t{1} << remaining) - 1);
 }
 
 // 16 elements of 16 bits from p; `masked`: lanes outside `mask` are zero and their memory is not
@@ -194,8 +183,7 @@ template <DType dtype>
 // elements (the low halves of its 32-bit lanes shifted up, and the high halves: one instruction
 // each).
 template <DType dtype>
-constexpr bool kWidensIn32s =
-    dtype == DType::bf16 || dtype == DType::f8e4m3fn || dtype == DType::f8e5m2;
+constexpr bool kWidensIn32s = holds_bf16_values(dtype);
 
 // The 32 cache elements at `element` widened to fp32 as two vectors: elements 0-15 and 16-31 for
 // fp8, the even and the odd ones for bf16 (the order streamed_acc_index keeps); `masked`: lanes
@@ -301,7 +289,7 @@ __m512 score_key(const float* q, std::int64_t q_stride, const void* key, std::in
     };
     std::int64_t d = 0;
     for (; d + 2 * kVector <= head_dim; d += 2 * kVector) step(d, std::false_type{}, 0);
-    if (d < head_dim) step(d, std::true_type{}, (__mmask32{1} << (head_dim - d)) - 1);
+    if (d < head_dim) step(d, std::true_type{}, lanes<__mmask32>(head_dim - d));
   } else {
     const auto step = [&](std::int64_t d, auto masked, __mmask16 mask) {
       multiply_add(d, widen16<dtype, masked.value>(k_row + d * element_bytes<dtype>(), mask));
@@ -623,101 +611,63 @@ template <DType dtype>
       _mm512_ternarylogic_epi32(magnitude, bytes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
 }
 
-// lanes(remaining) for 32 and 64 elements.
-__mmask32 lanes32(std::int64_t remaining) {
-  if (remaining >= 32) return ~__mmask32{0};
-  return remaining <= 0 ? 0 : static_cast<__mmask32>((__mmask32{1} << remaining) - 1);
-}
-__mmask64 lanes64(std::int64_t remaining) {
-  if (remaining >= 64) return ~__mmask64{0};
-  return remaining <= 0 ? 0 : (__mmask64{1} << remaining) - 1;
-}
-
 [[gnu::always_inline]] inline __m512bh as_pairs(__m512i x) {
   return reinterpret_cast<__m512bh>(x);
 }
 
-// Four bf16 q rows (q_stride elements apart, zero from head_dim to a multiple of 32) against one
-// key, read front to back.
-template <DType dtype>
-__m512 score_key_bf16_dot(const std::uint16_t* q, std::int64_t q_stride, const void* key,
-                          std::int64_t head_dim) {
-  const __m512 zero = _mm512_setzero_ps();
-  KeyColumn c{zero, zero, zero, zero};
-  const auto* k_row = static_cast<const char*>(key);
-  // k holds the key's elements d to d + 32 as bf16.
-  const auto dots = [&](std::int64_t d, __m512i k) {
-    const auto q_pairs = [&](std::int64_t r) {
-      return as_pairs(load_vector(q + r * q_stride + d));
-    };
-    c.r0 = _mm512_dpbf16_ps(c.r0, q_pairs(0), as_pairs(k));
-    c.r1 = _mm512_dpbf16_ps(c.r1, q_pairs(1), as_pairs(k));
-    c.r2 = _mm512_dpbf16_ps(c.r2, q_pairs(2), as_pairs(k));
-    c.r3 = _mm512_dpbf16_ps(c.r3, q_pairs(3), as_pairs(k));
-  };
-  std::int64_t d = 0;
-  if constexpr (dtype == DType::bf16) {
-    for (; d + kPairs <= head_dim; d += kPairs) dots(d, load_vector(k_row + 2 * d));
-    if (d < head_dim) dots(d, _mm512_maskz_loadu_epi16(lanes32(head_dim - d), k_row + 2 * d));
-  } else {
-    static constexpr ByteVector kLowWords = words_index(0), kHighWords = words_index(32);
-    const auto step = [&](__m512i bytes) {
-      __m512i low, high;
-      fp8_to_bf16_bytes<dtype>(bytes, low, high);
-      dots(d, _mm512_permutex2var_epi8(low, load_vector(kLowWords.bytes), high));
-      if (d + kPairs < head_dim) {
-        dots(d + kPairs, _mm512_permutex2var_epi8(low, load_vector(kHighWords.bytes), high));
-      }
-    };
-    for (; d + 2 * kPairs <= head_dim; d += 2 * kPairs) step(load_vector(k_row + d));
-    if (d < head_dim) step(_mm512_maskz_loadu_epi8(lanes64(head_dim - d), k_row + d));
-  }
-  return fold_rows(c);
-}
-
-// score_key_bf16_dot for head dims of up to 128, with the four q rows' pairs in registers:
-// q[r][g] holds row r's elements 32g to 32g + 32 (zero past head_dim).
-template <DType dtype, int groups>
-[[gnu::always_inline]] inline __m512 score_key_held_q(const __m512i (&q)[kTile][groups],
-                                                      const void* key, std::int64_t head_dim) {
-  const __m512 zero = _mm512_setzero_ps();
-  KeyColumn c{zero, zero, zero, zero};
-  const auto* k_row = static_cast<const char*>(key);
-  const auto dots = [&](int g, __m512i k) {
-    c.r0 = _mm512_dpbf16_ps(c.r0, as_pairs(q[0][g]), as_pairs(k));
-    c.r1 = _mm512_dpbf16_ps(c.r1, as_pairs(q[1][g]), as_pairs(k));
-    c.r2 = _mm512_dpbf16_ps(c.r2, as_pairs(q[2][g]), as_pairs(k));
-    c.r3 = _mm512_dpbf16_ps(c.r3, as_pairs(q[3][g]), as_pairs(k));
-  };
+// Calls dots(g, k) for each 32-element group g < groups of a key row (groups: head_dim / 32 rounded
+// up), k the group's elements as bf16, zero past head_dim; the row is read front to back. A
+// constant `groups` (std::integral_constant) unrolls the loop, so that g indexes registers.
+template <DType dtype, typename Groups, typename Dots>
+[[gnu::always_inline]] inline void key_groups(const char* k_row, std::int64_t head_dim,
+                                              Groups groups, Dots&& dots) {
+  const std::int64_t count = groups;
   if constexpr (dtype == DType::bf16) {
 #pragma GCC unroll 4
-    for (int g = 0; g < groups; ++g) {
+    for (std::int64_t g = 0; g < count; ++g) {
       const char* element = k_row + 2 * g * kPairs;
       dots(g, (g + 1) * kPairs <= head_dim
                   ? load_vector(element)
-                  : _mm512_maskz_loadu_epi16(lanes32(head_dim - g * kPairs), element));
+                  : _mm512_maskz_loadu_epi16(lanes<__mmask32>(head_dim - g * kPairs), element));
     }
   } else {
     static constexpr ByteVector kLowWords = words_index(0), kHighWords = words_index(32);
 #pragma GCC unroll 2
-    for (int h = 0; 2 * h < groups; ++h) {
+    for (std::int64_t h = 0; 2 * h < count; ++h) {
       const char* element = k_row + 2 * h * kPairs;
       const __m512i bytes =
           (h + 1) * 2 * kPairs <= head_dim
               ? load_vector(element)
-              : _mm512_maskz_loadu_epi8(lanes64(head_dim - 2 * h * kPairs), element);
+              : _mm512_maskz_loadu_epi8(lanes<__mmask64>(head_dim - 2 * h * kPairs), element);
       __m512i low, high;
       fp8_to_bf16_bytes<dtype>(bytes, low, high);
       dots(2 * h, _mm512_permutex2var_epi8(low, load_vector(kLowWords.bytes), high));
-      if (2 * h + 1 < groups) {
+      if (2 * h + 1 < count) {
         dots(2 * h + 1, _mm512_permutex2var_epi8(low, load_vector(kHighWords.bytes), high));
       }
     }
   }
+}
+
+// Four bf16 q rows against one key: q_pairs(r, g) is row r's elements 32g to 32g + 32 (zero past
+// head_dim), from memory or, for a constant `groups`, from registers.
+template <DType dtype, typename Groups, typename QPairs>
+[[gnu::always_inline]] inline __m512 score_key_bf16_dot(const void* key, std::int64_t head_dim,
+                                                        Groups groups, QPairs&& q_pairs) {
+  const __m512 zero = _mm512_setzero_ps();
+  KeyColumn c{zero, zero, zero, zero};
+  key_groups<dtype>(static_cast<const char*>(key), head_dim, groups,
+                    [&](std::int64_t g, __m512i k) {
+                      c.r0 = _mm512_dpbf16_ps(c.r0, q_pairs(0, g), as_pairs(k));
+                      c.r1 = _mm512_dpbf16_ps(c.r1, q_pairs(1, g), as_pairs(k));
+                      c.r2 = _mm512_dpbf16_ps(c.r2, q_pairs(2, g), as_pairs(k));
+                      c.r3 = _mm512_dpbf16_ps(c.r3, q_pairs(3, g), as_pairs(k));
+                    });
   return fold_rows(c);
 }
 
-// The four-row tile's scores against every key with its q pairs held in registers.
+// The four-row tile's scores against every key with its q pairs held in registers (head dims of
+// up to 32 · groups).
 template <DType dtype, int groups>
 void score_tile_held_q(const std::uint16_t* q, std::int64_t q_stride, StreamedRows keys,
                        std::int64_t head_dim, float scale, float* scores, std::int64_t score_stride,
@@ -728,9 +678,12 @@ void score_tile_held_q(const std::uint16_t* q, std::int64_t q_stride, StreamedRo
 #pragma GCC unroll 4
     for (int g = 0; g < groups; ++g) q_pairs[r][g] = load_vector(q + r * q_stride + g * kPairs);
   }
-  score_tiles_of_keys<dtype>(
-      keys, head_dim, scale, scores, score_stride, prefetch_distance,
-      [&](const void* key) { return score_key_held_q<dtype, groups>(q_pairs, key, head_dim); });
+  score_tiles_of_keys<dtype>(keys, head_dim, scale, scores, score_stride, prefetch_distance,
+                             [&](const void* key) {
+                               return score_key_bf16_dot<dtype>(
+                                   key, head_dim, std::integral_constant<int, groups>{},
+                                   [&](int r, std::int64_t g) { return as_pairs(q_pairs[r][g]); });
+                             });
 }
 
 // scores_of on vdpbf16ps. The q rows hold bf16 values (a bf16 query), so their bf16 copy, made
@@ -773,7 +726,10 @@ void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride
       default:
         score_tiles_of_keys<dtype>(
             keys, head_dim, scale, tile_scores, score_stride, distance, [&](const void* key) {
-              return score_key_bf16_dot<dtype>(q_bf16, pair_stride, key, head_dim);
+              return score_key_bf16_dot<dtype>(
+                  key, head_dim, pair_stride / kPairs, [&](int row, std::int64_t g) {
+                    return as_pairs(load_vector(q_bf16 + row * pair_stride + g * kPairs));
+                  });
             });
     }
   }
@@ -823,7 +779,7 @@ void value_tile_bf16_dot(const std::uint32_t* p_pairs, std::int64_t pair_stride,
   __m512 sums[tile_rows][2 * groups];
   __mmask32 mask[groups];
 #pragma GCC unroll 4
-  for (int g = 0; g < groups; ++g) mask[g] = lanes32(head_dim - d - g * kPairs);
+  for (int g = 0; g < groups; ++g) mask[g] = lanes<__mmask32>(head_dim - d - g * kPairs);
 #pragma GCC unroll 4
   for (int r = 0; r < tile_rows; ++r) {
     const __m512 factor = _mm512_set1_ps(scale[r]);
@@ -977,11 +933,10 @@ void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::in
   TILELAB_CHECK(head_dim >= 1 && head_dim <= kMaxStreamedHeadDim && q_stride >= head_dim &&
                 q_stride % 32 == 0)
       << "stream_scores: head_dim " << head_dim << ", q_stride " << q_stride;
-  const bool bf16_dot = query_dtype == DType::bf16 && cache_dtype != DType::f32 &&
-                        cache_dtype != DType::f16 && cpu_has_bf16_dot_products();
+  const bool bf16_dot =
+      query_dtype == DType::bf16 && holds_bf16_values(cache_dtype) && cpu_has_bf16_dot_products();
   with_cache_dtype(cache_dtype, "stream_scores", [&](auto dtype) {
-    if constexpr (dtype.value == DType::bf16 || dtype.value == DType::f8e4m3fn ||
-                  dtype.value == DType::f8e5m2) {
+    if constexpr (holds_bf16_values(dtype.value)) {
       if (bf16_dot) {
         return scores_of_bf16_dot<dtype.value>(q, rows, q_stride, keys, head_dim, scale, scores,
                                                score_stride, prefetch_distance);
@@ -997,8 +952,7 @@ void stream_values(DType cache_dtype, StreamedProducts products, const float* p,
                    std::int64_t head_dim, const float* correction, float* acc,
                    std::int64_t acc_stride, std::int64_t prefetch_distance) {
   with_cache_dtype(cache_dtype, "stream_values", [&](auto dtype) {
-    if constexpr (dtype.value == DType::bf16 || dtype.value == DType::f8e4m3fn ||
-                  dtype.value == DType::f8e5m2) {
+    if constexpr (holds_bf16_values(dtype.value)) {
       if (products == StreamedProducts::bf16_dots) {
         return values_of_bf16_dot<dtype.value>(p, p_stride, rows, values, head_dim, correction, acc,
                                                acc_stride, prefetch_distance);

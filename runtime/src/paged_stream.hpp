@@ -4,6 +4,8 @@
 // moves through the caches.
 #pragma once
 
+#include <xmmintrin.h>
+
 #include <cstdint>
 
 #include "tilelab/tensor.hpp"
@@ -39,21 +41,24 @@ StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp
 // and bf16 dots keep d. Accumulator rows must hold round_up(head_dim, 32) floats.
 std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d);
 
-// The 64-byte cache lines that bytes [p, p + bytes) touch: the first one's address and how many.
-// Rows need not start on a line (numpy aligns arrays to 16 bytes, so a 256-byte row spans five).
-struct CacheLines {
-  const char* first;
-  std::int64_t count;
+// Prefetches the 64-byte cache lines of a stream of rows, each line once. Rows need not start on a
+// line (numpy aligns arrays to 16 bytes, so a 256-byte row spans five), and a row that starts in
+// the line where the previous row ended (the rows of one cache block) skips that line. (The first
+// line may start before the array: a prefetch of it is harmless.)
+template <_mm_hint hint>
+struct LineStream {
+  std::uintptr_t next = 0;  // the line after the last one prefetched
+  void prefetch(const void* row, std::int64_t bytes) {
+    constexpr std::uintptr_t kLine = 64;
+    const auto begin = reinterpret_cast<std::uintptr_t>(row);
+    std::uintptr_t line = begin & ~(kLine - 1);
+    if (line + kLine == next) line = next;
+    for (; line < begin + static_cast<std::uintptr_t>(bytes); line += kLine) {
+      _mm_prefetch(reinterpret_cast<const char*>(line), hint);
+    }
+    next = line;
+  }
 };
-inline CacheLines cache_lines(const void* p, std::int64_t bytes) {
-  constexpr std::uintptr_t kLine = 64;
-  const auto begin = reinterpret_cast<std::uintptr_t>(p);
-  const std::uintptr_t first = begin & ~(kLine - 1);
-  const auto end = begin + static_cast<std::uintptr_t>(bytes);
-  // The first line may start before the array: a prefetch of it is harmless.
-  return {reinterpret_cast<const char*>(first),
-          static_cast<std::int64_t>((end - first + kLine - 1) / kLine)};
-}
 
 // The K or V rows of a run of keys: rows[j] is key j's row, head_dim contiguous elements of the
 // cache dtype. Optional companion rows (the V rows of scored keys) are prefetched along with rows,
