@@ -361,6 +361,11 @@ def print_ratios(results: list[dict]) -> None:
         if exact is not None:
             lines.append(f"{name} {dtype} {mask}: bf16 P {exact / seconds:.2f}x faster than "
                          "fp32 P")
+    print_ours_against_ours(lines)
+
+
+def print_ours_against_ours(lines: list[str]) -> None:
+    """Ratios between our own workloads measured in this run, one per line."""
     if lines:
         print("\nours against ours, same run:")
         for line in lines:

@@ -38,7 +38,12 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "attention"))
-from bench_flash import print_table, start_benchmark, write_json_report  # noqa: E402
+from bench_flash import (  # noqa: E402
+    print_ours_against_ours,
+    print_table,
+    start_benchmark,
+    write_json_report,
+)
 from timing import alternating_medians  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -263,12 +268,8 @@ def decode_workloads(tilelab, args, rng, peak):
     seconds = {r["workload"]: r["seconds"] for r in results}
     pairs = [("decode 64 seqs, bf16", "decode 64 seqs, fp8 e4m3fn"),
              ("decode 1 seq 32k, bf16, split auto", "decode 1 seq 32k, fp8 e4m3fn, split auto")]
-    lines = [f"{fp8}: {seconds[bf16] / seconds[fp8]:.2f}x faster than bf16"
-             for bf16, fp8 in pairs if bf16 in seconds and fp8 in seconds]
-    if lines:
-        print("\nours against ours, same run:")
-        for line in lines:
-            print(f"  {line}")
+    print_ours_against_ours([f"{fp8}: {seconds[bf16] / seconds[fp8]:.2f}x faster than bf16"
+                             for bf16, fp8 in pairs if bf16 in seconds and fp8 in seconds])
     return results
 
 
