@@ -8,7 +8,7 @@
 namespace tilelab::generators {
 
 // The recomputation of one (row tile, key block) of the backward, defined once and instantiated
-// per pass (each pass places its copy differently). Dimensions, innermost first, as the forward's
+// per loop nest (the gradients' and the bias gradient's place their copies differently). Dimensions, innermost first, as the forward's
 // (generators/flash/stages.hpp): d head dim, jj key within a block, jb key block, ii row within a
 // row tile, io row tile, hk kv head, b batch; a row is one (query head of the group, query) pair.
 struct FlashBackwardTileStages {
@@ -34,28 +34,40 @@ struct FlashBackwardTileStages {
 };
 
 struct FlashBackwardStages {
-  FlashBackwardTileStages key_pass;       // feeds dk and dv: parallel over key blocks
-  FlashBackwardTileStages query_pass;     // feeds dq: parallel over row tiles
+  FlashBackwardTileStages key_pass;       // feeds dk, dv and dq: parallel over key chunks
   FlashBackwardTileStages bias_pass;      // feeds ds (the bias gradient), when it is asked for
   Halide::Func delta{"delta"};            // (i, h, b) rowsum(dout ∘ out)
   Halide::Func row_query{"row_query"};    // (ii, io) the query index of a row
   Halide::Func row_member{"row_member"};  // (ii, io) its query head's index within the group
   Halide::Func dout_f32{"dout_f32"};      // (d, ii, io, hk, b) fp32 dout rows, head dim innermost
   Halide::Func query_f32{"query_f32"};    // (d, ii, io, hk, b) fp32 q rows (unscaled)
-  // (d, jj, jb, hk, b) Tuple(Σ Pᵀ dout, Σ dSᵀ q) over all rows: dv and dk / scale.
+  // (d, jj, kb, task) Tuple(Σ Pᵀ dout, Σ dSᵀ q) over all rows: dv and dk / scale of key block
+  // kb of the task's chunk.
   Halide::Func grad_kv{"grad_kv"};
   Halide::Func block_dv{"block_dv"};  // (d, jj, jb, io, hk, b) Σ over the tile's rows of P · dout
   Halide::Func block_dk{"block_dk"};  // (d, jj, jb, io, hk, b) Σ over the tile's rows of dS · q
-  Halide::Func grad_q{"grad_q"};      // (d, ii, io, hk, b) Σ over key blocks of dS · k: dq / scale
+  // (d, ii, io, task) Σ over the key blocks of the task's chunk of dS · k, accumulated in the
+  // loop nest of grad_kv (computed with it), so dS is computed once for dk, dv and dq.
+  Halide::Func dq_partial{"dq_partial"};
+  // (d, x, task) both accumulations of a task, computed per task (their only consumer): dv and
+  // dk / scale of key x of the task's chunk, then (dq / scale, 0) of row x − chunk keys.
+  Halide::Func task_grads{"task_grads"};
+  Halide::Func grad_q{"grad_q"};  // (d, ii, io, hk, b) Σ over key chunks of dq_partial: dq / scale
   Halide::Func block_dq{"block_dq"};  // (d, ii, jb, io, hk, b) Σ over the block's keys of dS · k
   Halide::Func dq{"dq"}, dk{"dk"}, dv{"dv"};  // (d, i, h, b), (d, j, hk, b) ×2
   Halide::Func ds{"ds"};                      // (j, row, hk, b) dS of every (row, key)
   Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, i{"i"}, h{"h"};
   Halide::Var j{"j"}, row{"row"};
-  Halide::RVar ro;  // row tiles, reduced by grad_kv
-  Halide::RVar rk;  // key blocks, reduced by grad_q
-  Halide::RVar ri;  // rows of a tile (pairs of rows: bf16_probabilities), by block_dv / block_dk
-  Halide::RVar rj;  // keys of a block (pairs of keys: bf16_probabilities), by block_dq
+  // One (key chunk, kv head, batch), numbered chunks innermost; a chunk is `chunk_blocks` key
+  // blocks.
+  Halide::Var task{"task"};
+  Halide::Var kb{"kb"};  // a key block within its chunk
+  // The (row tile, key block of the chunk) pairs reduced by grad_kv and dq_partial alike: one
+  // RDom, so that their loops have the same names (compute_with fuses them).
+  Halide::RVar ro, rc;
+  Halide::RVar rkc;  // key chunks, reduced by grad_q
+  Halide::RVar ri;   // rows of a tile (pairs of rows: bf16_probabilities), by block_dv / block_dk
+  Halide::RVar rj;   // keys of a block (pairs of keys: bf16_probabilities), by block_dq
   Halide::RVar ri_pair, rj_pair;  // bf16_probabilities: the row or key within a pair
   // bf16_probabilities: the operands of dV, dK and dQ in pairs along their reduction, bf16.
   Halide::Func prob_row_pairs{"prob_row_pairs"};      // (pair, half, jj, jb, io, hk, b) P
@@ -68,6 +80,7 @@ struct FlashBackwardStages {
   Halide::Var dp{"dp"}, dh{"dh"};                     // a pair of head dims: 2·dh + dp
   Halide::Var pair{"pair"}, half{"half"};             // a pair of rows or keys: 2·half + pair
   int key_block = 0, query_tile = 0;
+  Halide::Expr chunk_blocks;   // key blocks per chunk (a run-time input)
   bool io_is_f32 = false;      // inputs are fp32 already: read in place, no conversion copies
   bool bf16_products = false;  // score and dprob on bf16 dot products (FlashBackwardTileStages)
   bool bf16_probabilities = false;  // and dV, dK, dQ, on P and dS rounded to bf16

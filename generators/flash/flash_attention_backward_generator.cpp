@@ -5,9 +5,10 @@
 //   P = exp(scale · q kᵀ + bias − lse)   dV = Pᵀ dO        dP = dO Vᵀ
 //   dS = P ∘ (dP − delta), delta = rowsum(dO ∘ O)         dK = scale · dSᵀ Q     dQ = scale · dS K
 //
-// Two passes, neither needing atomics: dk and dv are reduced over row tiles in a pass parallel
-// over (key block, kv head, batch); dq is reduced over key blocks in a pass parallel over
-// (row tile, kv head, batch). Each pass recomputes P and dP (two of its products) for itself.
+// One pass computes P, dP and dS once per (row tile, key block), parallel over (key chunk, kv
+// head, batch) without atomics: dk and dv of the chunk's keys are reduced over the row tiles, and
+// each task accumulates dq over its own chunk's key blocks into a partial sum of its own; the
+// partial sums are then added in chunk order (deterministic, whatever the thread count).
 // Rows fold the GQA group as in the forward, so a kv head's dk and dv sum over its query heads.
 // Tiling and schedule: schedules/flash/.
 #include <limits>
@@ -47,6 +48,10 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
   Input<float> scale{"scale"};
   // Key j is visible to query i iff j <= i + causal_offset (non-causal: pass N).
   Input<int> causal_offset{"causal_offset"};
+  // Key blocks per chunk (>= 1): the keys of one task, whose dq contributions are summed in one
+  // partial dq. Fewer chunks, less memory and summing; more, more parallel tasks (the runtime's
+  // choice: detail::flash_backward_chunk_blocks).
+  Input<int> chunk_blocks{"chunk_blocks"};
 
   Output<Buffer<void, 4>> dq{"dq"};  // (d, i, h, b)
   Output<Buffer<void, 4>> dk{"dk"};  // (d, j, hk, b)
@@ -87,6 +92,8 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     Expr group = q_heads / k.dim(2).extent();
     Expr rows = group * q_len;  // rows per kv head
     Expr key_blocks = (kv_len + KB - 1) / KB;
+    s.chunk_blocks = max(chunk_blocks, 1);
+    Expr key_chunks = (key_blocks + s.chunk_blocks - 1) / s.chunk_blocks;
     Expr row_tiles = (rows + QT - 1) / QT;
 
     // Row (ii, io) of kv head hk is query `row_query` of query head `row_head`; rows past the end
@@ -224,10 +231,30 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
                  p * (t.dprob(ii, jj, jb, io, hk, b) - t.row_delta(ii, io, hk, b)));
     };
     define_tile(s.key_pass, "kpass");
-    define_tile(s.query_pass, "qpass");
     define_tile(s.bias_pass, "bpass");
 
-    // Pass 1: dk and dv, per key block, reduced over the row tiles that see the block.
+    // A task is one (key chunk, kv head, batch), numbered chunks innermost; its (row tile, key
+    // block) pairs, row tiles innermost, only those where the tile sees the block. dk, dv and dq
+    // all reduce over them, in one loop nest (the schedule computes grad_kv with dq_partial).
+    Expr kv_heads = k.dim(2).extent();
+    auto task_of = [&](const Expr& chunk, const Expr& kv_head, const Expr& batch) {
+      return (batch * kv_heads + kv_head) * key_chunks + chunk;
+    };
+    Var& task = s.task;
+    // Without %: bounds inference keeps a single task's chunk and head to single values through
+    // divisions, not through a modulus by a run-time value; the clamps (identities) bound them
+    // over all tasks.
+    Expr task_batch = task / (key_chunks * kv_heads);
+    Expr task_head = clamp(task / key_chunks - task_batch * kv_heads, 0, kv_heads - 1);
+    Expr task_chunk = clamp(task - task / key_chunks * key_chunks, 0, key_chunks - 1);
+    RDom tile_block(0, row_tiles, 0, s.chunk_blocks, "tile_block");
+    Expr pair_block = task_chunk * s.chunk_blocks + tile_block.y;
+    tile_block.where(pair_block < key_blocks &&
+                     pair_block * KB <= tile_max_query(tile_block.x) + causal_offset);
+    s.ro = tile_block.x;
+    s.rc = tile_block.y;
+
+    // dk and dv, per key block, reduced over the row tiles that see the block.
     {
       const tilelab::generators::FlashBackwardTileStages& t = s.key_pass;
       s.block_dv(d, jj, jb, io, hk, b) = 0.0f;
@@ -265,20 +292,23 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
         s.block_dk(d, jj, jb, io, hk, b) +=
             t.dscore(ri, jj, jb, io, hk, b) * s.query_f32(d, ri, io, hk, b);
       }
-      RDom ro(0, row_tiles, "ro");
-      ro.where(jb * KB <= tile_max_query(ro) + causal_offset);
-      s.ro = ro.x;
-      s.grad_kv(d, jj, jb, hk, b) = {0.0f, 0.0f};
-      s.grad_kv(d, jj, jb, hk, b) = {
-          s.grad_kv(d, jj, jb, hk, b)[0] + s.block_dv(d, jj, jb, ro, hk, b),
-          s.grad_kv(d, jj, jb, hk, b)[1] + s.block_dk(d, jj, jb, ro, hk, b)};
-      s.dv(d, s.j, hk, b) = cast(io_type, s.grad_kv(d, s.j % KB, s.j / KB, hk, b)[0]);
-      s.dk(d, s.j, hk, b) = cast(io_type, s.grad_kv(d, s.j % KB, s.j / KB, hk, b)[1] * scale);
+      Var& kb = s.kb;
+      const RVar &ro = s.ro, &rc = s.rc;
+      // compute_with fuses loops of one kind only: the row tile and key block are reduction
+      // loops in both Funcs, so neither is a plain (pure) index of the left-hand side (the min is
+      // the identity).
+      s.grad_kv(d, jj, kb, task) = {0.0f, 0.0f};
+      Expr kb_of_pair = min(rc, s.chunk_blocks - 1);
+      Expr dv_of_pair = s.block_dv(d, jj, pair_block, ro, task_head, task_batch);
+      Expr dk_of_pair = s.block_dk(d, jj, pair_block, ro, task_head, task_batch);
+      s.grad_kv(d, jj, kb_of_pair, task) = {s.grad_kv(d, jj, kb_of_pair, task)[0] + dv_of_pair,
+                                            s.grad_kv(d, jj, kb_of_pair, task)[1] + dk_of_pair};
     }
 
-    // Pass 2: dq, per row tile, reduced over the key blocks the tile sees.
+    // dq, from the same dS: per row tile, reduced over the key blocks of a chunk that the tile
+    // sees, then over the chunks.
     {
-      const tilelab::generators::FlashBackwardTileStages& t = s.query_pass;
+      const tilelab::generators::FlashBackwardTileStages& t = s.key_pass;
       s.block_dq(d, ii, jb, io, hk, b) = 0.0f;
       if (s.bf16_probabilities) {
         // Keys pair up: dS in bf16, (pair, ii, half), and K rows interleaved, (pair, d, half),
@@ -301,11 +331,34 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
         s.block_dq(d, ii, jb, io, hk, b) +=
             t.dscore(ii, rj, jb, io, hk, b) * t.key_f32(dim_c, rj, jb, hk, b);
       }
-      RDom rk(0, key_blocks, "rk");
-      rk.where(rk * KB <= tile_max_query(io) + causal_offset);
-      s.rk = rk.x;
+      s.dq_partial(d, ii, io, task) = 0.0f;
+      s.dq_partial(d, ii, min(s.ro, row_tiles - 1), task) +=
+          s.block_dq(d, ii, pair_block, s.ro, task_head, task_batch);
+    }
+
+    // Each task's sums, gathered in one Func per task so that both accumulations are computed
+    // per task, in one loop (their only consumer): x < chunk_keys is key x of the chunk (dv, dk /
+    // scale), then row x - chunk_keys (dq / scale, 0). The clamps keep each Func's bounds to its
+    // own part.
+    {
+      Var x("x");
+      Expr chunk_keys = s.chunk_blocks * KB;
+      Expr chunk_key = min(x, chunk_keys - 1);
+      Expr task_row = clamp(x - chunk_keys, 0, row_tiles * QT - 1);
+      FuncRef kv_of_key = s.grad_kv(d, chunk_key % KB, chunk_key / KB, task);
+      Expr dq_of_row = s.dq_partial(d, task_row % QT, task_row / QT, task);
+      s.task_grads(d, x, task) = {select(x < chunk_keys, kv_of_key[0], dq_of_row),
+                                  select(x < chunk_keys, kv_of_key[1], 0.0f)};
+      auto grad_of_key = [&](int which) {
+        return s.task_grads(d, s.j % chunk_keys, task_of(s.j / chunk_keys, hk, b))[which];
+      };
+      s.dv(d, s.j, hk, b) = cast(io_type, grad_of_key(0));
+      s.dk(d, s.j, hk, b) = cast(io_type, grad_of_key(1) * scale);
+      RDom rkc(0, key_chunks, "rkc");
+      s.rkc = rkc.x;
       s.grad_q(d, ii, io, hk, b) = 0.0f;
-      s.grad_q(d, ii, io, hk, b) += s.block_dq(d, ii, rk, io, hk, b);
+      s.grad_q(d, ii, io, hk, b) +=
+          s.task_grads(d, chunk_keys + io * QT + ii, task_of(rkc, hk, b))[0];
       Expr out_row = (s.h % group) * q_len + s.i;
       s.dq(d, s.i, s.h, b) =
           cast(io_type, s.grad_q(d, out_row % QT, out_row / QT, s.h / group, b) * scale);

@@ -94,5 +94,9 @@ void reference_flash_attention_backward(const AttentionBackwardProblem& problem,
 bool generated_flash_attention_backward(const AttentionBackwardProblem& problem,
                                         const TensorView* ds);
 bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& problem);
+// Key blocks per task of the generated backward: each task, one chunk of keys of one (kv head,
+// batch), sums its own partial dq; the partial sums are then added in chunk order. Depends on the
+// shape only, so results do not depend on the thread count.
+std::int64_t flash_backward_chunk_blocks(const AttentionProblem& problem);
 
 }  // namespace tilelab::detail

@@ -1,5 +1,6 @@
 // The generated flash attention backward kernels behind detail::generated_flash_attention_backward:
 // one per dtype; TensorViews become halide_buffer_t (halide_glue).
+#include <algorithm>
 #include <cstdint>
 
 #include "attention_problem.hpp"
@@ -8,6 +9,7 @@
 #include "flash_bwd_f16.h"
 #include "flash_bwd_f32.h"
 #include "halide_glue.hpp"
+#include "schedules/flash/tiling.hpp"
 #include "tilelab/error.hpp"
 
 namespace tilelab::detail {
@@ -15,7 +17,8 @@ namespace {
 
 using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
                          halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, float, int32_t,
-                         halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*);
+                         int32_t, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
+                         halide_buffer_t*);
 
 // bf16: P and dS rounded to bf16 for the products that read them, unless fp32_probabilities.
 KernelFn pick_kernel(DType dtype, bool fp32_probabilities) {
@@ -34,7 +37,24 @@ KernelFn pick_kernel(DType dtype, bool fp32_probabilities) {
   return nullptr;
 }
 
+// Tasks the kernel's key chunks should give at least, over (chunk, kv head, batch): enough for 16
+// threads with some balance left for causal masks, whose chunks differ in work.
+constexpr std::int64_t kBackwardTasks = 32;
+// Each chunk beyond the first adds a partial dq of every row (fp32) to memory; cap that memory.
+constexpr std::int64_t kBackwardPartialBytes = std::int64_t{256} << 20;
+
 }  // namespace
+
+std::int64_t flash_backward_chunk_blocks(const AttentionProblem& f) {
+  const std::int64_t key_block = schedules::flash::kBackwardTiling.key_block;
+  const std::int64_t key_blocks = (f.kv_len + key_block - 1) / key_block;
+  const std::int64_t heads = f.batch * f.kv_heads;
+  const std::int64_t partial_bytes = heads * (f.q_heads / f.kv_heads) * f.q_len * f.head_dim * 4;
+  std::int64_t chunks = (kBackwardTasks + heads - 1) / heads;
+  chunks = std::min(chunks, kBackwardPartialBytes / std::max<std::int64_t>(partial_bytes, 1));
+  chunks = std::clamp<std::int64_t>(chunks, 1, key_blocks);
+  return (key_blocks + chunks - 1) / chunks;
+}
 
 bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& p) {
   const AttentionProblem& f = p.forward;
@@ -81,7 +101,8 @@ bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const
   halide_error_message_of_thread().clear();
   const int status = pick_kernel(f.dtype, f.fp32_probabilities)(
       dout.get(), q.get(), k.get(), v.get(), out.get(), lse.get(), bias.get(), f.scale,
-      static_cast<int32_t>(f.causal_offset), dq.get(), dk.get(), dv.get(), ds_buffer.get());
+      static_cast<int32_t>(f.causal_offset), static_cast<int32_t>(flash_backward_chunk_blocks(f)),
+      dq.get(), dk.get(), dv.get(), ds_buffer.get());
   TILELAB_CHECK(status == 0) << "generated flash attention backward kernel failed (status "
                              << status << "): " << halide_error_message_of_thread();
   return true;

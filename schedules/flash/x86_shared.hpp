@@ -57,6 +57,20 @@ inline void split_register_tiles(Halide::Stage stage, const Halide::Var& d,
       .unroll(si);
 }
 
+// split_register_tiles without specializations (a stage computed with another may have none):
+// 2 head-dim vectors (rounded up) × 8 of `second`, 16 accumulators.
+inline void split_register_tiles_unspecialized(Halide::Stage stage, const Halide::Var& d,
+                                               const Halide::Var& second, int lanes,
+                                               const Halide::Var& dout) {
+  using Halide::TailStrategy;
+  Halide::Var din("din"), so("so"), si("si");
+  stage.split(d, dout, din, 2 * lanes, TailStrategy::RoundUp)
+      .split(second, so, si, 8)
+      .reorder(din, si, dout, so)
+      .vectorize(din, lanes)
+      .unroll(si);
+}
+
 // The q·k products of one score register tile on bf16 pairs, f(rows, cols) = Σ over (`pair`,
 // `r`), computed at `level`: rows in vectors of `lanes`, unrolled with the columns; per pair of
 // head dims, row vectors of q pairs and broadcast K pairs feed one vdpbf16ps per accumulator.
