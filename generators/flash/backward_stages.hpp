@@ -8,9 +8,10 @@
 namespace tilelab::generators {
 
 // The recomputation of one (row tile, key block) of the backward, defined once and instantiated
-// per loop nest (the gradients' and the bias gradient's place their copies differently). Dimensions, innermost first, as the forward's
-// (generators/flash/stages.hpp): d head dim, jj key within a block, jb key block, ii row within a
-// row tile, io row tile, hk kv head, b batch; a row is one (query head of the group, query) pair.
+// per loop nest (the gradients' and the bias gradient's place their copies differently).
+// Dimensions, innermost first, as the forward's (generators/flash/stages.hpp): d head dim, jj key
+// within a block, jb key block, ii row within a row tile, io row tile, hk kv head, b batch; a row
+// is one (query head of the group, query) pair.
 struct FlashBackwardTileStages {
   Halide::Func query_t;    // (ii, d, io, hk, b) fp32 q · scale, rows innermost
   Halide::Func dout_t;     // (ii, d, io, hk, b) fp32 dout, rows innermost
@@ -65,9 +66,10 @@ struct FlashBackwardStages {
   // The (row tile, key block of the chunk) pairs reduced by grad_kv and dq_partial alike: one
   // RDom, so that their loops have the same names (compute_with fuses them).
   Halide::RVar ro, rc;
-  Halide::RVar rkc;  // key chunks, reduced by grad_q
-  Halide::RVar ri;   // rows of a tile (pairs of rows: bf16_probabilities), by block_dv / block_dk
-  Halide::RVar rj;   // keys of a block (pairs of keys: bf16_probabilities), by block_dq
+  Halide::RVar rkc;       // key chunks, reduced by grad_q
+  Halide::RVar rd_delta;  // the head dim, reduced by delta
+  Halide::RVar ri;  // rows of a tile (pairs of rows: bf16_probabilities), by block_dv / block_dk
+  Halide::RVar rj;  // keys of a block (pairs of keys: bf16_probabilities), by block_dq
   Halide::RVar ri_pair, rj_pair;  // bf16_probabilities: the row or key within a pair
   // bf16_probabilities: the operands of dV, dK and dQ in pairs along their reduction, bf16.
   Halide::Func prob_row_pairs{"prob_row_pairs"};      // (pair, half, jj, jb, io, hk, b) P

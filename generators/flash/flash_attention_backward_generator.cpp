@@ -124,6 +124,7 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     };
 
     RDom rd_delta(0, head_dim, "rd_delta");
+    s.rd_delta = rd_delta.x;
     s.delta(s.i, s.h, b) = 0.0f;
     s.delta(s.i, s.h, b) +=
         cast<float>(dout(rd_delta, s.i, s.h, b)) * cast<float>(out(rd_delta, s.i, s.h, b));

@@ -151,11 +151,17 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
   const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
   Var tile("tile"), hb("hb"), dout("dout");
 
-  s.delta.compute_root()
-      .fuse(s.h, s.b, hb)
-      .parallel(hb)
-      .vectorize(s.i, VL, TailStrategy::GuardWithIf);
-  s.delta.update().fuse(s.h, s.b, hb).parallel(hb).vectorize(s.i, VL, TailStrategy::GuardWithIf);
+  // delta: each row's head dim in vectors along the row (contiguous loads: vectorized over rows,
+  // every load was a gather), one partial sum per lane, then the lanes added.
+  Var lane("lane");
+  RVar rdo("rdo"), rdi("rdi");
+  s.delta.compute_root().fuse(s.h, s.b, hb).parallel(hb);
+  Stage delta_update = s.delta.update();
+  Func delta_lanes =
+      delta_update.split(s.rd_delta, rdo, rdi, VL, TailStrategy::GuardWithIf).rfactor(rdi, lane);
+  delta_update.fuse(s.h, s.b, hb).parallel(hb);
+  delta_lanes.compute_at(s.delta, s.i).vectorize(lane);
+  delta_lanes.update().vectorize(lane);
 
   for (Func f : {s.row_query, s.row_member}) {
     f.compute_root().vectorize(s.ii, VL, TailStrategy::GuardWithIf);
@@ -235,18 +241,11 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
     f.bound_storage(s.jb, 1).bound_storage(s.io, 1).bound_storage(s.hk, 1).bound_storage(s.b, 1);
   }
 
-  // dq: the partial sums added in chunk order.
+  // dq: the partial sums added in chunk order, per (query head, batch) as dq is written.
   s.dq.fuse(s.h, s.b, hb).parallel(hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
-  s.grad_q.compute_root()
-      .fuse(s.io, s.hk, tile)
-      .fuse(tile, s.b, tile)
-      .parallel(tile)
-      .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  s.grad_q.compute_at(s.dq, hb).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   s.grad_q.update()
       .reorder(s.d, s.ii, s.rkc, s.io, s.hk, s.b)
-      .fuse(s.io, s.hk, tile)
-      .fuse(tile, s.b, tile)
-      .parallel(tile)
       .vectorize(s.d, VL, TailStrategy::GuardWithIf);
 
   // Pass 3: ds, tile by tile.
