@@ -64,8 +64,9 @@ struct FlashBackwardStages {
   Halide::Var task{"task"};
   Halide::Var kb{"kb"};  // a key block within its chunk
   // The (row tile, key block of the chunk) pairs reduced by grad_kv and dq_partial alike: one
-  // RDom, so that their loops have the same names (compute_with fuses them).
-  Halide::RVar ro, rc;
+  // RDom, so that their loops have the same names (compute_with fuses them). Row tile ro of
+  // group rg, key block rc of the chunk; ro innermost, then rc, then rg.
+  Halide::RVar ro, rc, rg;
   Halide::RVar rkc;       // key chunks, reduced by grad_q
   Halide::RVar rd_delta;  // the head dim, reduced by delta
   Halide::RVar ri;  // rows of a tile (pairs of rows: bf16_probabilities), by block_dv / block_dk

@@ -248,12 +248,18 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     Expr task_batch = task / (key_chunks * kv_heads);
     Expr task_head = clamp(task / key_chunks - task_batch * kv_heads, 0, kv_heads - 1);
     Expr task_chunk = clamp(task - task / key_chunks * key_chunks, 0, key_chunks - 1);
-    RDom tile_block(0, row_tiles, 0, s.chunk_blocks, "tile_block");
+    // Row tiles in groups: a task passes its key blocks over one group at a time, so that the
+    // group's rows (q, dout, partial dq: 8 tiles of 32 rows, 384 KiB at D = 128) stay in cache
+    // while the blocks pass. A constant, so bounds inference sees single tiles.
+    const int GT = tilelab::schedules::flash::kBackwardGroupTiles;
+    RDom tile_block(0, GT, 0, s.chunk_blocks, 0, (row_tiles + GT - 1) / GT, "tile_block");
     Expr pair_block = task_chunk * s.chunk_blocks + tile_block.y;
-    tile_block.where(pair_block < key_blocks &&
-                     pair_block * KB <= tile_max_query(tile_block.x) + causal_offset);
+    Expr pair_tile = tile_block.z * GT + tile_block.x;
+    tile_block.where(pair_tile < row_tiles && pair_block < key_blocks &&
+                     pair_block * KB <= tile_max_query(pair_tile) + causal_offset);
     s.ro = tile_block.x;
     s.rc = tile_block.y;
+    s.rg = tile_block.z;
 
     // dk and dv, per key block, reduced over the row tiles that see the block.
     {
@@ -294,14 +300,14 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
             t.dscore(ri, jj, jb, io, hk, b) * s.query_f32(d, ri, io, hk, b);
       }
       Var& kb = s.kb;
-      const RVar &ro = s.ro, &rc = s.rc;
+      const RVar& rc = s.rc;
       // compute_with fuses loops of one kind only: the row tile and key block are reduction
       // loops in both Funcs, so neither is a plain (pure) index of the left-hand side (the min is
       // the identity).
       s.grad_kv(d, jj, kb, task) = {0.0f, 0.0f};
       Expr kb_of_pair = min(rc, s.chunk_blocks - 1);
-      Expr dv_of_pair = s.block_dv(d, jj, pair_block, ro, task_head, task_batch);
-      Expr dk_of_pair = s.block_dk(d, jj, pair_block, ro, task_head, task_batch);
+      Expr dv_of_pair = s.block_dv(d, jj, pair_block, pair_tile, task_head, task_batch);
+      Expr dk_of_pair = s.block_dk(d, jj, pair_block, pair_tile, task_head, task_batch);
       s.grad_kv(d, jj, kb_of_pair, task) = {s.grad_kv(d, jj, kb_of_pair, task)[0] + dv_of_pair,
                                             s.grad_kv(d, jj, kb_of_pair, task)[1] + dk_of_pair};
     }
@@ -333,8 +339,8 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
             t.dscore(ii, rj, jb, io, hk, b) * t.key_f32(dim_c, rj, jb, hk, b);
       }
       s.dq_partial(d, ii, io, task) = 0.0f;
-      s.dq_partial(d, ii, min(s.ro, row_tiles - 1), task) +=
-          s.block_dq(d, ii, pair_block, s.ro, task_head, task_batch);
+      s.dq_partial(d, ii, min(pair_tile, row_tiles - 1), task) +=
+          s.block_dq(d, ii, pair_block, pair_tile, task_head, task_batch);
     }
 
     // Each task's sums, gathered in one Func per task so that both accumulations are computed

@@ -27,8 +27,10 @@ inline constexpr FlashAttentionTiling kPrefillTiling{64, 32, false};
 inline constexpr FlashAttentionTiling kPrefillWideTiling{128, 32, false};
 // Decode: 4-row tiles, e.g. one token of a GQA group of 4.
 inline constexpr FlashAttentionTiling kDecodeTiling{64, 4, true};
-// Backward (both passes): a 32-row × 64-key tile of P and dS, recomputed by each pass.
+// Backward: a 32-row × 64-key tile of P and dS.
 inline constexpr FlashAttentionTiling kBackwardTiling{64, 32, false};
+// Backward: row tiles per group, the rows a task keeps in cache while its key blocks pass.
+inline constexpr int kBackwardGroupTiles = 8;
 
 // Rows per kv head (query rows × GQA group) up to which the runtime runs the decode kernels: up to
 // 8 rows two 4-row passes over K/V still beat one 32-row prefill tile, whose rows would be mostly

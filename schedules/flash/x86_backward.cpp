@@ -8,9 +8,10 @@
 // (QT×D per row tile, transposed so rows are contiguous), lse and delta of every row, computed
 // once (the pass visits every row tile once per key block).
 // The pass, per task (key chunk of chunk_blocks key blocks, kv head, batch), parallel over tasks:
+//  for each group rg of kBackwardGroupTiles row tiles (their rows stay in cache across the blocks)
 //   for each key block rc of the chunk
 //     key_f32, value_f32    the block's K and V in fp32
-//     for each row tile ro that sees the block (causal: the others are skipped)
+//     for each row tile ro of the group that sees the block (causal: the others are skipped)
 //       dout_f32, query_f32   q and dout rows as they are
 //       score, dprob      QT×KB, register tiles of (2·VL rows) × 8 keys = 16 accumulators
 //       prob, dscore      P and dS of the tile (one exp per score), computed once for all three:
@@ -180,10 +181,10 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
     f.compute_at(s.task_grads, s.task).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   }
   Stage kv = s.grad_kv.update();
-  kv.reorder(s.d, s.jj, s.ro, s.rc, s.task);
+  kv.reorder(s.d, s.jj, s.ro, s.rc, s.rg, s.task);
   flash::split_register_tiles(kv, s.d, s.jj, 4, head_dim, VL, dout);
   Stage dq_update = s.dq_partial.update();
-  dq_update.reorder(s.d, s.ii, s.ro, s.rc, s.task);
+  dq_update.reorder(s.d, s.ii, s.ro, s.rc, s.rg, s.task);
   Var dq_out("dq_out");
   flash::split_register_tiles_unspecialized(dq_update, s.d, s.ii, VL, dq_out);
   dq_update.compute_with(kv, s.ro);
