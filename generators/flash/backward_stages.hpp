@@ -50,8 +50,9 @@ struct FlashBackwardStages {
   // (d, ii, io, task) Σ over the key blocks of the task's chunk of dS · k, accumulated in the
   // loop nest of grad_kv (computed with it), so dS is computed once for dk, dv and dq.
   Halide::Func dq_partial{"dq_partial"};
-  // (d, x, task) both accumulations of a task, computed per task (their only consumer): dv and
-  // dk / scale of key x of the task's chunk, then (dq / scale, 0) of row x − chunk keys.
+  // (d, x, task) both accumulations of a task, computed per task (their only consumer): dv of key
+  // x of the task's chunk, then dk / scale of key x − chunk keys, then dq / scale of row
+  // x − 2 · chunk keys.
   Halide::Func task_grads{"task_grads"};
   Halide::Func grad_q{"grad_q"};  // (d, ii, io, hk, b) Σ over key chunks of dq_partial: dq / scale
   Halide::Func block_dq{"block_dq"};  // (d, ii, jb, io, hk, b) Σ over the block's keys of dS · k

@@ -350,14 +350,16 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     {
       Var x("x");
       Expr chunk_keys = s.chunk_blocks * KB;
-      Expr chunk_key = min(x, chunk_keys - 1);
-      Expr task_row = clamp(x - chunk_keys, 0, row_tiles * QT - 1);
-      FuncRef kv_of_key = s.grad_kv(d, chunk_key % KB, chunk_key / KB, task);
-      Expr dq_of_row = s.dq_partial(d, task_row % QT, task_row / QT, task);
-      s.task_grads(d, x, task) = {select(x < chunk_keys, kv_of_key[0], dq_of_row),
-                                  select(x < chunk_keys, kv_of_key[1], 0.0f)};
+      Expr dv_key = min(x, chunk_keys - 1);
+      Expr dk_key = clamp(x - chunk_keys, 0, chunk_keys - 1);
+      Expr task_row = clamp(x - 2 * chunk_keys, 0, row_tiles * QT - 1);
+      s.task_grads(d, x, task) =
+          select(x < chunk_keys, s.grad_kv(d, dv_key % KB, dv_key / KB, task)[0],
+                 x < 2 * chunk_keys, s.grad_kv(d, dk_key % KB, dk_key / KB, task)[1],
+                 s.dq_partial(d, task_row % QT, task_row / QT, task));
       auto grad_of_key = [&](int which) {
-        return s.task_grads(d, s.j % chunk_keys, task_of(s.j / chunk_keys, hk, b))[which];
+        return s.task_grads(d, which * chunk_keys + s.j % chunk_keys,
+                            task_of(s.j / chunk_keys, hk, b));
       };
       s.dv(d, s.j, hk, b) = cast(io_type, grad_of_key(0));
       s.dk(d, s.j, hk, b) = cast(io_type, grad_of_key(1) * scale);
@@ -365,7 +367,7 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       s.rkc = rkc.x;
       s.grad_q(d, ii, io, hk, b) = 0.0f;
       s.grad_q(d, ii, io, hk, b) +=
-          s.task_grads(d, chunk_keys + io * QT + ii, task_of(rkc, hk, b))[0];
+          s.task_grads(d, 2 * chunk_keys + io * QT + ii, task_of(rkc, hk, b));
       Expr out_row = (s.h % group) * q_len + s.i;
       s.dq(d, s.i, s.h, b) =
           cast(io_type, s.grad_q(d, out_row % QT, out_row / QT, s.h / group, b) * scale);
