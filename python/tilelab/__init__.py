@@ -261,7 +261,8 @@ def flash_attention_backward(
         ``(dq, dk, dv)`` or ``(dq, dk, dv, dbias)``: new C-contiguous arrays, dq of q's shape,
         dk and dv of k's shape, all of q's dtype. With GQA/MQA, dk and dv of a kv head sum over
         the query heads that read it. Masked (query, key) pairs contribute nothing; a fully masked
-        row gives zero gradients. NaN and inf in the inputs propagate.
+        row gives zero gradients. NaN and inf in the inputs propagate. The results are the same
+        bits for every thread count and every run.
 
     Raises:
         TypeError: an argument is not an array or has a wrong dtype (the message names it).

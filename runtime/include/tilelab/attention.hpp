@@ -115,6 +115,8 @@ const char* flash_attention_implementation(const TensorView& q, const TensorView
 //   with respect to the bias, summed over its broadcast dimensions. Needs options.bias.
 //   Masked (query, key) pairs contribute nothing, and a fully masked row gives zero gradients;
 //   NaN and inf elsewhere propagate.
+//   Results are the same bits for every thread count and every run: the work is split by the
+//   shape alone, and partial sums are added in a fixed order.
 //   Gradient outputs must not overlap each other, themselves or any input.
 // Throws tilelab::Error naming the argument on any invalid input; on error nothing is written.
 void flash_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
