@@ -248,9 +248,9 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     Expr task_batch = task / (key_chunks * kv_heads);
     Expr task_head = clamp(task / key_chunks - task_batch * kv_heads, 0, kv_heads - 1);
     Expr task_chunk = clamp(task - task / key_chunks * key_chunks, 0, key_chunks - 1);
-    // Row tiles in groups: a task passes its key blocks over one group at a time, so that the
-    // group's rows (q, dout, partial dq: 8 tiles of 32 rows, 384 KiB at D = 128) stay in cache
-    // while the blocks pass. A constant, so bounds inference sees single tiles.
+    // Row tiles in groups (kBackwardGroupTiles): a task passes its key blocks over one group at a
+    // time, so that the group's q, dout and partial dq stay in cache. A constant, so bounds
+    // inference sees single tiles.
     const int GT = tilelab::schedules::flash::kBackwardGroupTiles;
     RDom tile_block(0, GT, 0, s.chunk_blocks, 0, (row_tiles + GT - 1) / GT, "tile_block");
     Expr pair_block = task_chunk * s.chunk_blocks + tile_block.y;
@@ -302,8 +302,8 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       Var& kb = s.kb;
       const RVar& rc = s.rc;
       // compute_with fuses loops of one kind only: the row tile and key block are reduction
-      // loops in both Funcs, so neither is a plain (pure) index of the left-hand side (the min is
-      // the identity).
+      // loops in both Funcs, so neither is a plain (pure) index of the left-hand side (here the
+      // min is the identity; in dq_partial it also bounds the rows written to the row tiles).
       s.grad_kv(d, jj, kb, task) = {0.0f, 0.0f};
       Expr kb_of_pair = min(rc, s.chunk_blocks - 1);
       Expr dv_of_pair = s.block_dv(d, jj, pair_block, pair_tile, task_head, task_batch);
@@ -344,9 +344,9 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     }
 
     // Each task's sums, gathered in one Func per task so that both accumulations are computed
-    // per task, in one loop (their only consumer): x < chunk_keys is key x of the chunk (dv, dk /
-    // scale), then row x - chunk_keys (dq / scale, 0). The clamps keep each Func's bounds to its
-    // own part.
+    // per task, in one loop (their only consumer): x < chunk_keys is dv of key x of the chunk,
+    // then dk / scale of key x - chunk_keys, then dq / scale of row x - 2 · chunk_keys. The
+    // clamps keep each read's bounds to its own part.
     {
       Var x("x");
       Expr chunk_keys = s.chunk_blocks * KB;

@@ -39,6 +39,9 @@ struct AttentionProblem {
   // paged kernel, which reads each K/V row once for a whole GQA group, outruns the generated
   // kernels (measured: bench/attention/bench_flash.py's decode rows).
   bool automatic_prefers_paged_kernel() const { return q_len == 1 && !bias; }
+  // Rows of one kv head for the kernels that fold the GQA group into rows: (query head of the
+  // group, query) pairs.
+  std::int64_t rows_per_kv_head() const { return q_len * (q_heads / kv_heads); }
 };
 
 // flash_attention on the paged kernel (paged_kernel_attention), the whole batch as one paged

@@ -42,7 +42,7 @@ using OptionsKernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffe
 using schedules::flash::kDecodeMaxRows;
 
 bool decode_rows(const AttentionProblem& p) {
-  return p.q_len * (p.q_heads / p.kv_heads) <= kDecodeMaxRows;
+  return p.rows_per_kv_head() <= kDecodeMaxRows;
 }
 
 // Score options run on their prefill variant; decode-sized calls, bf16 with fp32 probabilities

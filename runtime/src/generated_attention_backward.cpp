@@ -49,7 +49,7 @@ std::int64_t flash_backward_chunk_blocks(const AttentionProblem& f) {
   const std::int64_t key_block = schedules::flash::kBackwardTiling.key_block;
   const std::int64_t key_blocks = (f.kv_len + key_block - 1) / key_block;
   const std::int64_t heads = f.batch * f.kv_heads;
-  const std::int64_t partial_bytes = heads * (f.q_heads / f.kv_heads) * f.q_len * f.head_dim * 4;
+  const std::int64_t partial_bytes = heads * f.rows_per_kv_head() * f.head_dim * 4;
   std::int64_t chunks = (kBackwardTasks + heads - 1) / heads;
   chunks = std::min(chunks, kBackwardPartialBytes / std::max<std::int64_t>(partial_bytes, 1));
   chunks = std::clamp<std::int64_t>(chunks, 1, key_blocks);
@@ -87,8 +87,7 @@ bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const
   const TensorView no_ds(&unused_ds, DType::f32, {1, 1, 1, 1});
   HalideView ds_buffer(no_ds);
   if (ds) {
-    const std::int64_t group = f.q_heads / f.kv_heads;
-    const std::int64_t rows = group * f.q_len;
+    const std::int64_t rows = f.rows_per_kv_head();
     halide_dimension_t* dims = ds_buffer.dims.data();
     dims[0] = {0, static_cast<int32_t>(f.kv_len), 1, 0};
     dims[1] = {0, static_cast<int32_t>(rows), static_cast<int32_t>(f.kv_len), 0};
