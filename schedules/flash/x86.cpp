@@ -98,6 +98,9 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   // The running state of one tile (io, hk, b).
   s.state.compute_at(tile).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   Stage merge = s.state.update();
+  // Not peeled at rk = 0 (rescale's jb == 0, now that jb is rk): the peeled copy lost the head-dim
+  // fast paths, and its V loads became gathers.
+  merge.never_partition(s.rk);
   merge.reorder(s.d, s.ii, s.rk, s.io, s.hk, s.b);
   // Head dims are rounded up to the register tile (extra columns read a clamped V and are never
   // stored to out); fast paths for 64 and 128 have no rounding.
@@ -118,6 +121,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
       at_root_per_key_block(s.value_bf16, s, head_dim, VL, s.jp);
     } else {
       s.value_bf16.compute_at(s.state, s.rk)
+          .bound_extent(s.jb, 1)
           .vectorize(s.jp)
           .vectorize(s.d, VL, TailStrategy::GuardWithIf);
     }
@@ -136,8 +140,11 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   } else if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
     // (Decode tiles have 4 rows: there the conversion is fused into the loads instead.)
-    s.key_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);
-    s.value_f32.compute_at(s.state, s.rk).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    for (Func f : {s.key_f32, s.value_f32}) {
+      f.compute_at(s.state, s.rk)
+          .bound_extent(s.jb, 1)
+          .vectorize(s.d, VL, TailStrategy::GuardWithIf);
+    }
   }
 
   if (!s.decode) {
@@ -192,6 +199,17 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   const RVar keys = s.bf16_products ? s.rjo : s.rj;
   const std::optional<RVar> pair = s.bf16_products ? std::optional<RVar>(s.rjp) : std::nullopt;
   flash::schedule_tile_product(s.block_pv, s.d, s.ii, keys, LoopLevel(s.state, dout), VL, pair);
+  // Each per-block stage is computed for block rk alone, but bounds inference, bounding jb by the
+  // merge's where clause as min(last live block, rk), cannot see that: its loops over jb had an
+  // unknown trip count (a memset call and reloads of the register tile per P·V tile) and its
+  // buffers a dynamic, heap-allocated size. One block, said once. Not after a window's first
+  // block (the score options variant), whose merge starts at a block that varies by tile: there
+  // the bounded stages computed wrong values, and block_pv's index kept max(first block, rk) - rk,
+  // which made the bf16 pairs' atomic vectorization fall back to scalar code.
+  if (!s.operands_at_root) {
+    for (Func f : {s.masked, s.prob, s.block_sum, s.rescale, s.block_pv}) f.bound_extent(s.jb, 1);
+    if (s.bf16_products) s.prob_bf16.bound_extent(s.jb, 1);
+  }
 }
 
 }  // namespace tilelab::schedules
