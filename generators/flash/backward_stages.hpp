@@ -19,12 +19,15 @@ struct FlashBackwardTileStages {
   Halide::Func value_f32;  // (d, jj, jb, hk, b) fp32 V block
   Halide::Func row_lse;    // (ii, io, hk, b) the forward's log-sum-exp of the row
   Halide::Func row_delta;  // (ii, io, hk, b) rowsum(dout ∘ out)
+  Halide::Func row_slope;  // (ii, io, hk, b) the ALiBi slope of the row's query head (options)
   Halide::Func score;      // (ii, jj, jb, io, hk, b) scale · q·k
   Halide::Func dprob;      // (ii, jj, jb, io, hk, b) dP = dout · v
   Halide::Func prob;       // (ii, jj, jb, io, hk, b) P = exp(score + bias − lse), 0 where masked
-  Halide::Func dscore;     // (ii, jj, jb, io, hk, b) dS = P ∘ (dP − delta)
-  Halide::RVar rd_score;   // head dim (fp32) or pairs of head dims (bf16 products), for `score`
-  Halide::RVar rd_dprob;   // the same, for `dprob`
+  // (ii, jj, jb, io, hk, b) dS = P ∘ (dP − delta), the gradient of the score before the bias
+  // (with a softcap: times its derivative 1 − tanh², the gradient of scale · q·k)
+  Halide::Func dscore;
+  Halide::RVar rd_score;  // head dim (fp32) or pairs of head dims (bf16 products), for `score`
+  Halide::RVar rd_dprob;  // the same, for `dprob`
   // bf16 products (bf16 inputs, CPUs with AVX-512 BF16): q and dout rows in pairs of head dims,
   // (dp, ii, dh, io, hk, b) for head dim 2·dh + dp, 0 past D; the head-dim reductions of score
   // and dprob run on them, one vdpbf16ps per pair (bf16 products are exact in fp32).
@@ -88,6 +91,8 @@ struct FlashBackwardStages {
   bool io_is_f32 = false;      // inputs are fp32 already: read in place, no conversion copies
   bool bf16_products = false;  // score and dprob on bf16 dot products (FlashBackwardTileStages)
   bool bf16_probabilities = false;  // and dV, dK, dQ, on P and dS rounded to bf16
+  // Score options: dS reads the score too (the softcap's derivative), so its tile is stored.
+  bool score_options = false;
 };
 
 }  // namespace tilelab::generators

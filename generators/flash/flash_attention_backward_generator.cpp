@@ -10,12 +10,16 @@
 // each task accumulates dq over its own chunk's key blocks into a partial sum of its own; the
 // partial sums are then added in chunk order (deterministic, whatever the thread count).
 // Rows fold the GQA group as in the forward, so a kv head's dk and dv sum over its query heads.
+// With score_options (docs/attention_options.md; no bias), P is recomputed from the capped,
+// ALiBi-shifted score and the window's mask, the softcap's derivative 1 − tanh² scales dS, and
+// the sinks need nothing here: they are in lse (their gradient is the runtime's, from lse).
 // Tiling and schedule: schedules/flash/.
 #include <limits>
 #include <string>
 
 #include "Halide.h"
 #include "generators/flash/backward_stages.hpp"
+#include "generators/flash/online_softmax.hpp"
 #include "schedules/flash/tiling.hpp"
 #include "schedules/flash/x86.hpp"
 #include "schedules/flash/x86_backward.hpp"
@@ -35,6 +39,9 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
   // bf16 only: P and dS rounded to bf16 so that dV = Pᵀ dO, dK = dSᵀ Q and dQ = dS K run on bf16
   // dot products where the CPU has them (FlashAttention's mixed precision); false keeps them fp32.
   GeneratorParam<bool> bf16_probabilities{"bf16_probabilities", false};
+  // The score options of docs/attention_options.md but the sinks (softcap, ALiBi, the window's
+  // left edge) as run-time inputs appended after chunk_blocks, as the forward's; no bias.
+  GeneratorParam<bool> score_options{"score_options", false};
 
   // Layouts as the forward's: (d, i, h, b) and (d, j, hk, b), head dim innermost.
   Input<Buffer<void, 4>> dout{"dout"};
@@ -63,6 +70,16 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
   void configure() {
     for (auto* input : {&dout, &q, &k, &v, &out}) input->set_type(io_type);
     for (auto* output : {&dq, &dk, &dv}) output->set_type(io_type);
+    if (score_options) {
+      softcap = add_input<float>("softcap");  // 0 turns soft-capping off
+      // By query head: the ALiBi slope (0 without ALiBi).
+      alibi_slopes = add_input<Buffer<float, 1>>("alibi_slopes");
+      // Query row i is at absolute position i + position_offset (ALiBi).
+      position_offset = add_input<int>("position_offset");
+      // Key j is visible to query i only if j >= i + window_begin_offset (the window's left edge;
+      // the right edge is folded into causal_offset by the caller).
+      window_begin_offset = add_input<int>("window_begin_offset");
+    }
   }
 
   void generate() {
@@ -81,6 +98,7 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     TILELAB_REQUIRE(!bf16_probabilities || io_type.value() == BFloat(16))
         << "bf16_probabilities: needs io_type bfloat16, got " << io_type.value();
     s.bf16_probabilities = s.bf16_products && bf16_probabilities;
+    s.score_options = score_options;
     TILELAB_REQUIRE(KB % 2 == 0 && QT % 2 == 0)
         << "bf16 products pair keys and rows: key_block and query_tile must be even";
     Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
@@ -122,6 +140,17 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       Expr first = tile * QT, last = min(tile * QT + QT - 1, rows - 1);
       return select(first / q_len == last / q_len, last % q_len, q_len - 1);
     };
+
+    // The tile's smallest query index: a key block wholly left of its window is skipped too.
+    auto tile_min_query = [&](const Expr& tile) {
+      Expr first = tile * QT, last = min(tile * QT + QT - 1, rows - 1);
+      return select(first / q_len == last / q_len, first % q_len, 0);
+    };
+    Expr softcap_on, inverse_cap;
+    if (score_options) {
+      softcap_on = *softcap > 0.0f;
+      inverse_cap = 1.0f / *softcap;
+    }
 
     RDom rd_delta(0, head_dim, "rd_delta");
     s.rd_delta = rd_delta.x;
@@ -210,15 +239,28 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
         t.dprob(ii, jj, jb, io, hk, b) +=
             t.dout_t(ii, rp, io, hk, b) * t.value_f32(rp, jj, jb, hk, b);
       }
-      // Only the mask (causal, lengths, padding rows) and a bias of exactly -inf mask a score;
-      // NaN and inf elsewhere propagate. Below e^-87 the result is not a normal float: 0. The
-      // bias is tested as loaded, and the two subtractions are strict IEEE: under fast-math an
+      // Only the mask (causal, lengths, padding rows, the window) and a bias of exactly -inf mask a
+      // score; NaN and inf elsewhere propagate. Below e^-87 the result is not a normal float: 0.
+      // The bias is tested as loaded, and the two subtractions are strict IEEE: under fast-math an
       // inf or NaN result is undefined, so testing its bits afterwards would not be reliable.
       Expr bias_value = bias(key_c, row_query, row_head, b);
       Expr visible = row < rows && key <= min(row_query + causal_offset, kv_len - 1) &&
                      reinterpret<uint32_t>(bias_value) != Expr(kFp32MinusInfinityBits);
-      Expr exponent =
-          strict_float(t.score(ii, jj, jb, io, hk, b) + bias_value - t.row_lse(ii, io, hk, b));
+      Expr score = t.score(ii, jj, jb, io, hk, b);
+      // d(softcapped score) / d(score): 1 without options.
+      Expr cap_derivative = 1.0f;
+      if (score_options) {
+        // docs/attention_options.md, in its order: softcap, ALiBi, then the window's left edge.
+        t.row_slope = func("row_slope");
+        t.row_slope(ii, io, hk, b) = (*alibi_slopes)(row_head);
+        Expr capped = tilelab::generators::softcapped(score, *softcap, inverse_cap);
+        Expr tanh_value = capped * inverse_cap;
+        cap_derivative = select(softcap_on, 1.0f - tanh_value * tanh_value, 1.0f);
+        score = select(softcap_on, capped, score) +
+                t.row_slope(ii, io, hk, b) * cast<float>(key - (row_query + *position_offset));
+        visible = visible && key >= row_query + *window_begin_offset;
+      }
+      Expr exponent = strict_float(score + bias_value - t.row_lse(ii, io, hk, b));
       // Halide compiles with fast-math flags (no NaN, no inf), so classes are read from the bits
       // (detail/fp32_classes.hpp), NaN first: `NaN < -87` may come out true, and Halide's exp
       // turns NaN into 0.
@@ -227,9 +269,9 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
                  exponent < -87.0f, 0.0f, exp(exponent));
       // A masked pair contributes nothing, whatever dP holds: the same as a skipped block.
       Expr p = t.prob(ii, jj, jb, io, hk, b);
-      t.dscore(ii, jj, jb, io, hk, b) =
-          select(fp32_bits_is_zero(reinterpret<uint32_t>(p)), 0.0f,
-                 p * (t.dprob(ii, jj, jb, io, hk, b) - t.row_delta(ii, io, hk, b)));
+      t.dscore(ii, jj, jb, io, hk, b) = select(
+          fp32_bits_is_zero(reinterpret<uint32_t>(p)), 0.0f,
+          p * (t.dprob(ii, jj, jb, io, hk, b) - t.row_delta(ii, io, hk, b)) * cap_derivative);
     };
     define_tile(s.key_pass, "kpass");
     define_tile(s.bias_pass, "bpass");
@@ -255,8 +297,13 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     RDom tile_block(0, GT, 0, s.chunk_blocks, 0, (row_tiles + GT - 1) / GT, "tile_block");
     Expr pair_block = task_chunk * s.chunk_blocks + tile_block.y;
     Expr pair_tile = tile_block.z * GT + tile_block.x;
-    tile_block.where(pair_tile < row_tiles && pair_block < key_blocks &&
-                     pair_block * KB <= tile_max_query(pair_tile) + causal_offset);
+    Expr pair_is_live = pair_tile < row_tiles && pair_block < key_blocks &&
+                        pair_block * KB <= tile_max_query(pair_tile) + causal_offset;
+    if (score_options) {
+      pair_is_live = pair_is_live &&
+                     pair_block * KB + KB - 1 >= tile_min_query(pair_tile) + *window_begin_offset;
+    }
+    tile_block.where(pair_is_live);
     s.ro = tile_block.x;
     s.rc = tile_block.y;
     s.rg = tile_block.z;
@@ -386,6 +433,12 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
 
     tilelab::schedules::schedule_flash_attention_backward_x86(s, get_target(), head_dim);
   }
+
+ private:
+  Input<float>* softcap = nullptr;
+  Input<Buffer<float, 1>>* alibi_slopes = nullptr;
+  Input<int>* position_offset = nullptr;
+  Input<int>* window_begin_offset = nullptr;
 };
 
 }  // namespace

@@ -138,18 +138,22 @@ std::vector<py::ssize_t> shape_of(const py::array& array) {
   return std::vector<py::ssize_t>(array.shape(), array.shape() + array.ndim());
 }
 
-py::object flash_attention_backward(const py::handle& dout, const py::handle& q,
-                                    const py::handle& k, const py::handle& v, const py::handle& out,
-                                    const py::handle& lse, const py::handle& causal,
-                                    const py::handle& causal_alignment, const py::handle& scale,
-                                    const py::handle& bias, const py::handle& return_dbias_value,
-                                    const py::handle& fp32_probabilities,
-                                    const py::handle& implementation) {
+py::object flash_attention_backward(
+    const py::handle& dout, const py::handle& q, const py::handle& k, const py::handle& v,
+    const py::handle& out, const py::handle& lse, const py::handle& causal,
+    const py::handle& causal_alignment, const py::handle& scale, const py::handle& bias,
+    const py::handle& return_dbias_value, const py::handle& sliding_window,
+    const py::handle& softcap, const py::handle& alibi_slopes, const py::handle& sinks,
+    const py::handle& return_dsinks_value, const py::handle& fp32_probabilities,
+    const py::handle& implementation) {
   const bool return_dbias = parse_bool(return_dbias_value, "return_dbias");
+  const bool return_dsinks = parse_bool(return_dsinks_value, "return_dsinks");
   // The forward's preparation checks q, k, v, bias and the options, and allocates an array with
-  // q's shape and dtype: that is dq.
+  // q's shape and dtype: that is dq. (k and v of q's dtype: scales of 1.)
+  const py::float_ unit_scale(1.0);
   AttentionCall call =
-      prepare_call(q, k, v, causal, causal_alignment, scale, bias, false, implementation);
+      prepare_call(q, k, v, causal, causal_alignment, scale, bias, false, implementation,
+                   ScoreKeywords{sliding_window, softcap, alibi_slopes, sinks, unit_scale, unit_scale});
   call.options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
   const ArrayView dout_view = view_array(require_attention_array(dout, "dout"), "dout");
   const ArrayView out_view = view_array(require_attention_array(out, "out"), "out");
@@ -159,24 +163,34 @@ py::object flash_attention_backward(const py::handle& dout, const py::handle& q,
   if (return_dbias && !call.bias) {
     throw Error("return_dbias: expected False without a bias (bias is None), got True");
   }
+  if (return_dsinks && !call.options.score.sinks) {
+    throw Error("return_dsinks: expected False without sinks (sinks is None), got True");
+  }
 
   py::array dk = new_array(call.k.owner.dtype(), shape_of(call.k.owner));
   py::array dv = new_array(call.k.owner.dtype(), shape_of(call.k.owner));
   const TensorView dk_view = view_output(dk), dv_view = view_output(dv);
-  std::optional<py::array> dbias;
-  std::optional<TensorView> dbias_view;
+  std::optional<py::array> dbias, dsinks;
+  std::optional<TensorView> dbias_view, dsinks_view;
   if (return_dbias) {
     dbias = new_array(py::dtype::of<float>(), shape_of(call.bias->owner));
     dbias_view = view_output(*dbias);
+  }
+  if (return_dsinks) {
+    dsinks = new_array(py::dtype::of<float>(), {call.options.score.sinks->dim(0)});
+    dsinks_view = view_output(*dsinks);
   }
   {
     py::gil_scoped_release release;
     tilelab::flash_attention_backward(dout_view.view, call.q.view, call.k.view, call.v.view,
                                       out_view.view, lse_view.view, call.out_view, dk_view, dv_view,
-                                      call.options, dbias_view);
+                                      call.options, dbias_view, dsinks_view);
   }
-  if (return_dbias) return py::make_tuple(call.out, dk, dv, *dbias);
-  return py::make_tuple(call.out, dk, dv);
+  py::list grads;
+  for (const py::array& grad : {call.out, dk, dv}) grads.append(grad);
+  if (dbias) grads.append(*dbias);
+  if (dsinks) grads.append(*dsinks);
+  return py::tuple(grads);
 }
 
 }  // namespace
@@ -221,9 +235,11 @@ PYBIND11_MODULE(_core, module) {
              py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::kw_only(),
              py::arg("causal") = false, py::arg("causal_alignment") = "top_left",
              py::arg("scale") = py::none(), py::arg("bias") = py::none(),
-             py::arg("return_dbias") = false, py::arg("fp32_probabilities") = false,
-             py::arg("implementation") = "automatic",
-             "Flash attention backward; returns (dq, dk, dv[, dbias]). See "
+             py::arg("return_dbias") = false, py::arg("sliding_window") = py::make_tuple(-1, -1),
+             py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
+             py::arg("sinks") = py::none(), py::arg("return_dsinks") = false,
+             py::arg("fp32_probabilities") = false, py::arg("implementation") = "automatic",
+             "Flash attention backward; returns (dq, dk, dv[, dbias][, dsinks]). See "
              "tilelab.flash_attention_backward.");
   module.def("set_num_threads", &tilelab::set_num_threads, py::arg("n"),
              "Sets the number of threads tilelab uses (>= 1).");

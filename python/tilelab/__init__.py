@@ -196,6 +196,11 @@ def flash_attention_backward(
     scale: float | None = ...,
     bias: np.ndarray | None = ...,
     return_dbias: Literal[False] = ...,
+    sliding_window: tuple[int, int] = ...,
+    softcap: float = ...,
+    alibi_slopes: np.ndarray | None = ...,
+    sinks: np.ndarray | None = ...,
+    return_dsinks: Literal[False] = ...,
     fp32_probabilities: bool = ...,
     implementation: Implementation = ...,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
@@ -212,10 +217,15 @@ def flash_attention_backward(
     causal_alignment: CausalAlignment = ...,
     scale: float | None = ...,
     bias: np.ndarray | None = ...,
-    return_dbias: Literal[True],
+    return_dbias: bool = ...,
+    sliding_window: tuple[int, int] = ...,
+    softcap: float = ...,
+    alibi_slopes: np.ndarray | None = ...,
+    sinks: np.ndarray | None = ...,
+    return_dsinks: bool = ...,
     fp32_probabilities: bool = ...,
     implementation: Implementation = ...,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
+) -> tuple[np.ndarray, ...]: ...
 
 
 def flash_attention_backward(
@@ -231,10 +241,15 @@ def flash_attention_backward(
     scale=None,
     bias=None,
     return_dbias=False,
+    sliding_window=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    sinks=None,
+    return_dsinks=False,
     fp32_probabilities=False,
     implementation="automatic",
 ):
-    """Gradients of :func:`flash_attention` with respect to q, k, v (and the bias).
+    """Gradients of :func:`flash_attention` with respect to q, k, v (and the bias or the sinks).
 
     ``out`` and ``lse`` are what ``flash_attention(q, k, v, ..., return_lse=True)`` returned for
     the same arguments; the probabilities are recomputed from them (FlashAttention-2), so no
@@ -242,14 +257,19 @@ def flash_attention_backward(
 
     Shapes and dtypes:
         dout, q and out: ``[B, Hq, M, D]``; k, v: ``[B, Hkv, N, D]``; lse: float32 ``[B, Hq, M]``.
-        dout, q, k, v and out share one dtype (float32, float16 or ``ml_dtypes.bfloat16``);
-        accumulation is float32. Strides as for :func:`flash_attention`.
+        dout, q, k, v and out share one dtype (float32, float16 or ``ml_dtypes.bfloat16``; not
+        fp8); accumulation is float32. Strides as for :func:`flash_attention`.
 
     Args:
-        causal, causal_alignment, scale, bias, implementation: as for :func:`flash_attention`,
-            and they must be the values the forward was called with.
+        causal, causal_alignment, scale, bias, sliding_window, softcap, alibi_slopes, sinks,
+            implementation: as for :func:`flash_attention`, and they must be the values the
+            forward was called with. With a softcap the gradient passes through its derivative
+            ``1 - tanh^2``; ALiBi adds a constant per (query, key), so it changes P only (the
+            slopes get no gradient); the window masks as in the forward.
         return_dbias: also return the gradient with respect to ``bias``: float32, of the bias's
             own shape ``[B|1, Hq|1, M|1, N]`` (summed over its broadcast dimensions). Needs a bias.
+        return_dsinks: also return the gradient with respect to ``sinks``: float32 ``[Hq]``,
+            ``-sum over (b, i) of exp(sink - lse) * rowsum(dout * out)``. Needs sinks.
         fp32_probabilities: bfloat16: the generated kernel rounds P and dS to bfloat16 before
             ``dV = P^T dO``, ``dK = dS^T Q`` and ``dQ = dS K`` (FlashAttention's mixed
             precision), so that all five products run on bf16 dot products where the CPU has
@@ -258,16 +278,18 @@ def flash_attention_backward(
             keep them in float32.
 
     Returns:
-        ``(dq, dk, dv)`` or ``(dq, dk, dv, dbias)``: new C-contiguous arrays, dq of q's shape,
-        dk and dv of k's shape, all of q's dtype. With GQA/MQA, dk and dv of a kv head sum over
-        the query heads that read it. Masked (query, key) pairs contribute nothing; a fully masked
-        row gives zero gradients. NaN and inf in the inputs propagate. The results are the same
-        bits for every thread count and every run.
+        ``(dq, dk, dv)``, then ``dbias`` and ``dsinks`` when asked for: new C-contiguous arrays,
+        dq of q's shape, dk and dv of k's shape, all of q's dtype. With GQA/MQA, dk and dv of a kv
+        head sum over the query heads that read it. Masked (query, key) pairs contribute nothing;
+        a fully masked row gives zero gradients. NaN and inf in the inputs propagate; with score
+        options, as in the forward, NaN or inf in a masked key, value or row reaches no gradient.
+        The results are the same bits for every thread count and every run.
 
     Raises:
         TypeError: an argument is not an array or has a wrong dtype (the message names it).
         ValueError: a wrong rank or shape (e.g. lse not ``[B, Hq, M]``, dout not the shape of q),
-            ``return_dbias`` without a bias, or any error :func:`flash_attention` would raise.
+            ``return_dbias`` without a bias, ``return_dsinks`` without sinks, or any error
+            :func:`flash_attention` would raise.
     """
     return _core.flash_attention_backward(
         dout,
@@ -281,6 +303,11 @@ def flash_attention_backward(
         scale=scale,
         bias=bias,
         return_dbias=return_dbias,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        return_dsinks=return_dsinks,
         fp32_probabilities=fp32_probabilities,
         implementation=implementation,
     )

@@ -52,6 +52,11 @@ def flash_attention_backward(
     scale: float | None = None,
     bias: np.ndarray | None = None,
     return_dbias: bool = False,
+    sliding_window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    return_dsinks: bool = False,
     fp32_probabilities: bool = False,
     implementation: str = "automatic",
 ) -> tuple[np.ndarray, ...]: ...

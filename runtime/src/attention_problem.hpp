@@ -32,8 +32,9 @@ struct AttentionProblem {
   float k_scale = 1.0f, v_scale = 1.0f;
   bool fp32_probabilities = false;  // FlashAttentionOptions::fp32_probabilities
 
-  // Score options or fp8 k/v: neither the dense reference nor the backward implements them (the
-  // paged kernel does; the generated kernels cover score options on prefill-sized calls).
+  // Score options or fp8 k/v: the dense reference does not implement them (the paged kernel does;
+  // the generated kernels cover score options on prefill-sized calls). The backward takes score
+  // options, not fp8 k/v.
   bool has_score_options_or_fp8() const { return score.any() || is_fp8(kv_dtype); }
   // Decode (one query row per batch entry and head) without a bias: under automatic dispatch the
   // paged kernel, which reads each K/V row once for a whole GQA group, outruns the generated
@@ -43,6 +44,14 @@ struct AttentionProblem {
   // group, query) pairs.
   std::int64_t rows_per_kv_head() const { return q_len * (q_heads / kv_heads); }
 };
+
+// The visible keys of docs/attention_options.md for the dense kernels: key j is visible to query
+// row i iff i + window_begin <= j <= i + causal_offset (the causal limit and the window's right
+// edge folded into one bound). Every dense implementation, forward and backward, masks by these.
+struct KeyBounds {
+  std::int64_t window_begin, causal_offset;
+};
+KeyBounds key_bounds(const AttentionProblem& problem);
 
 // flash_attention on the paged kernel (paged_kernel_attention), the whole batch as one paged
 // problem: batch entry b is sequence b, and k[b], v[b] are its cache of one block of N keys.
@@ -72,19 +81,20 @@ bool generated_flash_attention_covers(const AttentionProblem& problem);
 // The validated form of one flash_attention_backward call: the forward's problem (q, k, v, out,
 // bias, lse as inputs) plus the incoming gradient and the gradient outputs.
 struct AttentionBackwardProblem {
-  AttentionProblem forward;         // forward.lse is set: the forward's log-sum-exp, an input here
-  TensorView dout, dq, dk, dv;      // [B, Hq, M, D], [B, Hq, M, D], [B, Hkv, N, D] x2
-  std::optional<TensorView> dbias;  // fp32, the shape of forward.bias
+  AttentionProblem forward;          // forward.lse is set: the forward's log-sum-exp, an input here
+  TensorView dout, dq, dk, dv;       // [B, Hq, M, D], [B, Hq, M, D], [B, Hkv, N, D] x2
+  std::optional<TensorView> dbias;   // fp32, the shape of forward.bias
+  std::optional<TensorView> dsinks;  // fp32 [Hq], with forward.score.sinks
 };
 
 // Checks every argument of flash_attention_backward (the forward's checks on q, k, v, out, lse and
 // options, then dout, the gradient outputs' shapes and dtypes, and that no output overlaps
-// another, itself or an input). Throws tilelab::Error naming the argument.
+// another, itself or an input; k and v not fp8). Throws tilelab::Error naming the argument.
 AttentionBackwardProblem validate_flash_attention_backward(
     const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
     const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
     const TensorView& dv, const FlashAttentionOptions& options,
-    const std::optional<TensorView>& dbias);
+    const std::optional<TensorView>& dbias, const std::optional<TensorView>& dsinks);
 
 // dS of every (row, key), written to `ds`: fp32 [B, Hq, M, N]. Both implementations produce it
 // when the bias gradient is asked for; reduce_bias_gradient folds it into the bias's shape.
@@ -92,11 +102,17 @@ AttentionBackwardProblem validate_flash_attention_backward(
 // Writes dq, dk, dv, and `ds` when given.
 void reference_flash_attention_backward(const AttentionBackwardProblem& problem,
                                         const TensorView* ds);
+// Writes problem.dsinks, the gradient with respect to the sinks, from lse, out and dout (both
+// implementations' dq, dk, dv do not depend on it).
+void sink_gradient(const AttentionBackwardProblem& problem);
 // Runs the generated Halide kernel (writing `ds` when given); false when the problem is outside
 // what the generated kernels cover (then nothing is written).
 bool generated_flash_attention_backward(const AttentionBackwardProblem& problem,
                                         const TensorView* ds);
+// Whether the generated kernels cover the call's shapes, strides and options; whether they run it
+// (with score options, only when q, k, v and dout are finite: the `_runs` check reads them).
 bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& problem);
+bool generated_flash_attention_backward_runs(const AttentionBackwardProblem& problem);
 // Key blocks per task of the generated backward: each task, one chunk of keys of one (kv head,
 // batch), sums its own partial dq; the partial sums are then added in chunk order. Depends on the
 // shape only, so results do not depend on the thread count.

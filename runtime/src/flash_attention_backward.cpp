@@ -62,9 +62,10 @@ void flash_attention_backward(const TensorView& dout, const TensorView& q, const
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const FlashAttentionOptions& options,
-                              const std::optional<TensorView>& dbias) {
+                              const std::optional<TensorView>& dbias,
+                              const std::optional<TensorView>& dsinks) {
   const AttentionBackwardProblem problem = detail::validate_flash_attention_backward(
-      dout, q, k, v, out, lse, dq, dk, dv, options, dbias);
+      dout, q, k, v, out, lse, dq, dk, dv, options, dbias, dsinks);
   const detail::AttentionProblem& f = problem.forward;
 
   // dS goes straight into a dense dbias of the full shape; otherwise into a dense scratch that is
@@ -98,8 +99,9 @@ void flash_attention_backward(const TensorView& dout, const TensorView& q, const
     case Implementation::generated:
       TILELAB_REQUIRE(detail::generated_flash_attention_backward(problem, ds))
           << "implementation: 'generated' does not cover this call (" << q.describe()
-          << "); the generated kernels need innermost stride 1 on every tensor but lse, and "
-             "head_dim <= 256; use 'automatic' or 'reference'";
+          << "); the generated kernels need innermost stride 1 on every tensor but lse, "
+             "head_dim <= 256 and, with score options, finite q, k, v and dout; use 'automatic' "
+             "or 'reference'";
       break;
     case Implementation::automatic:
       if (!detail::generated_flash_attention_backward(problem, ds)) {
@@ -108,18 +110,17 @@ void flash_attention_backward(const TensorView& dout, const TensorView& q, const
       break;
   }
   if (!ds_scratch.empty()) reduce_bias_gradient(ds_scratch, f, *problem.dbias);
+  if (problem.dsinks) detail::sink_gradient(problem);
 }
 
-const char* flash_attention_backward_implementation(const TensorView& dout, const TensorView& q,
-                                                    const TensorView& k, const TensorView& v,
-                                                    const TensorView& out, const TensorView& lse,
-                                                    const TensorView& dq, const TensorView& dk,
-                                                    const TensorView& dv,
-                                                    const FlashAttentionOptions& options,
-                                                    const std::optional<TensorView>& dbias) {
+const char* flash_attention_backward_implementation(
+    const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+    const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+    const TensorView& dv, const FlashAttentionOptions& options,
+    const std::optional<TensorView>& dbias, const std::optional<TensorView>& dsinks) {
   const AttentionBackwardProblem problem = detail::validate_flash_attention_backward(
-      dout, q, k, v, out, lse, dq, dk, dv, options, dbias);
-  return detail::generated_flash_attention_backward_covers(problem) ? "generated" : "reference";
+      dout, q, k, v, out, lse, dq, dk, dv, options, dbias, dsinks);
+  return detail::generated_flash_attention_backward_runs(problem) ? "generated" : "reference";
 }
 
 }  // namespace tilelab

@@ -61,25 +61,6 @@ OptionsKernelFn pick_options_kernel(const AttentionProblem& p) {
   }
 }
 
-// The key offsets of docs/attention_options.md's window for the kernels: key j is visible to row i
-// iff i + window_begin <= j <= i + causal_offset (the causal limit and the window's right edge).
-struct KeyBounds {
-  std::int64_t window_begin, causal_offset;
-};
-// (Compared before subtracting or adding: a side may be as large as int64 allows.)
-KeyBounds key_bounds(const AttentionProblem& p) {
-  const SlidingWindow& window = p.score.window;
-  // -q_len: every row's window begins at or before key 0.
-  KeyBounds bounds{-p.q_len, p.causal_offset};
-  if (window.left >= 0 && window.left < p.position_offset + p.q_len) {
-    bounds.window_begin = p.position_offset - window.left;
-  }
-  if (window.right >= 0 && window.right < bounds.causal_offset - p.position_offset) {
-    bounds.causal_offset = p.position_offset + window.right;
-  }
-  return bounds;
-}
-
 // Without a bias: decode for few rows per kv head, else 128-key blocks without a causal mask
 // (kPrefillWideTiling) and 64-key blocks with one.
 KernelFn pick_kernel(const AttentionProblem& p) {

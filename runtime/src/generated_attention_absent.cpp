@@ -18,6 +18,9 @@ namespace tilelab::detail {
 bool generated_flash_attention_backward_covers(const AttentionBackwardProblem&) {
   return false;
 }
+bool generated_flash_attention_backward_runs(const AttentionBackwardProblem&) {
+  return false;
+}
 bool generated_flash_attention_backward(const AttentionBackwardProblem&, const TensorView*) {
   return false;
 }

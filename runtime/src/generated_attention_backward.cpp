@@ -1,13 +1,20 @@
 // The generated flash attention backward kernels behind detail::generated_flash_attention_backward:
-// one per dtype; TensorViews become halide_buffer_t (halide_glue).
+// one per dtype, and one more with the score options; TensorViews become halide_buffer_t
+// (halide_glue).
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "attention_problem.hpp"
+#include "finite_values.hpp"
 #include "flash_bwd_bf16.h"
 #include "flash_bwd_bf16_fp32_probabilities.h"
+#include "flash_bwd_bf16_fp32_probabilities_options.h"
+#include "flash_bwd_bf16_options.h"
 #include "flash_bwd_f16.h"
+#include "flash_bwd_f16_options.h"
 #include "flash_bwd_f32.h"
+#include "flash_bwd_f32_options.h"
 #include "halide_glue.hpp"
 #include "schedules/flash/tiling.hpp"
 #include "tilelab/error.hpp"
@@ -19,6 +26,13 @@ using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, h
                          halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, float, int32_t,
                          int32_t, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
                          halide_buffer_t*);
+// The score options variant: (..., chunk_blocks, softcap, alibi_slopes, position_offset,
+// window_begin_offset, dq, dk, dv, ds).
+using OptionsKernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
+                                halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
+                                halide_buffer_t*, float, int32_t, int32_t, float, halide_buffer_t*,
+                                int32_t, int32_t, halide_buffer_t*, halide_buffer_t*,
+                                halide_buffer_t*, halide_buffer_t*);
 
 // bf16: P and dS rounded to bf16 for the products that read them, unless fp32_probabilities.
 KernelFn pick_kernel(DType dtype, bool fp32_probabilities) {
@@ -29,6 +43,22 @@ KernelFn pick_kernel(DType dtype, bool fp32_probabilities) {
       return flash_bwd_f16;
     case DType::bf16:
       return fp32_probabilities ? flash_bwd_bf16_fp32_probabilities : flash_bwd_bf16;
+    case DType::i32:
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
+      break;
+  }
+  return nullptr;
+}
+OptionsKernelFn pick_options_kernel(DType dtype, bool fp32_probabilities) {
+  switch (dtype) {
+    case DType::f32:
+      return flash_bwd_f32_options;
+    case DType::f16:
+      return flash_bwd_f16_options;
+    case DType::bf16:
+      return fp32_probabilities ? flash_bwd_bf16_fp32_probabilities_options
+                                : flash_bwd_bf16_options;
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:
@@ -63,12 +93,27 @@ bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& p
   }
   if (f.bias && (f.bias->stride(3) != 1 || !offsets_fit_int32(*f.bias))) return false;
   if (!offsets_fit_int32(*f.lse)) return false;
-  return f.head_dim <= 256 && fits_int32(f.causal_offset) &&
-         pick_kernel(f.dtype, f.fp32_probabilities);
+  if (f.head_dim > 256 || !fits_int32(f.causal_offset)) return false;
+  if (!f.score.any()) return pick_kernel(f.dtype, f.fp32_probabilities) != nullptr;
+  const KeyBounds bounds = key_bounds(f);
+  return pick_options_kernel(f.dtype, f.fp32_probabilities) && fits_int32(bounds.window_begin) &&
+         fits_int32(bounds.causal_offset) && fits_int32(f.position_offset);
+}
+
+bool generated_flash_attention_backward_runs(const AttentionBackwardProblem& p) {
+  if (!generated_flash_attention_backward_covers(p)) return false;
+  const AttentionProblem& f = p.forward;
+  // The kernels multiply a masked pair's rows by P = 0 and dS = 0 inside a partly visible block;
+  // with score options, NaN or inf there must reach no gradient (docs/attention_options.md).
+  if (!f.score.any()) return true;
+  for (const TensorView* view : {&f.q, &f.k, &f.v, &p.dout}) {
+    if (!every_value_finite(*view)) return false;
+  }
+  return true;
 }
 
 bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const TensorView* ds) {
-  if (!generated_flash_attention_backward_covers(p)) return false;
+  if (!generated_flash_attention_backward_runs(p)) return false;
   const AttentionProblem& f = p.forward;
   // The kernel writes dS as (key, row, kv head, batch), row = (h mod group) · M + i: a dense
   // [B, Hq, M, N] view is exactly that layout.
@@ -98,10 +143,25 @@ bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const
   }
 
   halide_error_message_of_thread().clear();
-  const int status = pick_kernel(f.dtype, f.fp32_probabilities)(
-      dout.get(), q.get(), k.get(), v.get(), out.get(), lse.get(), bias.get(), f.scale,
-      static_cast<int32_t>(f.causal_offset), static_cast<int32_t>(flash_backward_chunk_blocks(f)),
-      dq.get(), dk.get(), dv.get(), ds_buffer.get());
+  int status = 0;
+  const auto chunk_blocks = static_cast<int32_t>(flash_backward_chunk_blocks(f));
+  if (f.score.any()) {
+    // Absent slopes as 0: adding 0 · (j - i) changes no score. The sinks are in lse.
+    std::vector<float> slopes = f.score.alibi_slopes;
+    if (slopes.empty()) slopes.assign(static_cast<std::size_t>(f.q_heads), 0.0f);
+    HalideView slope_view(TensorView(slopes.data(), DType::f32, {f.q_heads}));
+    const KeyBounds bounds = key_bounds(f);
+    status = pick_options_kernel(f.dtype, f.fp32_probabilities)(
+        dout.get(), q.get(), k.get(), v.get(), out.get(), lse.get(), bias.get(), f.scale,
+        static_cast<int32_t>(bounds.causal_offset), chunk_blocks, f.score.softcap, slope_view.get(),
+        static_cast<int32_t>(f.position_offset), static_cast<int32_t>(bounds.window_begin),
+        dq.get(), dk.get(), dv.get(), ds_buffer.get());
+  } else {
+    status = pick_kernel(f.dtype, f.fp32_probabilities)(
+        dout.get(), q.get(), k.get(), v.get(), out.get(), lse.get(), bias.get(), f.scale,
+        static_cast<int32_t>(f.causal_offset), chunk_blocks, dq.get(), dk.get(), dv.get(),
+        ds_buffer.get());
+  }
   TILELAB_CHECK(status == 0) << "generated flash attention backward kernel failed (status "
                              << status << "): " << halide_error_message_of_thread();
   return true;

@@ -1,6 +1,7 @@
 // The reference flash attention backward: OpenMP over (batch, kv head), one query row at a time
-// over every key, fp32 accumulation, any strides and any supported dtype. Written for clarity: it
-// is what the generated kernels are checked against, and it runs the calls they do not cover.
+// over every key, fp32 accumulation, any strides and any supported dtype, and the score options
+// (docs/attention_options.md). Written for clarity: it is what the generated kernels are checked
+// against, and it runs the calls they do not cover.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +38,12 @@ void run_reference_backward(const AttentionBackwardProblem& problem, const Tenso
   const Strided4<const float> bias(f.bias ? *f.bias : no_bias, true);
   const Strided4<float> ds(ds_view ? *ds_view : no_bias, false);
 
+  // Score options: masked keys are never read (docs/attention_options.md), so each row visits the
+  // keys of its window only; without them, every key is visited and a masked one adds 0 · its row.
+  const ResolvedScoreOptions& options = f.score;
+  const bool with_options = options.any();
+  const KeyBounds bounds = key_bounds(f);
+
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<float> key(kv_len * head_dim), value(kv_len * head_dim);
@@ -63,9 +70,14 @@ void run_reference_backward(const AttentionBackwardProblem& problem, const Tenso
           }
           const float row_lse =
               lse[b * lse_view.stride(0) + h * lse_view.stride(1) + i * lse_view.stride(2)];
-          const std::int64_t last_key = std::min(i + f.causal_offset, kv_len - 1);
+          const std::int64_t last_key = std::min(i + bounds.causal_offset, kv_len - 1);
+          const std::int64_t first_key =
+              with_options ? std::max<std::int64_t>(i + bounds.window_begin, 0) : 0;
+          const std::int64_t end_key = with_options ? last_key + 1 : kv_len;
+          const float slope = options.alibi_slopes.empty() ? 0.0f : options.alibi_slopes[h];
+          const std::int64_t position = i + f.position_offset;
           std::fill(dq_sum.begin(), dq_sum.end(), 0.0f);
-          for (std::int64_t j = 0; j < kv_len; ++j) {
+          for (std::int64_t j = first_key; j < end_key; ++j) {
             const float* key_row = &key[j * head_dim];
             const float* value_row = &value[j * head_dim];
             float score = 0.0f, dprob = 0.0f;
@@ -73,11 +85,20 @@ void run_reference_backward(const AttentionBackwardProblem& problem, const Tenso
               score += query[d] * scale * key_row[d];
               dprob += grad_out[d] * value_row[d];
             }
+            // softcap, then ALiBi (docs/attention_options.md); the softcap's derivative,
+            // 1 - tanh², carries dS back to scale · q·k.
+            float cap_derivative = 1.0f;
+            if (options.softcap > 0.0f) {
+              const float tanh_value = std::tanh(score / options.softcap);
+              score = options.softcap * tanh_value;
+              cap_derivative = 1.0f - tanh_value * tanh_value;
+            }
+            score += slope * static_cast<float>(j - position);  // slope 0 without ALiBi
             const float biased = score + bias.at(b, h, i, j);
             // Only the mask and a bias of exactly -inf mask a score (attention.hpp).
             const bool visible = j <= last_key && biased != kNegativeInfinity;
             const float prob = visible ? std::exp(biased - row_lse) : 0.0f;
-            const float dscore = prob == 0.0f ? 0.0f : prob * (dprob - delta);
+            const float dscore = prob == 0.0f ? 0.0f : prob * (dprob - delta) * cap_derivative;
             if (ds_view) ds.at(b, h, i, j) = dscore;
             float* dk_row = &dk_sum[j * head_dim];
             float* dv_row = &dv_sum[j * head_dim];
@@ -102,7 +123,56 @@ void run_reference_backward(const AttentionBackwardProblem& problem, const Tenso
   }
 }
 
+// dsinks[h] = -Σ over (b, i) of e^(sink_h - lse) · rowsum(dout ∘ out): a sink takes the share
+// e^(sink - lse) of its row's softmax away from out, so d out / d sink = -out · that share. A row
+// whose lse is -inf (no visible key, sink -inf) adds nothing. In double, per head in one order.
+template <DType dtype>
+void run_sink_gradient(const AttentionBackwardProblem& problem) {
+  using Storage = typename ElementTraits<dtype>::Storage;
+  const AttentionProblem& f = problem.forward;
+  const Strided4<const Storage> out(f.out, false), dout(problem.dout, false);
+  const TensorView& lse_view = *f.lse;
+  const float* const lse = static_cast<const float*>(lse_view.data());
+  const TensorView& dsinks = *problem.dsinks;
+  float* const result = static_cast<float*>(dsinks.data());
+#pragma omp parallel for schedule(static) num_threads(num_threads())
+  for (std::int64_t h = 0; h < f.q_heads; ++h) {
+    const double sink = f.score.sinks[static_cast<std::size_t>(h)];
+    double sum = 0.0;
+    for (std::int64_t b = 0; b < f.batch; ++b) {
+      for (std::int64_t i = 0; i < f.q_len; ++i) {
+        const double row_lse =
+            lse[b * lse_view.stride(0) + h * lse_view.stride(1) + i * lse_view.stride(2)];
+        if (row_lse == -std::numeric_limits<double>::infinity()) continue;
+        double delta = 0.0;
+        for (std::int64_t d = 0; d < f.head_dim; ++d) {
+          delta += static_cast<double>(ElementTraits<dtype>::to_float(dout.at(b, h, i, d))) *
+                   ElementTraits<dtype>::to_float(out.at(b, h, i, d));
+        }
+        sum += std::exp(sink - row_lse) * delta;
+      }
+    }
+    result[h * dsinks.stride(0)] = static_cast<float>(-sum);
+  }
+}
+
 }  // namespace
+
+void sink_gradient(const AttentionBackwardProblem& problem) {
+  switch (problem.forward.dtype) {
+    case DType::f32:
+      return run_sink_gradient<DType::f32>(problem);
+    case DType::f16:
+      return run_sink_gradient<DType::f16>(problem);
+    case DType::bf16:
+      return run_sink_gradient<DType::bf16>(problem);
+    case DType::i32:
+    case DType::f8e4m3fn:
+    case DType::f8e5m2:
+      break;
+  }
+  TILELAB_CHECK(false) << "sink_gradient: unsupported dtype " << dtype_name(problem.forward.dtype);
+}
 
 void reference_flash_attention_backward(const AttentionBackwardProblem& problem,
                                         const TensorView* ds) {

@@ -142,6 +142,20 @@ AttentionProblem validate_flash_attention(const TensorView& q, const TensorView&
   return problem;
 }
 
+// (Compared before subtracting or adding: a side may be as large as int64 allows.)
+KeyBounds key_bounds(const AttentionProblem& p) {
+  const SlidingWindow& window = p.score.window;
+  // -q_len: every row's window begins at or before key 0.
+  KeyBounds bounds{-p.q_len, p.causal_offset};
+  if (window.left >= 0 && window.left < p.position_offset + p.q_len) {
+    bounds.window_begin = p.position_offset - window.left;
+  }
+  if (window.right >= 0 && window.right < bounds.causal_offset - p.position_offset) {
+    bounds.causal_offset = p.position_offset + window.right;
+  }
+  return bounds;
+}
+
 }  // namespace tilelab::detail
 
 namespace tilelab::detail {
@@ -150,7 +164,7 @@ AttentionBackwardProblem validate_flash_attention_backward(
     const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
     const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
     const TensorView& dv, const FlashAttentionOptions& options,
-    const std::optional<TensorView>& dbias) {
+    const std::optional<TensorView>& dbias, const std::optional<TensorView>& dsinks) {
   TILELAB_REQUIRE(!options.lse)
       << "options.lse: expected no view for the backward (lse is an argument of "
          "flash_attention_backward), got "
@@ -161,9 +175,9 @@ AttentionBackwardProblem validate_flash_attention_backward(
   AttentionBackwardProblem problem;
   problem.forward = validate_flash_attention(q, k, v, out, forward_options);
   const AttentionProblem& forward = problem.forward;
-  TILELAB_REQUIRE(!forward.has_score_options_or_fp8())
-      << "options.score: expected no score options (softcap, alibi_slopes, sliding_window, "
-         "sinks) and k, v of q's dtype for the backward, which does not implement them yet";
+  TILELAB_REQUIRE_TYPE(!is_fp8(forward.kv_dtype))
+      << "k: expected the dtype of q (" << dtype_name(q.dtype())
+      << ") for the backward, which does not take fp8 k and v; got " << dtype_name(k.dtype());
 
   // dout and dq have the shape of q; dk and dv that of k; all the dtype of q.
   const auto require_like = [&](const TensorView& view, const char* name,
@@ -206,13 +220,29 @@ AttentionBackwardProblem validate_flash_attention_backward(
     problem.dbias = dbias;
   }
 
+  if (dsinks) {
+    TILELAB_REQUIRE(options.score.sinks.has_value())
+        << "dsinks: expected no view without sinks (options.score.sinks is empty), got "
+        << dsinks->describe();
+    TILELAB_REQUIRE_TYPE(dsinks->dtype() == DType::f32)
+        << "dsinks: expected dtype float32, got " << dtype_name(dsinks->dtype());
+    TILELAB_REQUIRE(dsinks->rank() == 1 && dsinks->dim(0) == forward.q_heads)
+        << "dsinks: expected shape [" << forward.q_heads << "] (the query heads), got "
+        << shape_of(*dsinks);
+    require_addressable(*dsinks, "dsinks");
+    problem.dsinks = dsinks;
+  }
+
   // Every gradient is written while all inputs are still read, and in parallel.
   std::vector<std::pair<const TensorView*, const char*>> inputs = {
       {&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}};
   if (forward.bias) inputs.push_back({&*forward.bias, "bias"});
+  if (options.score.alibi_slopes) inputs.push_back({&*options.score.alibi_slopes, "alibi_slopes"});
+  if (options.score.sinks) inputs.push_back({&*options.score.sinks, "sinks"});
   std::vector<std::pair<const TensorView*, const char*>> outputs = {
       {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
   if (problem.dbias) outputs.push_back({&*problem.dbias, "dbias"});
+  if (problem.dsinks) outputs.push_back({&*problem.dsinks, "dsinks"});
   for (std::size_t o = 0; o < outputs.size(); ++o) {
     const auto& [written, name] = outputs[o];
     require_no_self_overlap(*written, name);

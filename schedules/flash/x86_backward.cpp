@@ -58,17 +58,22 @@ void schedule_tile(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
                    const LoopLevel& level, int VL, const std::string& pass) {
   const int rows = std::min(s.query_tile, 2 * VL);
   Var iii("iii_" + pass), jji("jji_" + pass);
-  for (Func* f : {&t.prob, &t.dscore}) {
+  // With score options dS reads the score too (the softcap's derivative): the score tile is stored
+  // at the tile's level for both, in the same register tiles.
+  std::vector<Func*> tiles = {&t.prob, &t.dscore};
+  if (s.score_options) tiles.push_back(&t.score);
+  for (Func* f : tiles) {
     f->compute_at(level)
         .tile(s.ii, s.jj, iii, jji, rows, 8)
         .vectorize(iii, VL)
         .unroll(iii)
         .unroll(jji);
   }
+  const Func& score_consumer = s.score_options ? t.score : t.prob;
   if (s.bf16_products) {
     // Per pair of head dims: 2 row vectors of (q pair) × 16 rows, 8 key-pair broadcasts, 16
     // vdpbf16ps into 16 accumulators (as the forward's scores).
-    const std::pair<Func*, const Func*> products[] = {{&t.score_products, &t.prob},
+    const std::pair<Func*, const Func*> products[] = {{&t.score_products, &score_consumer},
                                                       {&t.dprob_products, &t.dscore}};
     const RVar pairs[] = {t.rd_score_pair, t.rd_dprob_pair}, halves[] = {t.rd_score, t.rd_dprob};
     for (int n = 0; n < 2; ++n) {
@@ -84,8 +89,17 @@ void schedule_tile(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
     }
     return;
   }
-  t.score.compute_at(t.prob, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
-  t.score.update().reorder(s.ii, s.jj, t.rd_score).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+  if (s.score_options) {
+    t.score.update()
+        .tile(s.ii, s.jj, iii, jji, rows, 8)
+        .reorder(iii, jji, t.rd_score, s.ii, s.jj)
+        .vectorize(iii, VL)
+        .unroll(iii)
+        .unroll(jji);
+  } else {
+    t.score.compute_at(t.prob, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+    t.score.update().reorder(s.ii, s.jj, t.rd_score).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
+  }
   t.dprob.compute_at(t.dscore, s.ii).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
   t.dprob.update().reorder(s.ii, s.jj, t.rd_dprob).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
 }
@@ -110,7 +124,9 @@ void schedule_rows(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
   } else {
     for (Func* f : {&t.query_t, &t.dout_t}) f->compute_at(level).vectorize(s.ii, VL);
   }
-  for (Func* f : {&t.row_lse, &t.row_delta}) f->compute_at(level).vectorize(s.ii, VL);
+  for (Func* f : {&t.row_lse, &t.row_delta, &t.row_slope}) {
+    if (f->defined()) f->compute_at(level).vectorize(s.ii, VL);
+  }
 }
 
 // A Func of whole row tiles computed once for the whole call, parallel over (row tile, kv head,
@@ -126,6 +142,7 @@ Func& at_root_per_row_tile(FlashBackwardStages& s, Func& f) {
 // indices).
 void schedule_rows_at_root(FlashBackwardStages& s, generators::FlashBackwardTileStages& t, int VL) {
   std::vector<Func*> rows_in_lanes = {&t.row_lse, &t.row_delta};
+  if (t.row_slope.defined()) rows_in_lanes.push_back(&t.row_slope);
   if (s.bf16_products) {
     schedule_pairs(s, t, LoopLevel::root());
     for (Func* f : {&t.query_pairs, &t.dout_pairs}) at_root_per_row_tile(s, *f);

@@ -146,3 +146,113 @@ def reference_attention_backward(dout, q, k, v, *, causal=False, causal_alignmen
         axes = tuple(a for a in range(3) if np.shape(bias)[a] == 1)
         dbias = dscore.sum(axis=axes, keepdims=True)
     return dq, dk, dv, dbias
+
+
+def reference_options(q, k, v, *, causal=False, causal_alignment="top_left", scale=None,
+                      sliding_window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                      k_scale=1.0, v_scale=1.0, fp32_probabilities=False):
+    """(out, lse) in float64 by the documented formulas (fp32_probabilities changes only the
+    kernels' rounding); positions i = row + (N - M) for bottom_right, row for top_left."""
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k, np.float64) * k_scale
+    v = np.asarray(v, np.float64) * v_scale
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    group = q_heads // kv_heads
+    scale = float(np.float32(1) / np.sqrt(np.float32(head_dim))) if scale is None else scale
+    i = np.arange(q_len) + (kv_len - q_len if causal_alignment == "bottom_right" else 0)
+    j = np.arange(kv_len)
+    visible = np.ones((q_len, kv_len), bool)
+    if causal:
+        visible &= j[None, :] <= i[:, None]
+    left, right = sliding_window
+    if left >= 0:
+        visible &= j[None, :] >= i[:, None] - left
+    if right >= 0:
+        visible &= j[None, :] <= i[:, None] + right
+    out = np.zeros_like(q)
+    lse = np.full((batch, q_heads, q_len), -np.inf)
+    for b in range(batch):
+        for h in range(q_heads):
+            s = scale * (q[b, h] @ k[b, h // group].T)
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            if alibi_slopes is not None:
+                s = s + float(alibi_slopes[h]) * (j[None, :] - i[:, None])
+            s = np.where(visible, s, -np.inf)
+            m = s.max(axis=1)
+            if sinks is not None:
+                m = np.maximum(m, float(sinks[h]))
+            # No term in the denominator: 0 and -inf for a row that sees no key, NaN (0/0) for
+            # one whose visible scores are all -inf.
+            empty = np.isneginf(m)
+            all_minus_inf = empty & visible.any(axis=1)
+            safe = np.where(empty, 0.0, m)
+            p = np.where(visible, np.exp(s - safe[:, None]), 0.0)
+            denominator = p.sum(axis=1)
+            if sinks is not None:
+                denominator = denominator + np.exp(float(sinks[h]) - safe)
+            weighted = (p @ v[b, h // group]) / np.where(empty, 1.0, denominator)[:, None]
+            out[b, h] = np.where(empty[:, None], 0.0, weighted)
+            out[b, h][all_minus_inf] = np.nan
+            with np.errstate(divide="ignore"):
+                lse[b, h] = np.where(empty, -np.inf, safe + np.log(denominator))
+            lse[b, h][all_minus_inf] = np.nan
+    return out, lse
+
+
+def reference_options_backward(dout, q, k, v, *, causal=False, causal_alignment="top_left",
+                               scale=None, sliding_window=(-1, -1), softcap=0.0,
+                               alibi_slopes=None, sinks=None, fp32_probabilities=False):
+    """(dq, dk, dv, dsinks) in float64: the analytic gradients of reference_options' out
+    (docs/attention_options.md; fp32_probabilities changes only the kernels' rounding). The
+    softcap's derivative 1 - tanh^2 carries dS back to scale * q.k; ALiBi and the window change
+    P only; dsinks[h] = -sum over rows of e^(sink - lse) * rowsum(dout * out) (None without
+    sinks). Masked pairs contribute nothing."""
+    out, lse = reference_options(q, k, v, causal=causal, causal_alignment=causal_alignment,
+                                 scale=scale, sliding_window=sliding_window, softcap=softcap,
+                                 alibi_slopes=alibi_slopes, sinks=sinks)
+    dout = np.asarray(dout, np.float64)
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k, np.float64)
+    v = np.asarray(v, np.float64)
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_len = k.shape[2]
+    group = q_heads // k.shape[1]
+    scale = float(np.float32(1) / np.sqrt(np.float32(head_dim))) if scale is None else scale
+    i = np.arange(q_len) + (kv_len - q_len if causal_alignment == "bottom_right" else 0)
+    j = np.arange(kv_len)
+    visible = np.ones((q_len, kv_len), bool)
+    if causal:
+        visible &= j[None, :] <= i[:, None]
+    left, right = sliding_window
+    if left >= 0:
+        visible &= j[None, :] >= i[:, None] - left
+    if right >= 0:
+        visible &= j[None, :] <= i[:, None] + right
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    dsinks = None if sinks is None else np.zeros(q_heads)
+    delta = np.sum(dout * out, axis=-1)
+    for b in range(batch):
+        for h in range(q_heads):
+            hk = h // group
+            s = scale * (q[b, h] @ k[b, hk].T)
+            derivative = np.ones_like(s)
+            if softcap > 0:
+                t = np.tanh(s / softcap)
+                s = softcap * t
+                derivative = 1.0 - t * t
+            if alibi_slopes is not None:
+                s = s + float(alibi_slopes[h]) * (j[None, :] - i[:, None])
+            row_lse = lse[b, h][:, None]
+            with np.errstate(invalid="ignore", over="ignore"):
+                p = np.where(visible, np.exp(np.where(visible, s, 0.0) - row_lse), 0.0)
+            dv[b, hk] += p.T @ dout[b, h]
+            dp = dout[b, h] @ v[b, hk].T
+            ds = np.where(p == 0.0, 0.0, p * (dp - delta[b, h][:, None])) * derivative
+            dq[b, h] = scale * (ds @ k[b, hk])
+            dk[b, hk] += scale * (ds.T @ q[b, h])
+            if sinks is not None:
+                seen = ~np.isneginf(lse[b, h])  # a row that sees no key adds nothing
+                dsinks[h] -= np.sum(np.exp(float(sinks[h]) - lse[b, h][seen]) * delta[b, h][seen])
+    return dq, dk, dv, dsinks

@@ -38,7 +38,17 @@ struct BackwardCall {
   TensorView out_view = out.view(), lse_view = lse.view();
   TensorView dq_view = dq.view(), dk_view = dk.view(), dv_view = dv.view();
   std::optional<TensorView> dbias_view = dbias.view();
+  HostTensor sinks{DType::f32, {Hq}}, dsinks{DType::f32, {Hq}};
+  std::optional<TensorView> dsinks_view;
   tilelab::FlashAttentionOptions options;
+
+  // Score options instead of the bias (they do not combine), and the sinks' gradient.
+  void use_sinks() {
+    options.bias.reset();
+    dbias_view.reset();
+    options.score.sinks = sinks.view();
+    dsinks_view = dsinks.view();
+  }
 
   BackwardCall() {
     Random random(11);
@@ -51,7 +61,7 @@ struct BackwardCall {
 
   void run() {
     tilelab::flash_attention_backward(dout_view, q_view, k_view, v_view, out_view, lse_view,
-                                      dq_view, dk_view, dv_view, options, dbias_view);
+                                      dq_view, dk_view, dv_view, options, dbias_view, dsinks_view);
   }
 };
 
@@ -192,5 +202,39 @@ TEST_CASE("flash_attention_backward: options that do not fit the backward", "[ba
     BackwardCall call;
     call.options.scale = std::numeric_limits<float>::infinity();
     expect_error(call, ErrorKind::invalid_value, "scale");
+  }
+  SECTION("dsinks without sinks") {
+    BackwardCall call;
+    call.use_sinks();
+    call.options.score.sinks.reset();
+    expect_error(call, ErrorKind::invalid_value, "dsinks", "without sinks");
+  }
+  SECTION("dsinks of another shape than [Hq]") {
+    BackwardCall call;
+    call.use_sinks();
+    call.dsinks_view = TensorView(call.dsinks.view().data(), DType::f32, {BackwardCall::Hq - 1});
+    expect_error(call, ErrorKind::invalid_value, "dsinks", "expected shape [4]");
+  }
+  SECTION("dsinks of another dtype than float32") {
+    BackwardCall call;
+    call.use_sinks();
+    call.dsinks_view = TensorView(call.dsinks.view().data(), DType::f16, {BackwardCall::Hq});
+    expect_error(call, ErrorKind::invalid_type, "dsinks", "float32");
+  }
+  SECTION("dsinks over the sinks") {
+    BackwardCall call;
+    call.use_sinks();
+    call.dsinks_view = call.sinks.view();
+    expect_error(call, ErrorKind::invalid_value, "dsinks", "sinks");
+  }
+  SECTION("fp8 k and v") {
+    BackwardCall call;
+    HostTensor k8(DType::f8e4m3fn,
+                  {BackwardCall::B, BackwardCall::Hkv, BackwardCall::N, BackwardCall::D});
+    call.options.bias.reset();
+    call.dbias_view.reset();
+    call.k_view = k8.view();
+    call.v_view = k8.view();
+    expect_error(call, ErrorKind::invalid_type, "k", "does not take fp8");
   }
 }

@@ -373,7 +373,7 @@ TEST_CASE("flash_attention with score options: the generated kernels agree with 
 }
 #endif
 
-TEST_CASE("flash_attention with score options: lse, and the backward refuses them",
+TEST_CASE("flash_attention with score options: lse, and the backward with the sinks' gradient",
           "[runtime][paged]") {
   HostTensor q(DType::f32, {1, 2, 5, 8}), k(DType::f32, {1, 1, 7, 8}), v(DType::f32, {1, 1, 7, 8});
   Random random(11);
@@ -406,12 +406,46 @@ TEST_CASE("flash_attention with score options: lse, and the backward refuses the
   HostTensor out4(DType::f32, {1, 2, 4, 8});
   CHECK(std::string(tilelab::flash_attention_implementation(four_queries, k.view(), v.view(),
                                                             out4.view(), options)) == "paged");
-  HostTensor dq(DType::f32, {1, 2, 5, 8}), dk(DType::f32, {1, 1, 7, 8}),
-      dv(DType::f32, {1, 1, 7, 8});
+  // The backward takes the options; dsinks needs sinks, and both implementations agree.
+  HostTensor dout(DType::f32, {1, 2, 5, 8});
+  dout.fill_uniform(random, 1.0);
+  HostTensor sinks(DType::f32, {2}), dsinks(DType::f32, {2});
+  sinks.set(0, 0.5f);
+  sinks.set(1, -1.0f);
+  HostTensor dsinks_reference(DType::f32, {2});
+  std::vector<HostTensor> grads, grads_reference;
+  for (int n = 0; n < 3; ++n) {
+    grads.emplace_back(DType::f32, n == 0 ? std::vector<std::int64_t>{1, 2, 5, 8}
+                                          : std::vector<std::int64_t>{1, 1, 7, 8});
+    grads_reference.emplace_back(DType::f32, n == 0 ? std::vector<std::int64_t>{1, 2, 5, 8}
+                                                    : std::vector<std::int64_t>{1, 1, 7, 8});
+  }
   expect_error(
       [&] {
-        tilelab::flash_attention_backward(out.view(), q.view(), k.view(), v.view(), out.view(),
-                                          lse.view(), dq.view(), dk.view(), dv.view(), options);
+        tilelab::flash_attention_backward(dout.view(), q.view(), k.view(), v.view(), out.view(),
+                                          lse.view(), grads[0].view(), grads[1].view(),
+                                          grads[2].view(), options, std::nullopt, dsinks.view());
       },
-      "options.score", {"softcap"});
+      "dsinks", {"without sinks"});
+  options.score.sinks = sinks.view();
+  options.lse = lse.view();
+  tilelab::flash_attention(q.view(), k.view(), v.view(), out.view(), options);
+  options.lse.reset();
+  tilelab::flash_attention_backward(dout.view(), q.view(), k.view(), v.view(), out.view(),
+                                    lse.view(), grads[0].view(), grads[1].view(), grads[2].view(),
+                                    options, std::nullopt, dsinks.view());
+  options.implementation = tilelab::Implementation::reference;
+  tilelab::flash_attention_backward(dout.view(), q.view(), k.view(), v.view(), out.view(),
+                                    lse.view(), grads_reference[0].view(),
+                                    grads_reference[1].view(), grads_reference[2].view(), options,
+                                    std::nullopt, dsinks_reference.view());
+  for (int n = 0; n < 3; ++n) {
+    for (std::int64_t e = 0; e < grads[n].numel(); ++e) {
+      CHECK(grads[n].get(e) == Approx(grads_reference[n].get(e)).margin(1e-5));
+    }
+  }
+  for (std::int64_t h = 0; h < 2; ++h) {
+    CHECK(std::isfinite(dsinks.get(h)));
+    CHECK(dsinks.get(h) == dsinks_reference.get(h));  // one implementation for both
+  }
 }

@@ -109,10 +109,15 @@ const char* flash_attention_implementation(const TensorView& q, const TensorView
 //   dout, out, dq [B, Hq, M, D]; dk, dv [B, Hkv, N, D]; lse fp32 [B, Hq, M]. All of dout, q, k,
 //   v, out, dq, dk, dv share one dtype of f32, f16, bf16; accumulation is fp32.
 //   GQA/MQA: dk and dv of a kv head sum over the query heads that read it.
-//   options: causal, causal_alignment, scale, bias and implementation as for the forward;
-//   options.lse must be empty (lse is an input here).
+//   options: causal, causal_alignment, scale, bias, the score options (softcap, ALiBi, sliding
+//   window, sinks) and implementation as for the forward, the values it was called with;
+//   options.lse must be empty (lse is an input here). k and v are not fp8.
 //   dbias: when set, fp32 with the bias's own shape [B|1, Hq|1, M|1, N]; receives the gradient
 //   with respect to the bias, summed over its broadcast dimensions. Needs options.bias.
+//   dsinks: when set, fp32 [Hq]; receives the gradient with respect to options.score.sinks
+//   (summed over the batch and the rows). Needs sinks. The ALiBi slopes get no gradient.
+//   With score options, as in the forward, masked keys are never read: NaN or inf in them reaches
+//   no gradient (the generated kernels run such calls only when q, k, v and dout are finite).
 //   Masked (query, key) pairs contribute nothing, and a fully masked row gives zero gradients;
 //   NaN and inf elsewhere propagate.
 //   Results are the same bits for every thread count and every run: the work is split by the
@@ -123,7 +128,8 @@ void flash_attention_backward(const TensorView& dout, const TensorView& q, const
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const FlashAttentionOptions& options = {},
-                              const std::optional<TensorView>& dbias = std::nullopt);
+                              const std::optional<TensorView>& dbias = std::nullopt,
+                              const std::optional<TensorView>& dsinks = std::nullopt);
 
 // Which implementation flash_attention_backward would use for these arguments under
 // Implementation::automatic ("generated" or "reference"), after the same validation.
@@ -131,6 +137,7 @@ const char* flash_attention_backward_implementation(
     const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
     const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
     const TensorView& dv, const FlashAttentionOptions& options = {},
-    const std::optional<TensorView>& dbias = std::nullopt);
+    const std::optional<TensorView>& dbias = std::nullopt,
+    const std::optional<TensorView>& dsinks = std::nullopt);
 
 }  // namespace tilelab
