@@ -99,8 +99,14 @@ def _flash_attention_backward(
     is_causal: bool,
     causal_alignment: str,
     scale: float | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dbias); dbias is an empty float32 tensor unless compute_dbias."""
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    compute_dsinks: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dbias, dsinks); dbias and dsinks are empty float32 tensors unless asked for."""
     grads = tilelab.flash_attention_backward(
         _detached(grad_out),
         _detached(query),
@@ -113,55 +119,76 @@ def _flash_attention_backward(
         scale=scale,
         bias=_detached(bias),
         return_dbias=compute_dbias,
+        sliding_window=(window_left, window_right),
+        softcap=softcap,
+        alibi_slopes=_detached(alibi_slopes),
+        sinks=_detached(sinks),
+        return_dsinks=compute_dsinks,
     )
     dq, dk, dv = (_from_numpy(grad) for grad in grads[:3])
-    dbias = _from_numpy(grads[3]) if compute_dbias else torch.empty(0, dtype=torch.float32)
-    return dq, dk, dv, dbias
+    extra = [_from_numpy(grad) for grad in grads[3:]]
+    dbias = extra.pop(0) if compute_dbias else torch.empty(0, dtype=torch.float32)
+    dsinks = extra.pop(0) if compute_dsinks else torch.empty(0, dtype=torch.float32)
+    return dq, dk, dv, dbias, dsinks
 
 
 @_flash_attention_backward.register_fake
 def _flash_attention_backward_fake(
-    grad_out, query, key, value, out, lse, bias, compute_dbias, is_causal, causal_alignment, scale
+    grad_out, query, key, value, out, lse, bias, compute_dbias, *options
 ):
+    *_, sinks, compute_dsinks = options
     dq = query.new_empty(query.shape)
     dk = query.new_empty(key.shape)
     dv = query.new_empty(key.shape)
-    if compute_dbias:
-        dbias = query.new_empty(bias.shape, dtype=torch.float32)
-    else:
-        dbias = query.new_empty(0, dtype=torch.float32)
-    return dq, dk, dv, dbias
+    dbias = query.new_empty(bias.shape if compute_dbias else 0, dtype=torch.float32)
+    dsinks = query.new_empty(sinks.shape if compute_dsinks else 0, dtype=torch.float32)
+    return dq, dk, dv, dbias, dsinks
 
 
 def _setup_context(ctx, inputs, output):
     query, key, value, bias, is_causal, causal_alignment, scale, *score_options = inputs
     window_left, window_right, softcap, alibi_slopes, sinks = score_options
-    window = (window_left, window_right)
-    if window != (-1, -1) or softcap != 0.0 or alibi_slopes is not None or sinks is not None:
-        # scaled_dot_product_attention refuses these before the op runs; this guards direct
+    if alibi_slopes is not None and alibi_slopes.requires_grad:
+        # scaled_dot_product_attention refuses this before the op runs; this guards direct
         # calls of the op.
-        raise ValueError(
-            "tilelab::flash_attention: no backward with score options (sliding_window, softcap, "
-            "alibi_slopes, sinks)"
-        )
+        raise ValueError("alibi_slopes: tilelab's backward gives the ALiBi slopes no gradient")
     out, lse = output
-    ctx.save_for_backward(query, key, value, bias, out, lse)
-    ctx.options = (is_causal, causal_alignment, scale)
+    ctx.save_for_backward(query, key, value, bias, out, lse, alibi_slopes, sinks)
+    ctx.options = (is_causal, causal_alignment, scale, window_left, window_right, softcap)
     # lse serves the backward only; scaled_dot_product_attention never returns it.
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, _grad_lse):
-    query, key, value, bias, out, lse = ctx.saved_tensors
+    query, key, value, bias, out, lse, alibi_slopes, sinks = ctx.saved_tensors
     compute_dbias = bias is not None and ctx.needs_input_grad[3]
+    compute_dsinks = sinks is not None and ctx.needs_input_grad[11]
     # Autograd may hand over an expanded or otherwise strided gradient (out.sum().backward() gives
     # a stride-0 one); the generated kernels read the head dim densely, and only they round bf16
     # P and dS like the forward, so the gradient is made contiguous rather than sent to the
     # reference implementation.
-    dq, dk, dv, dbias = _flash_attention_backward(
-        grad_out.contiguous(), query, key, value, out, lse, bias, compute_dbias, *ctx.options
+    dq, dk, dv, dbias, dsinks = _flash_attention_backward(
+        grad_out.contiguous(),
+        query,
+        key,
+        value,
+        out,
+        lse,
+        bias,
+        compute_dbias,
+        *ctx.options,
+        alibi_slopes,
+        sinks,
+        compute_dsinks,
     )
-    return (dq, dk, dv, dbias if compute_dbias else None, *(None,) * 8)
+    return (
+        dq,
+        dk,
+        dv,
+        dbias if compute_dbias else None,
+        *(None,) * 7,
+        dsinks if compute_dsinks else None,
+    )
 
 
 _flash_attention.register_autograd(_backward, setup_context=_setup_context)
@@ -245,8 +272,8 @@ def scaled_dot_product_attention(
     Same call conventions as torch's: query ``[B, Hq, L, E]``, key and value ``[B, Hkv, S, E]``,
     result ``[B, Hq, L, E]`` of query's dtype; ``softmax(scale * query @ key^T + mask) @ value``
     with ``scale`` defaulting to ``1 / sqrt(E)``. Differentiable with respect to query, key,
-    value and a float ``attn_mask`` (through :func:`tilelab.flash_attention_backward`), and
-    traceable by ``torch.compile(fullgraph=True)``.
+    value, a float ``attn_mask`` and ``sinks`` (through
+    :func:`tilelab.flash_attention_backward`), and traceable by ``torch.compile(fullgraph=True)``.
 
     Args:
         attn_mask: broadcastable to ``[B, Hq, L, S]`` (rank 1 to 4). A bool mask: True = attend.
@@ -268,9 +295,9 @@ def scaled_dot_product_attention(
             i iff ``i - left <= j <= i + right`` (-1 = unbounded; positions follow the causal
             alignment), ``softcap > 0`` caps scores to ``softcap * tanh(s / softcap)``,
             ``alibi_slopes`` (float32 ``[Hq]``) adds ``slope_h * (j - i)``, ``sinks`` (float32
-            ``[Hq]``) joins each row's softmax denominator. Forward only: with any of them,
-            tensors that require grad are refused (ValueError), and they do not combine with
-            ``attn_mask``.
+            ``[Hq]``) joins each row's softmax denominator. Differentiable with respect to
+            query, key, value and ``sinks``; ``alibi_slopes`` that require grad are refused
+            (ValueError: the slopes get no gradient). They do not combine with ``attn_mask``.
 
     Fully masked rows (a bool mask with no True in a row, a float mask of -inf on every key, or
     bottom-right alignment with L > S): output 0 and zero gradients, never NaN, as torch's math
@@ -367,16 +394,10 @@ def scaled_dot_product_attention(
     for name in ("alibi_slopes", "sinks"):
         if name in score_options:
             _require_tensor(score_options[name], name)
-    if score_options:
-        _refuse_gradients(
-            next(iter(score_options)),
-            "tilelab.torch.scaled_dot_product_attention with score options",
-            query,
-            key,
-            value,
-            bias,
-            alibi_slopes,
-            sinks,
+    if torch.is_grad_enabled() and alibi_slopes is not None and alibi_slopes.requires_grad:
+        raise ValueError(
+            "alibi_slopes: expected a tensor that does not require grad (tilelab's backward gives "
+            "the ALiBi slopes no gradient)"
         )
     out, _ = _flash_attention(
         query,

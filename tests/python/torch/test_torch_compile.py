@@ -100,5 +100,24 @@ def test_opcheck(dtype, with_bias):
     torch.library.opcheck(
         torch.ops.tilelab.flash_attention_backward.default,
         (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse, bias,
-         with_bias, True, "bottom_right", 0.5),
+         with_bias, True, "bottom_right", 0.5, -1, -1, 0.0, None, None, False),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_with_score_options(dtype):
+    """Both ops with a window, a softcap, ALiBi slopes and sinks, and the sinks' gradient."""
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 12, 8, generator=generator).to(dtype).requires_grad_()
+    k = torch.randn(1, 2, 15, 8, generator=generator).to(dtype).requires_grad_()
+    v = torch.randn(1, 2, 15, 8, generator=generator).to(dtype).requires_grad_()
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    sinks = torch.tensor([0.3, -0.5, 1.0, 0.0]).requires_grad_()
+    arguments = (q, k, v, None, True, "bottom_right", None, 6, -1, 3.0, slopes, sinks)
+    torch.library.opcheck(torch.ops.tilelab.flash_attention.default, arguments)
+    out, lse = torch.ops.tilelab.flash_attention(*arguments)
+    torch.library.opcheck(
+        torch.ops.tilelab.flash_attention_backward.default,
+        (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse, None,
+         False, True, "bottom_right", None, 6, -1, 3.0, slopes, sinks.detach(), True),
     )

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
-from test_attention_options import reference_options  # noqa: E402
+from attention_reference import reference_options, reference_options_backward  # noqa: E402
 from test_paged_attention import make_batch, reference_paged, tolerance  # noqa: E402
 
 import tilelab  # noqa: E402
@@ -273,7 +273,7 @@ def test_sdpa_score_options_match_the_fp64_reference(dtype, option, alignment):
     np.testing.assert_allclose(as_numpy(out), want, rtol=0, atol=rounding)
 
 
-def test_sdpa_score_options_compile_and_refuse_gradients():
+def test_sdpa_score_options_compile_and_gradients():
     q, k, v = dense_inputs(torch.float32)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
     eager = tt.scaled_dot_product_attention(q, k, v, enable_gqa=True, softcap=2.0, sinks=sinks)
@@ -283,9 +283,23 @@ def test_sdpa_score_options_compile_and_refuse_gradients():
         fullgraph=True,
     )(q, k, v)
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"^softcap: tilelab.torch.scaled_dot_product_attention "
-                                         r"with score options has no backward"):
-        tt.scaled_dot_product_attention(q.requires_grad_(), k, v, enable_gqa=True, softcap=2.0)
+    # Gradients of q, k, v and the sinks through every option, against the fp64 reference.
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    options = dict(softcap=2.0, sliding_window=(4, 2), alibi_slopes=slopes)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    out = tt.scaled_dot_product_attention(*leaves[:3], is_causal=True, enable_gqa=True,
+                                          sinks=leaves[3], **options)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    (out * grad_out).sum().backward()
+    expected = reference_options_backward(grad_out.numpy(), q.numpy(), k.numpy(), v.numpy(),
+                                          causal=True, sinks=sinks.numpy(),
+                                          **dict(options, alibi_slopes=slopes.numpy()))
+    for leaf, want in zip(leaves, expected, strict=True):
+        np.testing.assert_allclose(leaf.grad.numpy(), want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^alibi_slopes: expected a tensor that does not "
+                                         r"require grad"):
+        tt.scaled_dot_product_attention(q, k, v, enable_gqa=True,
+                                        alibi_slopes=slopes.clone().requires_grad_())
     with pytest.raises(TypeError, match=r"^sinks: expected a torch.Tensor, got list"):
         tt.scaled_dot_product_attention(q.detach(), k, v, enable_gqa=True, sinks=[0.0] * 4)
     # tilelab's own refusal: options do not combine with a bias.
