@@ -148,6 +148,54 @@ def reference_attention_backward(dout, q, k, v, *, causal=False, causal_alignmen
     return dq, dk, dv, dbias
 
 
+# Test data of the score options (docs/attention_options.md) for 6 query heads: each option alone
+# and all together.
+SLOPES = (2.0 ** -np.arange(1, 7)).astype(np.float32)
+SINKS = np.array([0.5, -1.0, 3.0, -np.inf, 0.0, 1.5], np.float32)
+SCORE_OPTIONS = {
+    "softcap": dict(softcap=1.7),
+    "alibi": dict(alibi_slopes=SLOPES),
+    "window": dict(sliding_window=(11, -1)),
+    "window_both": dict(sliding_window=(5, 7)),
+    "sinks": dict(sinks=SINKS),
+    "all": dict(softcap=4.0, alibi_slopes=SLOPES, sliding_window=(20, 3), sinks=SINKS),
+}
+
+
+def visible_keys(q_len, kv_len, causal, causal_alignment, sliding_window):
+    """(i, j, visible): query positions (row + N - M for bottom_right, row for top_left), key
+    positions, and the [M, N] mask of causality and the window."""
+    i = np.arange(q_len) + (kv_len - q_len if causal_alignment == "bottom_right" else 0)
+    j = np.arange(kv_len)
+    visible = np.ones((q_len, kv_len), bool)
+    if causal:
+        visible &= j[None, :] <= i[:, None]
+    left, right = sliding_window
+    if left >= 0:
+        visible &= j[None, :] >= i[:, None] - left
+    if right >= 0:
+        visible &= j[None, :] <= i[:, None] + right
+    return i, j, visible
+
+
+def central_differences(loss, arrays, step=1e-6):
+    """d loss / d array for each of `arrays` (float64, perturbed in place and restored) by
+    central differences; loss takes the arrays as arguments."""
+    gradients = []
+    for array in arrays:
+        numeric = np.zeros_like(array)
+        for position in np.ndindex(array.shape):
+            saved = array[position]
+            array[position] = saved + step
+            plus = loss(*arrays)
+            array[position] = saved - step
+            minus = loss(*arrays)
+            array[position] = saved
+            numeric[position] = (plus - minus) / (2 * step)
+        gradients.append(numeric)
+    return gradients
+
+
 def reference_options(q, k, v, *, causal=False, causal_alignment="top_left", scale=None,
                       sliding_window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
                       k_scale=1.0, v_scale=1.0, fp32_probabilities=False):
@@ -160,16 +208,7 @@ def reference_options(q, k, v, *, causal=False, causal_alignment="top_left", sca
     kv_heads, kv_len = k.shape[1], k.shape[2]
     group = q_heads // kv_heads
     scale = float(np.float32(1) / np.sqrt(np.float32(head_dim))) if scale is None else scale
-    i = np.arange(q_len) + (kv_len - q_len if causal_alignment == "bottom_right" else 0)
-    j = np.arange(kv_len)
-    visible = np.ones((q_len, kv_len), bool)
-    if causal:
-        visible &= j[None, :] <= i[:, None]
-    left, right = sliding_window
-    if left >= 0:
-        visible &= j[None, :] >= i[:, None] - left
-    if right >= 0:
-        visible &= j[None, :] <= i[:, None] + right
+    i, j, visible = visible_keys(q_len, kv_len, causal, causal_alignment, sliding_window)
     out = np.zeros_like(q)
     lse = np.full((batch, q_heads, q_len), -np.inf)
     for b in range(batch):
@@ -220,16 +259,7 @@ def reference_options_backward(dout, q, k, v, *, causal=False, causal_alignment=
     kv_len = k.shape[2]
     group = q_heads // k.shape[1]
     scale = float(np.float32(1) / np.sqrt(np.float32(head_dim))) if scale is None else scale
-    i = np.arange(q_len) + (kv_len - q_len if causal_alignment == "bottom_right" else 0)
-    j = np.arange(kv_len)
-    visible = np.ones((q_len, kv_len), bool)
-    if causal:
-        visible &= j[None, :] <= i[:, None]
-    left, right = sliding_window
-    if left >= 0:
-        visible &= j[None, :] >= i[:, None] - left
-    if right >= 0:
-        visible &= j[None, :] <= i[:, None] + right
+    i, j, visible = visible_keys(q_len, kv_len, causal, causal_alignment, sliding_window)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     dsinks = None if sinks is None else np.zeros(q_heads)
     delta = np.sum(dout * out, axis=-1)

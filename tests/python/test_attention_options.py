@@ -9,7 +9,14 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from attention_reference import DTYPES, UNIT_ROUNDOFF, reference_options
+from attention_reference import (
+    DTYPES,
+    SCORE_OPTIONS,
+    SINKS,
+    SLOPES,
+    UNIT_ROUNDOFF,
+    reference_options,
+)
 
 import tilelab
 
@@ -44,16 +51,7 @@ def check(q, k, v, dtype_name="float32", **options):
     np.testing.assert_allclose(lse[finite], expected_lse[finite], atol=1e-4, rtol=1e-5)
 
 
-SLOPES = (2.0 ** -np.arange(1, 7)).astype(np.float32)
-SINKS = np.array([0.5, -1.0, 3.0, -np.inf, 0.0, 1.5], np.float32)
-OPTIONS = {
-    "softcap": dict(softcap=1.7),
-    "alibi": dict(alibi_slopes=SLOPES),
-    "window": dict(sliding_window=(11, -1)),
-    "window_both": dict(sliding_window=(5, 7)),
-    "sinks": dict(sinks=SINKS),
-    "all": dict(softcap=4.0, alibi_slopes=SLOPES, sliding_window=(20, 3), sinks=SINKS),
-}
+OPTIONS = SCORE_OPTIONS
 # Query lengths (with 3 query heads per kv head) that run on the generated prefill kernels, and
 # decode-sized ones (at most 8 rows per kv head) that stay on the paged kernel.
 ROWS = {"prefill": (37, "generated"), "decode": (2, "paged")}

@@ -9,23 +9,18 @@ import numpy as np
 import pytest
 from attention_reference import (
     DTYPES,
+    SCORE_OPTIONS,
+    SINKS,
+    SLOPES,
     UNIT_ROUNDOFF,
+    central_differences,
     reference_options,
     reference_options_backward,
 )
 
 import tilelab
 
-SLOPES = (2.0 ** -np.arange(1, 7)).astype(np.float32)
-SINKS = np.array([0.5, -1.0, 3.0, -np.inf, 0.0, 1.5], np.float32)
-OPTIONS = {
-    "softcap": dict(softcap=1.7),
-    "alibi": dict(alibi_slopes=SLOPES),
-    "window": dict(sliding_window=(11, -1)),
-    "window_both": dict(sliding_window=(5, 7)),
-    "sinks": dict(sinks=SINKS),
-    "all": dict(softcap=4.0, alibi_slopes=SLOPES, sliding_window=(20, 3), sinks=SINKS),
-}
+OPTIONS = SCORE_OPTIONS
 MASKS = {
     "full": dict(causal=False),
     "causal_top_left": dict(causal=True, causal_alignment="top_left"),
@@ -133,19 +128,8 @@ def test_reference_gradients_match_finite_differences():
         return float(np.sum(out * dout))
 
     analytic = reference_options_backward(dout, q, k, v, sinks=sinks, **options)
-    step = 1e-6
-    arrays = [q, k, v, sinks]
-    for index, array in enumerate(arrays):
-        numeric = np.zeros_like(array)
-        for position in np.ndindex(array.shape):
-            saved = array[position]
-            array[position] = saved + step
-            plus = loss(*arrays)
-            array[position] = saved - step
-            minus = loss(*arrays)
-            array[position] = saved
-            numeric[position] = (plus - minus) / (2 * step)
-        np.testing.assert_allclose(analytic[index], numeric, rtol=1e-6, atol=1e-8)
+    for got, numeric in zip(analytic, central_differences(loss, [q, k, v, sinks]), strict=True):
+        np.testing.assert_allclose(got, numeric, rtol=1e-6, atol=1e-8)
 
     f32 = dict(options, alibi_slopes=options["alibi_slopes"].astype(np.float32),
                sinks=sinks.astype(np.float32))

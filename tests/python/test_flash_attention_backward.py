@@ -8,6 +8,7 @@ from attention_reference import (
     DTYPES,
     MASKS,
     UNIT_ROUNDOFF,
+    central_differences,
     random_qkv,
     reference_attention,
     reference_attention_backward,
@@ -163,19 +164,8 @@ def test_reference_gradients_match_finite_differences(rng):
         return float(np.sum(out * dout))
 
     analytic = reference_attention_backward(dout, q, k, v, bias=bias, **options)
-    step = 1e-6
-    arrays = [q, k, v, bias]
-    for index, array in enumerate(arrays):
-        numeric = np.zeros_like(array)
-        for position in np.ndindex(array.shape):
-            saved = array[position]
-            array[position] = saved + step
-            plus = loss(*arrays)
-            array[position] = saved - step
-            minus = loss(*arrays)
-            array[position] = saved
-            numeric[position] = (plus - minus) / (2 * step)
-        np.testing.assert_allclose(analytic[index], numeric, rtol=1e-6, atol=1e-8)
+    for got, numeric in zip(analytic, central_differences(loss, [q, k, v, bias]), strict=True):
+        np.testing.assert_allclose(got, numeric, rtol=1e-6, atol=1e-8)
 
     f32 = [a.astype(np.float32) for a in (q, k, v, bias, dout)]
     out, lse = tilelab.flash_attention(f32[0], f32[1], f32[2], bias=f32[3], return_lse=True,
