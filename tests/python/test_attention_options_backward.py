@@ -93,6 +93,21 @@ def test_options_with_16_bit_inputs(dtype, fp32_probabilities, option, implement
           fp32_probabilities=fp32_probabilities, **OPTIONS[option])
 
 
+@pytest.mark.parametrize("lengths", [(1, 1), (1, 300), (50, 20), (7, 113), (113, 7)],
+                         ids=lambda lengths: f"m{lengths[0]}_n{lengths[1]}")
+@pytest.mark.parametrize("mask", ["causal_bottom_right", "full"])
+@pytest.mark.parametrize("implementation", ["generated", "reference"])
+def test_ragged_lengths(lengths, mask, implementation):
+    """Single rows and keys, M > N with bottom-right alignment (rows that see no key: zero
+    gradients, and nothing added to dsinks), and M != N both ways, with every option."""
+    rng = np.random.default_rng(8)
+    q, k, v = inputs(rng, batch=1, q_len=lengths[0], kv_len=lengths[1], head_dim=24)
+    grads = check(rng, q, k, v, implementation=implementation, **MASKS[mask], **OPTIONS["all"])
+    if mask == "causal_bottom_right" and lengths[0] > lengths[1]:
+        unseen = lengths[0] - lengths[1]
+        assert not np.any(grads[0][:, :, :unseen])
+
+
 @pytest.mark.parametrize("head_dim", [17, 64, 128])
 @pytest.mark.parametrize("window", [(0, -1), (100, -1), (63, 64), (-1, 0)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
