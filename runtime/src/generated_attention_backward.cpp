@@ -73,6 +73,14 @@ constexpr std::int64_t kBackwardTasks = 32;
 // Each chunk beyond the first adds a partial dq of every row (fp32) to memory; cap that memory.
 constexpr std::int64_t kBackwardPartialBytes = std::int64_t{256} << 20;
 
+// Whether the score options change the kernel's P: sinks alone do not (they are in lse), so calls
+// with sinks only run on the plain kernels.
+bool needs_options_kernel(const AttentionProblem& f) {
+  const ResolvedScoreOptions& score = f.score;
+  return score.softcap > 0.0f || !score.alibi_slopes.empty() || score.window.left >= 0 ||
+         score.window.right >= 0;
+}
+
 }  // namespace
 
 std::int64_t flash_backward_chunk_blocks(const AttentionProblem& f) {
@@ -94,7 +102,7 @@ bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& p
   if (f.bias && (f.bias->stride(3) != 1 || !offsets_fit_int32(*f.bias))) return false;
   if (!offsets_fit_int32(*f.lse)) return false;
   if (f.head_dim > 256 || !fits_int32(f.causal_offset)) return false;
-  if (!f.score.any()) return pick_kernel(f.dtype, f.fp32_probabilities) != nullptr;
+  if (!needs_options_kernel(f)) return pick_kernel(f.dtype, f.fp32_probabilities) != nullptr;
   const KeyBounds bounds = key_bounds(f);
   return pick_options_kernel(f.dtype, f.fp32_probabilities) && fits_int32(bounds.window_begin) &&
          fits_int32(bounds.causal_offset) && fits_int32(f.position_offset);
@@ -145,7 +153,7 @@ bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const
   halide_error_message_of_thread().clear();
   int status = 0;
   const auto chunk_blocks = static_cast<int32_t>(flash_backward_chunk_blocks(f));
-  if (f.score.any()) {
+  if (needs_options_kernel(f)) {
     // Absent slopes as 0: adding 0 · (j - i) changes no score. The sinks are in lse.
     std::vector<float> slopes = f.score.alibi_slopes;
     if (slopes.empty()) slopes.assign(static_cast<std::size_t>(f.q_heads), 0.0f);
