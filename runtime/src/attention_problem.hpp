@@ -109,9 +109,8 @@ void sink_gradient(const AttentionBackwardProblem& problem);
 // what the generated kernels cover (then nothing is written).
 bool generated_flash_attention_backward(const AttentionBackwardProblem& problem,
                                         const TensorView* ds);
-// Whether the generated kernels cover the call's shapes, strides and options; whether they run it
-// (with score options, only when q, k, v and dout are finite: the `_runs` check reads them).
-bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& problem);
+// Whether the generated kernels run the call: they cover its shapes, strides and options and, with
+// score options, q, k, v and dout are finite (this reads them).
 bool generated_flash_attention_backward_runs(const AttentionBackwardProblem& problem);
 // Key blocks per task of the generated backward: each task, one chunk of keys of one (kv head,
 // batch), sums its own partial dq; the partial sums are then added in chunk order. Depends on the

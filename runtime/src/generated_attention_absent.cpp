@@ -15,9 +15,6 @@ bool generated_flash_attention(const AttentionProblem&) {
 
 namespace tilelab::detail {
 
-bool generated_flash_attention_backward_covers(const AttentionBackwardProblem&) {
-  return false;
-}
 bool generated_flash_attention_backward_runs(const AttentionBackwardProblem&) {
   return false;
 }

@@ -3,6 +3,7 @@
 // (halide_glue).
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "attention_problem.hpp"
@@ -34,37 +35,30 @@ using OptionsKernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffe
                                 int32_t, int32_t, halide_buffer_t*, halide_buffer_t*,
                                 halide_buffer_t*, halide_buffer_t*);
 
-// bf16: P and dS rounded to bf16 for the products that read them, unless fp32_probabilities.
-KernelFn pick_kernel(DType dtype, bool fp32_probabilities) {
+// The kernels of a dtype, plain and with the score options; bf16: P and dS rounded to bf16 for the
+// products that read them, unless fp32_probabilities.
+struct BackwardKernels {
+  KernelFn plain;
+  OptionsKernelFn with_options;
+};
+std::optional<BackwardKernels> kernels_of(DType dtype, bool fp32_probabilities) {
   switch (dtype) {
     case DType::f32:
-      return flash_bwd_f32;
+      return BackwardKernels{flash_bwd_f32, flash_bwd_f32_options};
     case DType::f16:
-      return flash_bwd_f16;
+      return BackwardKernels{flash_bwd_f16, flash_bwd_f16_options};
     case DType::bf16:
-      return fp32_probabilities ? flash_bwd_bf16_fp32_probabilities : flash_bwd_bf16;
+      if (fp32_probabilities) {
+        return BackwardKernels{flash_bwd_bf16_fp32_probabilities,
+                               flash_bwd_bf16_fp32_probabilities_options};
+      }
+      return BackwardKernels{flash_bwd_bf16, flash_bwd_bf16_options};
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:
       break;
   }
-  return nullptr;
-}
-OptionsKernelFn pick_options_kernel(DType dtype, bool fp32_probabilities) {
-  switch (dtype) {
-    case DType::f32:
-      return flash_bwd_f32_options;
-    case DType::f16:
-      return flash_bwd_f16_options;
-    case DType::bf16:
-      return fp32_probabilities ? flash_bwd_bf16_fp32_probabilities_options
-                                : flash_bwd_bf16_options;
-    case DType::i32:
-    case DType::f8e4m3fn:
-    case DType::f8e5m2:
-      break;
-  }
-  return nullptr;
+  return std::nullopt;
 }
 
 // Tasks the kernel's key chunks should give at least, over (chunk, kv head, batch): enough for 16
@@ -73,12 +67,20 @@ constexpr std::int64_t kBackwardTasks = 32;
 // Each chunk beyond the first adds a partial dq of every row (fp32) to memory; cap that memory.
 constexpr std::int64_t kBackwardPartialBytes = std::int64_t{256} << 20;
 
-// Whether the score options change the kernel's P: sinks alone do not (they are in lse), so calls
-// with sinks only run on the plain kernels.
-bool needs_options_kernel(const AttentionProblem& f) {
-  const ResolvedScoreOptions& score = f.score;
-  return score.softcap > 0.0f || !score.alibi_slopes.empty() || score.window.left >= 0 ||
-         score.window.right >= 0;
+// Whether the kernels cover the call's shapes, strides, dtype and options.
+bool kernels_cover(const AttentionBackwardProblem& p) {
+  const AttentionProblem& f = p.forward;
+  for (const TensorView* view : {&f.q, &f.k, &f.v, &f.out, &p.dout, &p.dq, &p.dk, &p.dv}) {
+    if (view->stride(3) != 1 || !offsets_fit_int32(*view)) return false;
+  }
+  if (f.bias && (f.bias->stride(3) != 1 || !offsets_fit_int32(*f.bias))) return false;
+  if (!offsets_fit_int32(*f.lse)) return false;
+  if (f.head_dim > 256 || !fits_int32(f.causal_offset)) return false;
+  if (!kernels_of(f.dtype, f.fp32_probabilities)) return false;
+  if (!f.score.changes_scores()) return true;
+  const KeyBounds bounds = key_bounds(f);
+  return fits_int32(bounds.window_begin) && fits_int32(bounds.causal_offset) &&
+         fits_int32(f.position_offset);
 }
 
 }  // namespace
@@ -94,22 +96,8 @@ std::int64_t flash_backward_chunk_blocks(const AttentionProblem& f) {
   return (key_blocks + chunks - 1) / chunks;
 }
 
-bool generated_flash_attention_backward_covers(const AttentionBackwardProblem& p) {
-  const AttentionProblem& f = p.forward;
-  for (const TensorView* view : {&f.q, &f.k, &f.v, &f.out, &p.dout, &p.dq, &p.dk, &p.dv}) {
-    if (view->stride(3) != 1 || !offsets_fit_int32(*view)) return false;
-  }
-  if (f.bias && (f.bias->stride(3) != 1 || !offsets_fit_int32(*f.bias))) return false;
-  if (!offsets_fit_int32(*f.lse)) return false;
-  if (f.head_dim > 256 || !fits_int32(f.causal_offset)) return false;
-  if (!needs_options_kernel(f)) return pick_kernel(f.dtype, f.fp32_probabilities) != nullptr;
-  const KeyBounds bounds = key_bounds(f);
-  return pick_options_kernel(f.dtype, f.fp32_probabilities) && fits_int32(bounds.window_begin) &&
-         fits_int32(bounds.causal_offset) && fits_int32(f.position_offset);
-}
-
 bool generated_flash_attention_backward_runs(const AttentionBackwardProblem& p) {
-  if (!generated_flash_attention_backward_covers(p)) return false;
+  if (!kernels_cover(p)) return false;
   const AttentionProblem& f = p.forward;
   // The kernels multiply a masked pair's rows by P = 0 and dS = 0 inside a partly visible block;
   // with score options, NaN or inf there must reach no gradient (docs/attention_options.md).
@@ -153,22 +141,22 @@ bool generated_flash_attention_backward(const AttentionBackwardProblem& p, const
   halide_error_message_of_thread().clear();
   int status = 0;
   const auto chunk_blocks = static_cast<int32_t>(flash_backward_chunk_blocks(f));
-  if (needs_options_kernel(f)) {
+  const BackwardKernels kernels = *kernels_of(f.dtype, f.fp32_probabilities);
+  if (f.score.changes_scores()) {
     // Absent slopes as 0: adding 0 · (j - i) changes no score. The sinks are in lse.
     std::vector<float> slopes = f.score.alibi_slopes;
     if (slopes.empty()) slopes.assign(static_cast<std::size_t>(f.q_heads), 0.0f);
     HalideView slope_view(TensorView(slopes.data(), DType::f32, {f.q_heads}));
     const KeyBounds bounds = key_bounds(f);
-    status = pick_options_kernel(f.dtype, f.fp32_probabilities)(
+    status = kernels.with_options(
         dout.get(), q.get(), k.get(), v.get(), out.get(), lse.get(), bias.get(), f.scale,
         static_cast<int32_t>(bounds.causal_offset), chunk_blocks, f.score.softcap, slope_view.get(),
         static_cast<int32_t>(f.position_offset), static_cast<int32_t>(bounds.window_begin),
         dq.get(), dk.get(), dv.get(), ds_buffer.get());
   } else {
-    status = pick_kernel(f.dtype, f.fp32_probabilities)(
-        dout.get(), q.get(), k.get(), v.get(), out.get(), lse.get(), bias.get(), f.scale,
-        static_cast<int32_t>(f.causal_offset), chunk_blocks, dq.get(), dk.get(), dv.get(),
-        ds_buffer.get());
+    status = kernels.plain(dout.get(), q.get(), k.get(), v.get(), out.get(), lse.get(), bias.get(),
+                           f.scale, static_cast<int32_t>(f.causal_offset), chunk_blocks, dq.get(),
+                           dk.get(), dv.get(), ds_buffer.get());
   }
   TILELAB_CHECK(status == 0) << "generated flash attention backward kernel failed (status "
                              << status << "): " << halide_error_message_of_thread();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention_problem.hpp"
@@ -156,40 +157,35 @@ void run_sink_gradient(const AttentionBackwardProblem& problem) {
   }
 }
 
-}  // namespace
-
-void sink_gradient(const AttentionBackwardProblem& problem) {
-  switch (problem.forward.dtype) {
+// Calls f(std::integral_constant<DType, dtype>{}) for the dtypes of q (f32, f16, bf16).
+template <typename F>
+void with_element_type(DType dtype, const char* caller, F&& f) {
+  switch (dtype) {
     case DType::f32:
-      return run_sink_gradient<DType::f32>(problem);
+      return f(std::integral_constant<DType, DType::f32>{});
     case DType::f16:
-      return run_sink_gradient<DType::f16>(problem);
+      return f(std::integral_constant<DType, DType::f16>{});
     case DType::bf16:
-      return run_sink_gradient<DType::bf16>(problem);
+      return f(std::integral_constant<DType, DType::bf16>{});
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:
       break;
   }
-  TILELAB_CHECK(false) << "sink_gradient: unsupported dtype " << dtype_name(problem.forward.dtype);
+  TILELAB_CHECK(false) << caller << ": unsupported dtype " << dtype_name(dtype);
+}
+
+}  // namespace
+
+void sink_gradient(const AttentionBackwardProblem& problem) {
+  with_element_type(problem.forward.dtype, "sink_gradient",
+                    [&](auto dtype) { run_sink_gradient<dtype.value>(problem); });
 }
 
 void reference_flash_attention_backward(const AttentionBackwardProblem& problem,
                                         const TensorView* ds) {
-  switch (problem.forward.dtype) {
-    case DType::f32:
-      return run_reference_backward<DType::f32>(problem, ds);
-    case DType::f16:
-      return run_reference_backward<DType::f16>(problem, ds);
-    case DType::bf16:
-      return run_reference_backward<DType::bf16>(problem, ds);
-    case DType::i32:
-    case DType::f8e4m3fn:
-    case DType::f8e5m2:
-      break;
-  }
-  TILELAB_CHECK(false) << "reference_flash_attention_backward: unsupported dtype "
-                       << dtype_name(problem.forward.dtype);
+  with_element_type(problem.forward.dtype, "reference_flash_attention_backward",
+                    [&](auto dtype) { run_reference_backward<dtype.value>(problem, ds); });
 }
 
 }  // namespace tilelab::detail

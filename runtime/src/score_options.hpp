@@ -14,10 +14,12 @@ struct ResolvedScoreOptions {
   std::vector<float> alibi_slopes, sinks;  // [Hq] each, or empty
   SlidingWindow window;
 
-  bool any() const {
-    return softcap != 0.0f || !alibi_slopes.empty() || !sinks.empty() || window.left >= 0 ||
-           window.right >= 0;
+  // Whether a score or its visibility changes: every option but the sinks (which only join the
+  // denominator, so they are in lse; the backward runs sinks alone on its plain kernels).
+  bool changes_scores() const {
+    return softcap != 0.0f || !alibi_slopes.empty() || window.left >= 0 || window.right >= 0;
   }
+  bool any() const { return changes_scores() || !sinks.empty(); }
 };
 
 // Checks `options` (softcap finite and >= 0, window sides >= -1, slopes and sinks fp32 [q_heads])
