@@ -196,6 +196,20 @@ def central_differences(loss, arrays, step=1e-6):
     return gradients
 
 
+def option_scores(q, k, scale, softcap, slope, i, j):
+    """(scores, d scores / d (scale * q.k)) of one head, [M, N] in float64: scale * q k^T, then
+    the softcap (whose derivative is 1 - tanh^2) and ALiBi's slope * (j - i), unmasked."""
+    s = scale * (q @ k.T)
+    derivative = np.ones_like(s)
+    if softcap > 0:
+        t = np.tanh(s / softcap)
+        s = softcap * t
+        derivative = 1.0 - t * t
+    if slope is not None:
+        s = s + float(slope) * (j[None, :] - i[:, None])
+    return s, derivative
+
+
 def reference_options(q, k, v, *, causal=False, causal_alignment="top_left", scale=None,
                       sliding_window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
                       k_scale=1.0, v_scale=1.0, fp32_probabilities=False):
@@ -213,11 +227,8 @@ def reference_options(q, k, v, *, causal=False, causal_alignment="top_left", sca
     lse = np.full((batch, q_heads, q_len), -np.inf)
     for b in range(batch):
         for h in range(q_heads):
-            s = scale * (q[b, h] @ k[b, h // group].T)
-            if softcap > 0:
-                s = softcap * np.tanh(s / softcap)
-            if alibi_slopes is not None:
-                s = s + float(alibi_slopes[h]) * (j[None, :] - i[:, None])
+            s, _ = option_scores(q[b, h], k[b, h // group], scale, softcap,
+                                 None if alibi_slopes is None else alibi_slopes[h], i, j)
             s = np.where(visible, s, -np.inf)
             m = s.max(axis=1)
             if sinks is not None:
@@ -266,14 +277,8 @@ def reference_options_backward(dout, q, k, v, *, causal=False, causal_alignment=
     for b in range(batch):
         for h in range(q_heads):
             hk = h // group
-            s = scale * (q[b, h] @ k[b, hk].T)
-            derivative = np.ones_like(s)
-            if softcap > 0:
-                t = np.tanh(s / softcap)
-                s = softcap * t
-                derivative = 1.0 - t * t
-            if alibi_slopes is not None:
-                s = s + float(alibi_slopes[h]) * (j[None, :] - i[:, None])
+            s, derivative = option_scores(q[b, h], k[b, hk], scale, softcap,
+                                          None if alibi_slopes is None else alibi_slopes[h], i, j)
             row_lse = lse[b, h][:, None]
             with np.errstate(invalid="ignore", over="ignore"):
                 p = np.where(visible, np.exp(np.where(visible, s, 0.0) - row_lse), 0.0)
