@@ -312,6 +312,9 @@ template <DType dtype, typename ScoreKey>
   RowPrefetcher<dtype> prefetcher(keys, prefetch_distance, head_dim);
   for (std::int64_t j = 0; j < keys.count; j += kTile) {
     __m512 folded[kTile];
+    // Unrolled, so that folded stays in registers and the four keys' chains interleave (decode
+    // with fp8 and bf16 caches 1.06x faster, measured on Zen 4 with the cache in L3).
+#pragma GCC unroll 4
     for (int t = 0; t < kTile; ++t) {
       // Past the last key the tile repeats it; those columns are padding.
       const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
