@@ -190,7 +190,7 @@ def format_row(result: dict) -> list[str]:
 
 def main() -> None:
     args, tilelab, torch, peak = start_benchmark(
-        __doc__.split("\n\n")[0], repeats=5, warmup=1, quick_repeats=2
+        __doc__.split("\n\n")[0], repeats=11, warmup=2, quick_repeats=2
     )
     print("backward GFLOP/s = 2.5 x 4·B·Hq·M·N·D (half for square causal) / time\n")
 
