@@ -356,7 +356,9 @@ class PagedKernel {
         key_rows_(kStreamedKeyChunk + kStreamedLookahead),
         value_rows_(kStreamedKeyChunk + kStreamedLookahead),
         state_(folded_rows, dim_),
-        merged_(folded_rows, dim_) {}
+        merged_(folded_rows, dim_),
+        acc_order_(streamed_acc_order(problem.head_dim)),
+        ordered_row_(acc_order_.empty() ? 0 : problem.head_dim) {}
 
   // Computes piece `piece` of `item` into state(). The rows of one query token (its group's
   // heads) see the same keys, so they are scored and accumulated together.
@@ -412,12 +414,12 @@ class PagedKernel {
       }
       const float factor = inverse_row_sum(counted, row_sum) * p_.v_scale;
       const std::int64_t token = p_.query_starts[item.seq] + item.token_begin + r / group_;
-      QueryStorage* dst = out_.row(item.seq, token, head);
-      for (std::int64_t d = 0; d < head_dim_; ++d) {
-        const float value =
-            acc[streamed ? streamed_acc_index(cache_dtype, streamed_products_, d) : d];
-        dst[d * out_.dim_stride] = QueryTraits::from_float(value * factor);
+      const float* row = acc;
+      if (streamed && !acc_order_.empty()) {
+        for (std::int64_t d = 0; d < head_dim_; ++d) ordered_row_[d] = acc[acc_order_[d]];
+        row = ordered_row_.data();
       }
+      store_row(row, factor, out_.row(item.seq, token, head));
       if (p_.lse) {
         // As flash_attention's lse: -inf for a row no key reached, NaN for a sum of zero (only
         // -inf scores) or NaN.
@@ -434,6 +436,31 @@ class PagedKernel {
   // Decode items (one query token: a GQA group of rows) read K and V in place; items with more
   // rows widen each chunk once into fp32 scratch and reuse it across their rows.
   bool streams(const WorkItem& item) const { return streams_ && item.tokens == 1; }
+
+  // Where streamed accumulators keep head-dim element d (streamed_acc_index), computed once;
+  // empty when that is d itself, or when no item streams.
+  std::vector<std::int32_t> streamed_acc_order(std::int64_t head_dim) const {
+    std::vector<std::int32_t> order(head_dim);
+    bool identity = true;
+    for (std::int64_t d = 0; d < head_dim; ++d) {
+      order[d] = static_cast<std::int32_t>(streamed_acc_index(cache_dtype, streamed_products_, d));
+      identity = identity && order[d] == d;
+    }
+    if (!streams_ || identity) order.clear();
+    return order;
+  }
+
+  // dst[d] = row[d] · factor in the query dtype, d < head_dim: vectorized where the output row is
+  // contiguous bf16 or fp32 (the same rounding as from_float).
+  void store_row(const float* row, float factor, QueryStorage* dst) const {
+    if (out_.dim_stride == 1) {
+      if constexpr (query_dtype == DType::bf16) return scale_to_bf16(row, head_dim_, factor, dst);
+      if constexpr (query_dtype == DType::f32) return scale_to_f32(row, head_dim_, factor, dst);
+    }
+    for (std::int64_t d = 0; d < head_dim_; ++d) {
+      dst[d * out_.dim_stride] = QueryTraits::from_float(row[d] * factor);
+    }
+  }
 
   // Lists the K and V row addresses of keys [key, end) of the item.
   void collect_rows(const WorkItem& item, std::int64_t key, std::int64_t end) {
@@ -614,6 +641,8 @@ class PagedKernel {
   std::vector<const void*> key_rows_, value_rows_;
   std::int64_t collected_end_ = 0;  // the key after the last collected row
   RowStates state_, merged_;
+  std::vector<std::int32_t> acc_order_;  // streamed_acc_order
+  std::vector<float> ordered_row_;       // one row in head-dim order, where acc_order_ permutes
 };
 
 // Partial states of split items: per piece slot, rows × (max, sum, saw_key, acc[row_floats]),
