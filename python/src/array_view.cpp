@@ -323,7 +323,11 @@ py::array_t<std::int32_t> require_int32_array(const py::handle& object, const ch
     throw Error(std::string(name) + ": expected rank " + std::to_string(rank) + " " + layout +
                 ", got shape " + shape_string(array));
   }
-  if (array.size() > 0) {
+  // Signed integers of up to 32 bits and unsigned ones of up to 16 always fit: no scan of the
+  // values (block tables can be large, and this runs on every call).
+  const py::ssize_t bytes = array.dtype().itemsize();
+  const bool always_fits = kind == 'i' ? bytes <= 4 : bytes <= 2;
+  if (!always_fits && array.size() > 0) {
     const py::object low = array.attr("min")(), high = array.attr("max")();
     // Compared as Python ints: uint64 values beyond int64 included.
     if (py::int_(low) < py::int_(INT32_MIN) || py::int_(high) > py::int_(INT32_MAX)) {
