@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "dlpack.hpp"
@@ -13,27 +14,43 @@
 
 namespace tilelab::python {
 
+namespace {
+
+// The tilelab dtype of an ml_dtypes type (bfloat16, float8_e4m3fn, float8_e5m2). ml_dtypes
+// registers them as user-defined numpy types of kind 'V', so kind and itemsize cannot tell them
+// from other types; their registered names can. A name is a Python-level property (about a
+// microsecond each, several per call), so it is read once per type number: numbers of registered
+// types do not change within a process. Callers hold the GIL, which guards the map.
+std::optional<DType> registered_float_dtype(const py::dtype& dtype) {
+  constexpr int kFirstUserType = 256;  // NPY_USERDEF: numpy's own types are numbered below
+  const int number = dtype.num();
+  if (number < kFirstUserType) return std::nullopt;
+  static std::unordered_map<int, std::optional<DType>> known;
+  if (const auto found = known.find(number); found != known.end()) return found->second;
+  const std::string name = py::str(dtype.attr("name")).cast<std::string>();
+  const py::ssize_t itemsize = dtype.itemsize();
+  std::optional<DType> result;
+  if (itemsize == 2 && name == "bfloat16") result = DType::bf16;
+  if (itemsize == 1 && name == "float8_e4m3fn") result = DType::f8e4m3fn;
+  if (itemsize == 1 && name == "float8_e5m2") result = DType::f8e5m2;
+  known.emplace(number, result);
+  return result;
+}
+
+}  // namespace
+
 std::optional<DType> attention_dtype(const py::dtype& dtype) {
   const char kind = dtype.kind();
   const py::ssize_t itemsize = dtype.itemsize();
   if (kind == 'f' && itemsize == 4) return DType::f32;
   if (kind == 'f' && itemsize == 2) return DType::f16;
-  // ml_dtypes registers bfloat16 as a custom dtype of kind 'V', so kind and itemsize alone cannot
-  // tell it from any other 2-byte void type; its registered name can.
-  if (itemsize == 2 && py::str(dtype.attr("name")).cast<std::string>() == "bfloat16") {
-    return DType::bf16;
-  }
+  if (registered_float_dtype(dtype) == DType::bf16) return DType::bf16;
   return std::nullopt;
 }
 
 std::optional<DType> element_dtype(const py::dtype& dtype) {
   if (const std::optional<DType> attention = attention_dtype(dtype)) return attention;
-  if (dtype.itemsize() == 1) {
-    const std::string name = py::str(dtype.attr("name")).cast<std::string>();
-    if (name == "float8_e4m3fn") return DType::f8e4m3fn;
-    if (name == "float8_e5m2") return DType::f8e5m2;
-  }
-  return std::nullopt;
+  return registered_float_dtype(dtype);
 }
 
 namespace {
