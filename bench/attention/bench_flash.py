@@ -226,11 +226,12 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
 
 
 def uses_bf16_dot_products(workload: Workload, peak: dict) -> bool:
-    """Whether the kernel runs on bf16 dot products here (bf16 prefill, rounded P, a CPU with
-    them): its rate is then judged against their peak."""
+    """Whether the kernel runs on bf16 dot products here (bf16 prefill, rounded P, a CPU that
+    prefers them): its rate is then judged against their peak."""
     return (workload.dtype == "bfloat16" and not workload.decode
             and not workload.fp32_probabilities
-            and peak.get("bf16_dot_peak_gflop_per_s") is not None)
+            and peak.get("bf16_dot_peak_gflop_per_s") is not None
+            and peak.get("bf16_kernels_on_dot_products", False))
 
 
 def format_row(result: dict) -> list[str]:
@@ -276,6 +277,9 @@ def print_run_header(tilelab, torch, peak: dict, args: argparse.Namespace) -> No
     """The machine, its peaks measured in this run, and the versions compared."""
     bf16_peak = peak.get("bf16_dot_peak_gflop_per_s")
     bf16_text = f"bf16 dot peak {bf16_peak:.0f} GFLOP/s" if bf16_peak else "no bf16 dot products"
+    if bf16_peak:
+        bf16_text += (" (bf16 kernels on them)" if peak["bf16_kernels_on_dot_products"]
+                      else " (bf16 kernels on fp32 FMAs: tilelab.prefers_bf16_dot_products())")
     print(f"machine: {cpu_model()}, {args.threads} threads; fp32 FMA peak "
           f"{peak['fma_peak_fp32_gflop_per_s']:.0f} GFLOP/s ({peak['fma_isa']}), {bf16_text}, "
           f"triad {peak['triad_bandwidth_gb_per_s']:.1f} GB/s (tilelab_machine_peak, "
@@ -294,6 +298,7 @@ def start_benchmark(description: str, *, repeats: int, warmup: int, quick_repeat
     tilelab = import_tilelab(args.build_dir)
     tilelab.set_num_threads(args.threads)
     peak = measure_machine_peak(args.build_dir, args.threads)
+    peak["bf16_kernels_on_dot_products"] = tilelab.prefers_bf16_dot_products()
     torch = None if args.no_torch else import_torch(args.threads)
     print_run_header(tilelab, torch, peak, args)
     return args, tilelab, torch, peak

@@ -10,8 +10,9 @@ sides time the backward only: PyTorch's forward runs once, and each timed call i
 ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)``; ours gets the forward's out and
 lse. GFLOP/s counts 2.5 x the forward's 4·B·Hq·M·N·D (half for square causal): the five products
 of the FlashAttention-2 backward, whatever an implementation recomputes. bf16 rows with P and dS
-rounded to bf16 (the default) run on bf16 dot products where the CPU has them and are judged
-against their peak; "fp32 P" rows keep P and dS in fp32 (fp32_probabilities=True).
+rounded to bf16 (the default) run on bf16 dot products on CPUs that prefer them
+(tilelab.prefers_bf16_dot_products()) and are then judged against their peak; "fp32 P" rows keep
+P and dS in fp32 (fp32_probabilities=True), as bf16 rows do on other CPUs.
 
 The score options table times the backward with a softcap, a sliding window and sinks (their
 gradient included) against our plain causal backward of the same shape and against what a

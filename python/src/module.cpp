@@ -244,6 +244,8 @@ PYBIND11_MODULE(_core, module) {
   module.def("set_num_threads", &tilelab::set_num_threads, py::arg("n"),
              "Sets the number of threads tilelab uses (>= 1).");
   module.def("num_threads", &tilelab::num_threads, "The number of threads tilelab uses.");
+  module.def("prefers_bf16_dot_products", &tilelab::prefers_bf16_dot_products,
+             "Whether bf16 calls round P to bf16 and run on bf16 dot products on this CPU.");
   module.def("max_num_threads", &tilelab::max_num_threads,
              "The largest thread count set_num_threads accepts.");
   module.def(

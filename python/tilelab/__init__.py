@@ -27,6 +27,7 @@ __all__ = [
     "flash_attention_implementation",
     "num_threads",
     "paged_attention",
+    "prefers_bf16_dot_products",
     "reshape_and_cache_flash",
     "set_num_threads",
 ]
@@ -128,13 +129,15 @@ def flash_attention(
             combinable with ``bias`` yet. Calls with score options or fp8 k/v run on the paged
             kernel: ``implementation="generated"`` refuses them.
         k_scale, v_scale: dequantization scales of fp8 k and v (1.0 otherwise).
-        fp32_probabilities: bfloat16 q: the generated prefill kernels and the paged kernel
-            (decode, fp8 k/v, score options) round the probabilities P to bfloat16 before
-            ``P @ v`` (FlashAttention's mixed precision), so that ``q @ k^T`` and ``P @ v`` run on
-            bf16 dot products where the CPU has AVX-512 BF16 (Zen 4, Sapphire Rapids and later),
-            about twice as fast; True keeps P in float32. The bf16 products are exact in float32
-            either way and the softmax denominator sums float32 P. Other dtypes, the generated
-            kernels on CPUs without AVX-512 BF16 and the reference always keep P in float32.
+        fp32_probabilities: bfloat16 q on CPUs whose bf16 dot products outrun their fp32 FMAs
+            (:func:`prefers_bf16_dot_products`: AMD Zen 4 and later, about twice as fast): the
+            generated prefill kernels and the paged kernel (decode, fp8 k/v, score options) round
+            the probabilities P to bfloat16 before ``P @ v`` (FlashAttention's mixed precision),
+            so that ``q @ k^T`` and ``P @ v`` run on bf16 dot products; True keeps P in float32.
+            The bf16 products are exact in float32 either way and the softmax denominator sums
+            float32 P. On other CPUs (Intel's, those without AVX-512 BF16), other dtypes and the
+            reference, P stays float32 on fp32 FMAs whatever this says; fp8 k/v on any CPU with
+            AVX-512 BF16 run on bf16 dot products with P rounded.
         implementation: ``"automatic"`` (decode, M == 1 without a bias, on the paged kernel,
             which reads each K/V row once for a whole GQA group; otherwise the generated kernel
             when it covers the call, else the reference), ``"generated"`` (ValueError when it
@@ -270,12 +273,12 @@ def flash_attention_backward(
             own shape ``[B|1, Hq|1, M|1, N]`` (summed over its broadcast dimensions). Needs a bias.
         return_dsinks: also return the gradient with respect to ``sinks``: float32 ``[Hq]``,
             ``-sum over (b, i) of exp(sink - lse) * rowsum(dout * out)``. Needs sinks.
-        fp32_probabilities: bfloat16: the generated kernel rounds P and dS to bfloat16 before
-            ``dV = P^T dO``, ``dK = dS^T Q`` and ``dQ = dS K`` (FlashAttention's mixed
-            precision), so that all five products run on bf16 dot products where the CPU has
-            AVX-512 BF16; True keeps P and dS in float32 for those three. ``q @ k^T`` and
-            ``dO @ V^T`` are exact products either way. Other dtypes and the reference always
-            keep them in float32.
+        fp32_probabilities: bfloat16 on CPUs whose bf16 dot products outrun their fp32 FMAs
+            (:func:`prefers_bf16_dot_products`): the generated kernel rounds P and dS to bfloat16
+            before ``dV = P^T dO``, ``dK = dS^T Q`` and ``dQ = dS K`` (FlashAttention's mixed
+            precision), so that all five products run on bf16 dot products; True keeps P and dS in
+            float32 for those three. ``q @ k^T`` and ``dO @ V^T`` are exact products either way.
+            On other CPUs, other dtypes and the reference they stay float32 (fp32 FMAs).
 
     Returns:
         ``(dq, dk, dv)``, then ``dbias`` and ``dsinks`` when asked for: new C-contiguous arrays,
@@ -475,11 +478,12 @@ def paged_attention(
         split_kv: ``"auto"`` or a number of pieces >= 1 each work item's keys are split into
             (split-KV decoding); results do not depend on the thread count beyond fp32 summation
             order and are identical run to run.
-        fp32_probabilities: bfloat16: P is rounded to bfloat16 before P @ V unless this is
-            True, both on the generated prefill kernels (sequences with at least 16 query rows
-            per kv head) and on the paged kernel (decode and short queries; its decode products
-            run on bf16 dot products where the CPU has AVX-512 BF16 and VBMI). As
-            :func:`flash_attention`'s.
+        fp32_probabilities: bfloat16 on CPUs whose bf16 dot products outrun their fp32 FMAs
+            (:func:`prefers_bf16_dot_products`): P is rounded to bfloat16 before P @ V unless
+            this is True, both on the generated prefill kernels (sequences with at least 16 query
+            rows per kv head) and on the paged kernel (decode and short queries, whose products
+            then run on bf16 dot products); with an fp8 cache, on every CPU with AVX-512 BF16.
+            Elsewhere P stays float32. As :func:`flash_attention`'s.
         out: a writeable ``[num_tokens, Hq, D]`` array of query's dtype written in place (and
             returned); default a new array.
 
@@ -547,3 +551,12 @@ def set_num_threads(n: int) -> None:
 def num_threads() -> int:
     """The number of threads tilelab uses (OpenMP's default until :func:`set_num_threads`)."""
     return _core.num_threads()
+
+
+def prefers_bf16_dot_products() -> bool:
+    """Whether this CPU's bf16 dot products (AVX-512 BF16) outrun its fp32 FMAs (AMD Zen 4 and
+    later), so that bfloat16 calls without ``fp32_probabilities`` round the probabilities P to
+    bfloat16 and run on them. False on Intel's CPUs (their bf16 dot products run at half the FMA
+    rate or less) and on CPUs without AVX-512 BF16: there P stays float32 on fp32 FMAs. Decided by
+    the CPU's features and vendor, once per process."""
+    return _core.prefers_bf16_dot_products()

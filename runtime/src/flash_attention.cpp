@@ -42,8 +42,8 @@ void flash_attention(const TensorView& q, const TensorView& k, const TensorView&
           << "implementation: 'generated' does not cover this call (" << q.describe()
           << "); the generated kernels need innermost stride 1 on q, k, v, out and bias, "
              "head_dim <= 256 and k, v of q's dtype, and with score options more than "
-          << schedules::flash::kDecodeMaxRows << " query rows per kv head, finite v and (bf16) "
-          << "fp32_probabilities off; use 'automatic' or 'reference'";
+          << schedules::flash::kDecodeMaxRows << " query rows per kv head and finite v; use "
+          << "'automatic' or 'reference'";
       return;
     case Implementation::automatic:
       if (problem.automatic_prefers_paged_kernel()) {

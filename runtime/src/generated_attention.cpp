@@ -6,12 +6,14 @@
 #include <vector>
 
 #include "attention_problem.hpp"
+#include "cpu_features.hpp"
 #include "flash_fwd_bf16.h"
 #include "flash_fwd_bf16_bias.h"
 #include "flash_fwd_bf16_bias_fp32_probabilities.h"
 #include "flash_fwd_bf16_decode.h"
 #include "flash_fwd_bf16_fp32_probabilities.h"
 #include "flash_fwd_bf16_options.h"
+#include "flash_fwd_bf16_options_fp32_probabilities.h"
 #include "flash_fwd_bf16_wide.h"
 #include "flash_fwd_f16.h"
 #include "flash_fwd_f16_bias.h"
@@ -45,8 +47,8 @@ bool decode_rows(const AttentionProblem& p) {
   return p.rows_per_kv_head() <= kDecodeMaxRows;
 }
 
-// Score options run on their prefill variant; decode-sized calls, bf16 with fp32 probabilities
-// and fp8 K/V stay on the paged kernel.
+// Score options run on their prefill variant; decode-sized calls and fp8 K/V stay on the paged
+// kernel. bf16: on bf16 dot products with P rounded, or on fp32 FMAs (rounds_bf16_probabilities).
 OptionsKernelFn pick_options_kernel(const AttentionProblem& p) {
   if (decode_rows(p) || is_fp8(p.kv_dtype) || p.bias) return nullptr;
   switch (p.dtype) {
@@ -55,7 +57,9 @@ OptionsKernelFn pick_options_kernel(const AttentionProblem& p) {
     case DType::f16:
       return flash_fwd_f16_options;
     case DType::bf16:
-      return p.fp32_probabilities ? nullptr : flash_fwd_bf16_options;
+      return rounds_bf16_probabilities(p.dtype, p.kv_dtype, p.fp32_probabilities)
+                 ? flash_fwd_bf16_options
+                 : flash_fwd_bf16_options_fp32_probabilities;
     default:
       return nullptr;
   }
@@ -76,7 +80,7 @@ KernelFn pick_kernel(const AttentionProblem& p) {
       return decode ? flash_fwd_f16_decode : wide ? flash_fwd_f16_wide : flash_fwd_f16;
     case DType::bf16:
       if (decode) return flash_fwd_bf16_decode;
-      if (p.fp32_probabilities) {
+      if (!rounds_bf16_probabilities(p.dtype, p.kv_dtype, p.fp32_probabilities)) {
         return has_bias ? flash_fwd_bf16_bias_fp32_probabilities
                         : flash_fwd_bf16_fp32_probabilities;
       }

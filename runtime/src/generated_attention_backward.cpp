@@ -7,10 +7,13 @@
 #include <vector>
 
 #include "attention_problem.hpp"
+#include "cpu_features.hpp"
 #include "finite_values.hpp"
 #include "flash_bwd_bf16.h"
 #include "flash_bwd_bf16_fp32_probabilities.h"
 #include "flash_bwd_bf16_fp32_probabilities_options.h"
+#include "flash_bwd_bf16_fp32_products.h"
+#include "flash_bwd_bf16_fp32_products_options.h"
 #include "flash_bwd_bf16_options.h"
 #include "flash_bwd_f16.h"
 #include "flash_bwd_f16_options.h"
@@ -35,8 +38,10 @@ using OptionsKernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffe
                                 int32_t, int32_t, halide_buffer_t*, halide_buffer_t*,
                                 halide_buffer_t*, halide_buffer_t*);
 
-// The kernels of a dtype, plain and with the score options; bf16: P and dS rounded to bf16 for the
-// products that read them, unless fp32_probabilities.
+// The kernels of a dtype, plain and with the score options. bf16 on a CPU whose bf16 dot products
+// outrun its FMAs: P and dS rounded to bf16 for the products that read them, or with
+// fp32_probabilities kept in fp32 (q·k and dout·v still on bf16 dot products); elsewhere every
+// product on fp32 FMAs (rounds_bf16_probabilities).
 struct BackwardKernels {
   KernelFn plain;
   OptionsKernelFn with_options;
@@ -48,7 +53,10 @@ std::optional<BackwardKernels> kernels_of(DType dtype, bool fp32_probabilities) 
     case DType::f16:
       return BackwardKernels{flash_bwd_f16, flash_bwd_f16_options};
     case DType::bf16:
-      if (fp32_probabilities) {
+      if (!bf16_dot_products_pay_off(dtype)) {
+        return BackwardKernels{flash_bwd_bf16_fp32_products, flash_bwd_bf16_fp32_products_options};
+      }
+      if (!rounds_bf16_probabilities(dtype, dtype, fp32_probabilities)) {
         return BackwardKernels{flash_bwd_bf16_fp32_probabilities,
                                flash_bwd_bf16_fp32_probabilities_options};
       }

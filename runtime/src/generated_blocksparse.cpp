@@ -21,6 +21,7 @@
 #include "blocksparse_f32_decode.h"
 #include "blocksparse_f32_prefill.h"
 #include "blocksparse_problem.hpp"
+#include "cpu_features.hpp"
 #include "halide_glue.hpp"
 #include "schedules/flash/blocksparse_tasks.hpp"
 #include "tilelab/error.hpp"
@@ -47,8 +48,9 @@ KernelFn pick_kernel(DType dtype, bool decode, bool fp32_probabilities) {
       return decode ? blocksparse_f16_decode : blocksparse_f16_prefill;
     case DType::bf16:
       if (decode) return blocksparse_bf16_decode;
-      return fp32_probabilities ? blocksparse_bf16_prefill_fp32_probabilities
-                                : blocksparse_bf16_prefill;
+      return rounds_bf16_probabilities(dtype, dtype, fp32_probabilities)
+                 ? blocksparse_bf16_prefill
+                 : blocksparse_bf16_prefill_fp32_probabilities;
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:

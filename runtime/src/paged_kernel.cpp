@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_features.hpp"
 #include "dtype_convert.hpp"
 #include "paged_problem.hpp"
 #include "paged_stream.hpp"
@@ -345,7 +346,8 @@ class PagedKernel {
                        : 0),
         streams_(cpu_streams_cache_rows() && problem.head_dim <= kMaxStreamedHeadDim &&
                  problem.key_cache.stride(3) == 1 && problem.value_cache.stride(3) == 1),
-        rounds_probabilities_(query_dtype == DType::bf16 && !problem.fp32_probabilities),
+        rounds_probabilities_(
+            rounds_bf16_probabilities(query_dtype, cache_dtype, problem.fp32_probabilities)),
         streamed_products_(streamed_products(query_dtype, cache_dtype, problem.fp32_probabilities)),
         q_rows_((folded_rows + kStreamedRowTile - 1) * dim_, 0.0f),
         keys_(kKeyChunk * dim_, 0.0f),
@@ -631,7 +633,7 @@ class PagedKernel {
   // Bytes a cache row spans (contiguous rows only; prefetching strided rows is not worth it).
   const std::int64_t row_bytes_;
   const bool streams_;
-  // bf16 queries: P is rounded to bf16 before P·V (PagedAttentionOptions::fp32_probabilities).
+  // P is rounded to bf16 before P·V (rounds_bf16_probabilities).
   const bool rounds_probabilities_;
   const StreamedProducts streamed_products_;
   std::vector<float> q_rows_, keys_, values_;  // q_rows_ has kStreamedRowTile - 1 spare rows

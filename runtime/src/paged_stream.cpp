@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cpu_features.hpp"
 #include "tilelab/error.hpp"
 
 namespace tilelab::detail {
@@ -35,19 +36,11 @@ constexpr bool holds_bf16_values(DType dtype) {
   return dtype == DType::bf16 || dtype == DType::f8e4m3fn || dtype == DType::f8e5m2;
 }
 
-// AVX-512 BF16 for vdpbf16ps, VBMI for the byte permutes that widen fp8 (Zen 4, Sapphire Rapids
-// and later have both).
-bool cpu_has_bf16_dot_products() {
-  static const bool supported =
-      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
-  return supported;
-}
-
 }  // namespace
 
 StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities) {
-  return query_dtype == DType::bf16 && holds_bf16_values(cache_dtype) && !fp32_probabilities &&
-                 cpu_streams_cache_rows() && cpu_has_bf16_dot_products()
+  return rounds_bf16_probabilities(query_dtype, cache_dtype, fp32_probabilities) &&
+                 holds_bf16_values(cache_dtype) && cpu_streams_cache_rows()
              ? StreamedProducts::bf16_dots
              : StreamedProducts::fp32;
 }
@@ -936,8 +929,8 @@ void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::in
   TILELAB_CHECK(head_dim >= 1 && head_dim <= kMaxStreamedHeadDim && q_stride >= head_dim &&
                 q_stride % 32 == 0)
       << "stream_scores: head_dim " << head_dim << ", q_stride " << q_stride;
-  const bool bf16_dot =
-      query_dtype == DType::bf16 && holds_bf16_values(cache_dtype) && cpu_has_bf16_dot_products();
+  const bool bf16_dot = query_dtype == DType::bf16 && holds_bf16_values(cache_dtype) &&
+                        bf16_dot_products_pay_off(cache_dtype);
   with_cache_dtype(cache_dtype, "stream_scores", [&](auto dtype) {
     if constexpr (holds_bf16_values(dtype.value)) {
       if (bf16_dot) {

@@ -30,9 +30,9 @@ enum class StreamedProducts {
   bf16_dots,
 };
 
-// bf16_dots for bf16 queries with bf16 or fp8 caches on CPUs with AVX-512 BF16 and VBMI (Zen 4,
-// Sapphire Rapids and later), unless the caller keeps P in fp32
-// (PagedAttentionOptions::fp32_probabilities).
+// bf16_dots for bf16 queries with bf16 or fp8 caches where the call rounds P to bf16
+// (rounds_bf16_probabilities: a CPU whose bf16 dot products outrun its fp32 FMAs, and
+// PagedAttentionOptions::fp32_probabilities off).
 StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities);
 
 // Where stream_values keeps head-dim element d in an accumulator row. fp32 products widen bf16

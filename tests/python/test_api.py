@@ -26,6 +26,7 @@ def test_all_lists_the_public_api():
         "flash_attention_implementation",
         "num_threads",
         "paged_attention",
+        "prefers_bf16_dot_products",
         "reshape_and_cache_flash",
         "set_num_threads",
         "__version__",

@@ -72,7 +72,7 @@ def test_options_on_flash_attention(option, causal, alignment, rows):
 
 @pytest.mark.parametrize("dtype,fp32_probabilities,implementation",
                          [("float16", False, "generated"), ("bfloat16", False, "generated"),
-                          ("bfloat16", True, "paged")])
+                          ("bfloat16", True, "generated")])
 @pytest.mark.parametrize("option", ["softcap", "window", "all"])
 def test_options_with_16_bit_inputs(dtype, fp32_probabilities, implementation, option):
     rng = np.random.default_rng(2)

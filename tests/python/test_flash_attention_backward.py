@@ -13,6 +13,7 @@ from attention_reference import (
     reference_attention,
     reference_attention_backward,
 )
+from cpu_policy import rounds_bf16_probabilities
 
 import tilelab
 
@@ -121,8 +122,9 @@ def test_gqa_groups_both_implementations(rng, dtype_name, group):
 @pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
 @pytest.mark.parametrize("head_dim", [33, 128])
 def test_bf16_probabilities_and_fp32_probabilities(rng, head_dim, mask):
-    """bf16: by default P and dS are rounded to bf16 for dV, dK and dQ; fp32_probabilities keeps
-    them fp32. Both match fp64 within the bf16 tolerance, and the flag reaches the kernel."""
+    """bf16: by default P and dS are rounded to bf16 for dV, dK and dQ on CPUs that prefer bf16 dot
+    products; fp32_probabilities keeps them fp32, as other CPUs always do. Both match fp64 within
+    the bf16 tolerance, and the flag reaches the kernel where it matters."""
     q, k, v = random_qkv(rng, 1, 4, 2, 70, 113, head_dim, "bfloat16")
     out, lse, dout = forward_and_gradient(rng, q, k, v, "bfloat16", **mask)
     expected = reference_attention_backward(dout, q, k, v, **mask)
@@ -136,8 +138,9 @@ def test_bf16_probabilities_and_fp32_probabilities(rng, head_dim, mask):
             error = np.max(np.abs(got.astype(np.float64) - want))
             assert error <= tolerance, f"{name}: error {error:.3e} > tolerance {tolerance:.3e}"
         results[fp32_probabilities] = grads
-    assert any(not np.array_equal(a, b) for a, b in zip(results[False], results[True],
-                                                         strict=True))
+    differ = any(not np.array_equal(a, b) for a, b in zip(results[False], results[True],
+                                                           strict=True))
+    assert differ == rounds_bf16_probabilities()
 
 
 @pytest.mark.parametrize("head_dim", [1, 7, 16, 33, 40, 64, 80, 96, 127, 128, 129, 192, 256])

@@ -1,6 +1,6 @@
-"""bfloat16 flash attention on bf16 dot products: P rounded to bf16 before P·V (the default) or kept
-in float32 (fp32_probabilities=True), both against the fp64 reference, with ragged shapes, every
-option, NaN and inf."""
+"""bfloat16 flash attention: P rounded to bf16 before P·V for bf16 dot products (the default on
+CPUs that prefer them) or kept in float32 (fp32_probabilities=True, and other CPUs), both against
+the fp64 reference, with ragged shapes, every option, NaN and inf."""
 
 import ml_dtypes
 import numpy as np
@@ -11,19 +11,13 @@ from attention_reference import (
     random_qkv,
     reference_attention,
 )
+from cpu_policy import cpu_prefers_bf16_dot_products, rounds_bf16_probabilities
 
 import tilelab
 
 
-def cpu_has_bf16_dot_products():
-    """Whether the generated kernels run their AVX-512 BF16 variant on this CPU (Linux flags)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return any(
-                line.startswith("flags") and "avx512_bf16" in line.split() for line in cpuinfo
-            )
-    except OSError:
-        return False
+def test_the_cpu_policy_is_the_documented_one():
+    assert tilelab.prefers_bf16_dot_products() is cpu_prefers_bf16_dot_products()
 
 
 # (B, Hq, Hkv, M, N, D), all with more than 8 rows per kv head (the prefill kernels): odd and
@@ -73,24 +67,34 @@ def test_bias_and_scale(rng, fp32_probabilities):
     assert_lse_close(lse, reference_lse, q.shape[3], k.shape[2])
 
 
-def test_rounding_of_p_is_what_the_option_says():
+# 16 rows run on the generated prefill kernels, 1 on the paged kernel (decode); fp8 k/v always
+# on the paged kernel.
+@pytest.mark.parametrize("rows,kv_dtype", [(16, "bfloat16"), (1, "bfloat16"), (16, "float8_e4m3fn"),
+                                           (1, "float8_e5m2")])
+def test_rounding_of_p_is_what_the_option_says(rows, kv_dtype):
     """Two keys with probabilities 1 and exp(-0.001) and values 1 and -1: out = (1 - p) / (1 + p)
-    is 5.0e-4 with float32 P, and exactly 0 once p = 0.999 rounds to 1.0 in bf16."""
-    rows = 16  # more than 8 rows: the prefill kernels
+    is 5.0e-4 with float32 P, and exactly 0 once p = 0.999 rounds to 1.0 in bf16. P is rounded
+    where the call runs on bf16 dot products: bf16 k/v on CPUs that prefer them, fp8 k/v on every
+    CPU that has them."""
     q = np.ones((1, 1, rows, 1), ml_dtypes.bfloat16)
-    k = np.array([0.0, -0.001], np.float32).reshape(1, 1, 2, 1).astype(ml_dtypes.bfloat16)
-    v = np.array([1.0, -1.0], np.float32).reshape(1, 1, 2, 1).astype(ml_dtypes.bfloat16)
-    p = np.exp(np.float64(k[0, 0, 1, 0]))
+    storage = getattr(ml_dtypes, kv_dtype)
+    # k = k_scale · stored: -0.001 is below fp8's smallest normal.
+    k_scale = 1.0 if kv_dtype == "bfloat16" else 2.0**-10
+    k = (np.array([0.0, -0.001], np.float32) / k_scale).reshape(1, 1, 2, 1).astype(storage)
+    v = np.array([1.0, -1.0], np.float32).reshape(1, 1, 2, 1).astype(storage)
+    p = np.exp(np.float64(k[0, 0, 1, 0].astype(np.float32)) * k_scale)
     exact = (1 - p) / (1 + p)
+    scales = {} if kv_dtype == "bfloat16" else {"k_scale": k_scale}
 
-    kept = tilelab.flash_attention(q, k, v, scale=1.0, fp32_probabilities=True)
+    kept = tilelab.flash_attention(q, k, v, scale=1.0, fp32_probabilities=True, **scales)
     np.testing.assert_allclose(kept.astype(np.float64), exact, rtol=1e-2)
-    rounded = tilelab.flash_attention(q, k, v, scale=1.0)
-    expected = 0.0 if cpu_has_bf16_dot_products() else exact
+    rounded = tilelab.flash_attention(q, k, v, scale=1.0, **scales)
+    expected = 0.0 if rounds_bf16_probabilities(kv_dtype) else exact
     np.testing.assert_allclose(rounded.astype(np.float64), expected, rtol=1e-2, atol=0)
     # The reference keeps P in float32 whatever the option says.
-    reference = tilelab.flash_attention(q, k, v, scale=1.0, implementation="reference")
-    np.testing.assert_allclose(reference.astype(np.float64), exact, rtol=1e-2)
+    if kv_dtype == "bfloat16":
+        reference = tilelab.flash_attention(q, k, v, scale=1.0, implementation="reference")
+        np.testing.assert_allclose(reference.astype(np.float64), exact, rtol=1e-2)
 
 
 @pytest.mark.parametrize("fp32_probabilities", [False, True])

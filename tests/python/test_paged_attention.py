@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from attention_reference import DTYPES, UNIT_ROUNDOFF
+from cpu_policy import rounds_bf16_probabilities
 
 import tilelab
 
@@ -568,8 +569,8 @@ def decode_output_with_probabilities(batch, round_p, v_scale):
 
 @pytest.mark.parametrize("cache_dtype", ["bfloat16", *FP8])
 def test_decode_rounds_p_to_bf16_unless_fp32_probabilities(cache_dtype):
-    """bf16 decode rounds P to bf16 before P·V (both products on bf16 dot products where the CPU
-    has them, exact fp32 products otherwise); fp32_probabilities keeps P in fp32. Each output
+    """bf16 decode rounds P to bf16 before P·V where the call runs on bf16 dot products
+    (cpu_policy.rounds_bf16_probabilities); fp32_probabilities keeps P in fp32. Each output
     element is compared, as bf16, with both float64 models: with few keys per sequence P's
     rounding moves a good share of the outputs by one bf16 step, so a kernel that rounds matches
     the rounding model almost everywhere and the other model visibly less often."""
@@ -587,7 +588,8 @@ def test_decode_rounds_p_to_bf16_unless_fp32_probabilities(cache_dtype):
         out = tilelab.paged_attention(*arguments(batch), v_scale=v_scale,
                                       fp32_probabilities=fp32_probabilities)
         same = {round_p: float(np.mean(out == model)) for round_p, model in models.items()}
-        model, other = same[not fp32_probabilities], same[fp32_probabilities]
+        rounds = rounds_bf16_probabilities(cache_dtype, fp32_probabilities)
+        model, other = same[rounds], same[not rounds]
         assert model >= 0.99 and model - other >= 0.1, (fp32_probabilities, same)
 
 
@@ -595,7 +597,7 @@ def test_decode_rounds_p_to_bf16_unless_fp32_probabilities(cache_dtype):
 def test_dense_decode_passes_fp32_probabilities_to_the_paged_kernel(fp32_probabilities):
     """flash_attention decode (one query row, no bias) runs on the paged kernel: with either
     setting of fp32_probabilities it gives paged_attention's result bit for bit on the same data,
-    and the two settings differ."""
+    and the two settings differ where the call rounds P."""
     rng = np.random.default_rng(79)
     batch, q_heads, kv_heads, keys, dim = 6, 8, 2, 5, 64
     bf16 = ml_dtypes.bfloat16
@@ -611,7 +613,8 @@ def test_dense_decode_passes_fp32_probabilities_to_the_paged_kernel(fp32_probabi
     np.testing.assert_array_equal(np.asarray(dense[:, :, 0], np.float32),
                                   np.asarray(paged, np.float32))
     other = tilelab.flash_attention(q, k, v, fp32_probabilities=not fp32_probabilities)
-    assert np.any(np.asarray(other, np.float32) != np.asarray(dense, np.float32))
+    differ = np.any(np.asarray(other, np.float32) != np.asarray(dense, np.float32))
+    assert differ == rounds_bf16_probabilities()
 
 
 @pytest.mark.parametrize("split_kv", [2, 3, 7, 1000])

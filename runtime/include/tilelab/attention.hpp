@@ -63,17 +63,25 @@ struct FlashAttentionOptions {
   // v of q's dtype. Must be finite.
   float k_scale = 1.0f;
   float v_scale = 1.0f;
-  // bf16 q: the generated prefill kernels and the paged kernel (which runs decode, fp8 k/v and
-  // score options) round the probabilities P to bf16 before P·V, as FlashAttention's mixed
-  // precision does, so that q·k and P·V both run on bf16 dot products (vdpbf16ps) on CPUs that
-  // have them (AVX-512 BF16: Zen 4, Sapphire Rapids and later), about twice the fp32 FMA rate.
-  // true keeps P in fp32 (fp32 FMAs). The bf16 × bf16 products are exact in fp32 either way; the
-  // softmax denominator always sums fp32 P. The bf16 backward likewise rounds P and dS to bf16
-  // before dV = Pᵀ dO, dK = dSᵀ Q and dQ = dS K unless this is true. Other dtypes, the generated
-  // kernels on CPUs without AVX-512 BF16 and the reference always keep P in fp32.
+  // bf16 q on CPUs whose bf16 dot products (vdpbf16ps) outrun their fp32 FMAs
+  // (prefers_bf16_dot_products(): AMD Zen 4 and later, twice the FMA rate): the generated prefill
+  // kernels and the paged kernel (which runs decode, fp8 k/v and score options) round the
+  // probabilities P to bf16 before P·V, as FlashAttention's mixed precision does, so that q·k and
+  // P·V both run on bf16 dot products. true keeps P in fp32 (fp32 FMAs). The bf16 × bf16 products
+  // are exact in fp32 either way; the softmax denominator always sums fp32 P. The bf16 backward
+  // likewise rounds P and dS to bf16 before dV = Pᵀ dO, dK = dSᵀ Q and dQ = dS K unless this is
+  // true. On other CPUs (Intel's, whose bf16 dot products run at half the FMA rate or less, and
+  // those without AVX-512 BF16), other dtypes and the reference, P stays fp32 and the products
+  // run on fp32 FMAs whatever this says; except fp8 k/v on any CPU with AVX-512 BF16, which run on
+  // bf16 dot products with P rounded (widening fp8 for FMAs costs more there).
   bool fp32_probabilities = false;
   Implementation implementation = Implementation::automatic;
 };
+
+// Whether this CPU's bf16 dot products outrun its fp32 FMAs, so that bf16 calls without
+// fp32_probabilities round P to bf16 and run on them (FlashAttentionOptions::fp32_probabilities).
+// Decided by the CPU's features and vendor, once per process.
+bool prefers_bf16_dot_products();
 
 // out = softmax(scale · q kᵀ + bias, masked) v, per batch and query head, with online softmax
 // (no M×N buffer).

@@ -30,10 +30,11 @@ struct PagedAttentionOptions {
   // The result does not depend on the thread count except through the automatic choice (fp32
   // summation order), and is identical run to run.
   std::int64_t split_kv = 0;
-  // bf16: as FlashAttentionOptions::fp32_probabilities. P is rounded to bf16 before P·V unless
-  // this is true, on the generated prefill kernels and on the paged kernel (decode and short
-  // queries), whose decode products then run on bf16 dot products on CPUs with AVX-512 BF16 and
-  // VBMI.
+  // bf16: as FlashAttentionOptions::fp32_probabilities. On CPUs that prefer bf16 dot products
+  // (prefers_bf16_dot_products), P is rounded to bf16 before P·V unless this is true, on the
+  // generated prefill kernels and on the paged kernel (decode and short queries), whose decode
+  // products then run on bf16 dot products; with an fp8 cache, on every CPU with AVX-512 BF16.
+  // Elsewhere P stays fp32.
   bool fp32_probabilities = false;
 };
 

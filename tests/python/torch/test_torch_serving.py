@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 from attention_reference import reference_options, reference_options_backward  # noqa: E402
+from cpu_policy import rounds_bf16_probabilities  # noqa: E402
 from test_paged_attention import make_batch, reference_paged, tolerance  # noqa: E402
 
 import tilelab  # noqa: E402
@@ -89,7 +90,8 @@ def test_paged_attention_matches_the_fp64_reference(dtype, option):
 @pytest.mark.parametrize("fp32_probabilities", [False, True])
 def test_prefill_sequences_and_fp32_probabilities(fp32_probabilities):
     """bf16 sequences long enough for the generated prefill kernels: the op gives the numpy API's
-    numbers for either fp32_probabilities, and the flag reaches the kernels."""
+    numbers for either fp32_probabilities, and the flag reaches the kernels where the call rounds
+    P (cpu_policy)."""
     batch = make_batch(np.random.default_rng(5), [(40, 100), (1, 30), (20, 20)], q_heads=4,
                        kv_heads=2, head_dim=32, block_size=16, dtype="bfloat16")
     out = tt.paged_attention(*tensors(batch), fp32_probabilities=fp32_probabilities)
@@ -97,7 +99,8 @@ def test_prefill_sequences_and_fp32_probabilities(fp32_probabilities):
     np.testing.assert_array_equal(as_numpy(out), np.asarray(same, np.float32))
     other = tilelab.paged_attention(*numpy_arguments(batch),
                                     fp32_probabilities=not fp32_probabilities)
-    assert not np.array_equal(np.asarray(other, np.float32), np.asarray(same, np.float32))
+    differ = not np.array_equal(np.asarray(other, np.float32), np.asarray(same, np.float32))
+    assert differ == rounds_bf16_probabilities()
 
 
 @pytest.mark.parametrize("fp8", FP8)

@@ -1,0 +1,32 @@
+// What the CPU offers the kernels, decided once per process.
+#pragma once
+
+#include "tilelab/tensor.hpp"
+
+namespace tilelab::detail {
+
+// AVX-512 BF16 (vdpbf16ps) and VBMI (the byte permutes that widen fp8): Zen 4, Sapphire Rapids
+// and later.
+bool cpu_has_bf16_dot_products();
+
+// Whether bf16 dot products outrun fp32 FMAs here, so that bf16 kernels should run on them.
+// vdpbf16ps does two multiply-adds per fp32 lane: on AMD (Zen 4, Zen 5) it issues as often as an
+// FMA, twice the rate. On Intel's AVX-512 BF16 cores it does not: on an Emerald Rapids Xeon
+// (family 6 model 207), tilelab_machine_peak measured 173 GFLOP/s of bf16 dots against 347-354 of
+// fp32 FMAs, and the bf16 forward on dot products took 1.45x as long as on fp32 FMAs (B1 H16 S512
+// D128, 2 threads). By vendor, not by a timing probe: the choice changes rounding, and a result
+// must not depend on how busy the machine was when the process started.
+bool cpu_prefers_bf16_dot_products();
+
+// Whether products of bf16 q (or P) with K or V of `kv_dtype` should run on bf16 dot products: on
+// CPUs that prefer them, and for fp8 K/V on every CPU that has them, where widening fp8 to fp32
+// for FMAs costs more than the slower dot products (the same Emerald Rapids, decode of 64
+// sequences, Hq 32, Hkv 8, D 128: fp8 1.08-1.12x faster on dot products; bf16 1.03-1.05x slower).
+bool bf16_dot_products_pay_off(DType kv_dtype);
+
+// Whether a call rounds the probabilities P (and the backward's dS) to bf16 for bf16 dot
+// products: bf16 q, fp32_probabilities off, and bf16_dot_products_pay_off. Every kernel
+// (generated, paged, block-sparse, backward) decides by this.
+bool rounds_bf16_probabilities(DType dtype, DType kv_dtype, bool fp32_probabilities);
+
+}  // namespace tilelab::detail
