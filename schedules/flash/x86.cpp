@@ -10,8 +10,9 @@
 //                       (AVX-512: 2 row vectors + 8 key broadcasts per d → 16 FMAs, 10 loads)
 //     block_max, running_max, rescale, prob, block_sum: vertical ops over rows (no horizontal
 //                       reductions); exps are per score and per (row, block), never per output
-//     block_pv         (4·VL head dims) × 4 rows = 16 accumulators per register tile
-//                       (AVX-512: 4 V vectors + 4 prob broadcasts per key → 16 FMAs, 8 loads)
+//     block_pv         (2·VL head dims) × 8 rows = 16 accumulators per register tile
+//                       (AVX-512: 2 V vectors + 8 prob broadcasts per key → 16 FMAs, 10 loads;
+//                       bf16 pairs and decode: (4·VL) × 4, 4 V vectors + 4 broadcasts)
 //     state merge      (m, l, o): o · rescale + block_pv, two FMAs per element
 // Register budget (AVX-512): 16 accumulators + 2–4 operands, 20/32 zmm.
 //
@@ -91,8 +92,14 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
   const int QT = s.query_tile;
   const int score_rows = std::min(QT, 2 * VL);  // rows per score register tile
-  const int pv_rows = std::min(QT, 4);          // rows per block_pv register tile
-  const int RV = std::min(VL, QT);              // lanes for per-row vectors (never pad rows)
+  // block_pv register tiles: fp32 products take (2·VL head dims) × 8 rows, so that the slice of a
+  // 128-key block's V that every row tile reads in turn is 16 KiB at D = 128 and stays in L1 (at
+  // 4·VL it was 32 KiB, beside the tile's 16 KiB of P: Emerald Rapids, whose two 512-bit FMA pipes
+  // outran the L2 reads, B1 H16 S512 D128 fp32 full 10.3-10.8 ms against 12.0-12.1, the rest
+  // unchanged). bf16 pairs and decode tiles keep (4·VL) × 4.
+  const int pv_vectors = s.bf16_products || QT < 8 ? 4 : 2;
+  const int pv_rows = std::min(QT, 32 / (2 * pv_vectors));
+  const int RV = std::min(VL, QT);  // lanes for per-row vectors (never pad rows)
   Var dout("dout"), iii("iii"), jjo("jjo"), jji("jji");
 
   // The running state of one tile (io, hk, b).
@@ -104,7 +111,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   merge.reorder(s.d, s.ii, s.rk, s.io, s.hk, s.b);
   // Head dims are rounded up to the register tile (extra columns read a clamped V and are never
   // stored to out); fast paths for 64 and 128 have no rounding.
-  flash::split_register_tiles(merge, s.d, s.ii, pv_rows, head_dim, VL, dout);
+  flash::split_register_tiles(merge, s.d, s.ii, pv_rows, head_dim, VL, dout, pv_vectors);
 
   if (s.bf16_products) {
     // bf16 operands in pairs: q once per tile, P once per (tile, block); K in place.

@@ -33,18 +33,19 @@ inline Halide::Stage schedule_parallel_accumulator(Halide::Func f, const Halide:
 // Head dims with fast paths: specialized, and split into register tiles without rounding.
 inline constexpr int kFastHeadDims[] = {128, 64};
 
-// Splits an update over (d, second) into register tiles: head dims rounded up to 4 vectors (fast
-// paths for D = 64 and 128, which need no rounding) or else one vector, × `second_tile` of
-// `second`, unrolled. `dout` is the loop over head-dim tiles, where each tile's product is
-// computed (schedule_tile_product).
+// Splits an update over (d, second) into register tiles: head dims rounded up to
+// `head_dim_vectors` vectors (fast paths for D = 64 and 128, which need no rounding) or else one
+// vector, × `second_tile` of `second`, unrolled. `dout` is the loop over head-dim tiles, where
+// each tile's product is computed (schedule_tile_product).
 inline void split_register_tiles(Halide::Stage stage, const Halide::Var& d,
                                  const Halide::Var& second, int second_tile,
-                                 const Halide::Expr& head_dim, int lanes, const Halide::Var& dout) {
+                                 const Halide::Expr& head_dim, int lanes, const Halide::Var& dout,
+                                 int head_dim_vectors = 4) {
   using Halide::TailStrategy;
   Halide::Var din("din"), so("so"), si("si");
   for (int dims : kFastHeadDims) {
     stage.specialize(head_dim == dims)
-        .split(d, dout, din, std::min(dims, 4 * lanes), TailStrategy::RoundUp)
+        .split(d, dout, din, std::min(dims, head_dim_vectors * lanes), TailStrategy::RoundUp)
         .split(second, so, si, second_tile)
         .reorder(din, si, dout, so)
         .vectorize(din, lanes)
