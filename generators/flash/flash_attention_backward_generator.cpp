@@ -41,7 +41,7 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
   GeneratorParam<bool> bf16_probabilities{"bf16_probabilities", false};
   // bf16 only: q·k and dout·v on bf16 dot products where the CPU has them; false keeps every
   // product on fp32 FMAs (for CPUs whose bf16 dot products are slower: runtime/src/cpu_features).
-  GeneratorParam<bool> bf16_products{"bf16_products", true};
+  GeneratorParam<bool> bf16_products{"bf16_products", false};
   // The score options of docs/attention_options.md but the sinks (softcap, ALiBi, the window's
   // left edge) as run-time inputs appended after chunk_blocks, as the forward's; no bias.
   GeneratorParam<bool> score_options{"score_options", false};
@@ -96,8 +96,8 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
     s.key_block = KB;
     s.query_tile = QT;
     s.io_is_f32 = io_type.value() == Float(32);
-    s.bf16_products = io_type.value() == BFloat(16) && bf16_products &&
-                      tilelab::schedules::target_has_bf16_dot_products(get_target());
+    s.bf16_products = tilelab::schedules::uses_bf16_products(bf16_products, io_type.value(),
+                                                             /*decode=*/false, get_target());
     TILELAB_REQUIRE(!bf16_probabilities || io_type.value() == BFloat(16))
         << "bf16_probabilities: needs io_type bfloat16, got " << io_type.value();
     TILELAB_REQUIRE(!bf16_probabilities || bf16_products)

@@ -18,8 +18,9 @@ inline bool target_has_bf16_dot_products(const Halide::Target& target) {
          target.has_feature(Halide::Target::AVX512_SapphireRapids);
 }
 
-// Whether a forward kernel runs on bf16 products: asked for (the generators' bf16_products
-// param, which needs bf16 inputs), prefill, and a target that has them.
+// Whether a kernel (forward, block-sparse or backward) runs on bf16 products: asked for (the
+// generators' bf16_products param, which needs bf16 inputs), not decode, and a target that has
+// them.
 inline bool uses_bf16_products(bool requested, const Halide::Type& io_type, bool decode,
                                const Halide::Target& target) {
   TILELAB_REQUIRE(!requested || io_type == Halide::BFloat(16))
