@@ -2,6 +2,7 @@
 #include "timing.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include <tilelab/error.hpp>
 
@@ -14,6 +15,9 @@ namespace {
 // Queue index of the DMA "engine" when it is the producer of a region: any consumer pays a
 // semaphore wait.
 constexpr uint8_t kDmaSource = kEngineCount;
+
+// Earlier than any completion time.
+constexpr double kNever = -std::numeric_limits<double>::infinity();
 
 struct Region {
   uint32_t buffer;
@@ -36,6 +40,27 @@ bool overlaps(const AccessRecord& r, const Region& g) {
 }
 bool covers(const Region& g, const AccessRecord& r) {
   return g.p0 <= r.p0 && r.p1 <= g.p1 && g.b0 <= r.b0 && r.b1 <= g.b1;
+}
+
+// Who accessed a region and when it completes.
+struct Stamp {
+  double done_ns;
+  uint32_t instruction;
+  uint8_t source;
+};
+
+// Sets r to the access of g stamped `stamp`, field by field: a record assembled on the stack and
+// copied whole would stall on store forwarding (its wide loads span the narrow stores that built
+// it), which measured as a large part of the simulator's time.
+void assign(AccessRecord& r, const Region& g, Stamp stamp) {
+  r.p0 = g.p0;
+  r.p1 = g.p1;
+  r.b0 = g.b0;
+  r.b1 = g.b1;
+  r.done_ns = stamp.done_ns;
+  r.instruction = stamp.instruction;
+  r.source = stamp.source;
+  r.write = g.write;
 }
 
 // What the engine reads of a buffer per operand, kept apart from Buffer (names, shapes) so that
@@ -92,37 +117,54 @@ int collect_regions(const Program& p, const std::vector<BufferFacts>& facts,
 // and sorted by start byte, so that an overlap query only visits records near the region.
 class Tracker {
  public:
-  explicit Tracker(const Program& program)
-      : program_(program),
-        lists_(program.buffers.size()),
-        last_done_(program.buffers.size(), -1.0),
-        last_instruction_(program.buffers.size(), kNone),
-        touched_(program.buffers.size(), 0) {}
+  explicit Tracker(const Program& program) : program_(program), state_(program.buffers.size()) {}
 
   // Latest time the region's earlier conflicting accesses allow it to start, seen from `engine`
   // (same-engine producers need no semaphore). Raises `bound` and sets `by` when later.
   void constrain(const Region& g, uint8_t engine, double semaphore_ns, double& bound,
                  uint32_t& by) {
-    if (!touched_[g.buffer]) constrain_predecessors(g.buffer, engine, semaphore_ns, bound, by, 0);
-    Lists& lists = lists_[g.buffer];
-    scan(lists.writes, g, engine, semaphore_ns, bound, by);
-    if (g.write) scan(lists.reads, g, engine, semaphore_ns, bound, by);
+    BufferState& state = state_[g.buffer];
+    if (!state.touched) constrain_predecessors(g.buffer, engine, semaphore_ns, bound, by, 0);
+    // A list whose latest completion (plus the semaphore) cannot raise the bound is not scanned:
+    // most regions were last accessed long before their engine is free again.
+    if (state.latest_write_done + semaphore_ns > bound)
+      scan(state.writes, state.max_write_span, g, engine, semaphore_ns, bound, by);
+    if (g.write && state.latest_read_done + semaphore_ns > bound)
+      scan(state.reads, state.max_read_span, g, engine, semaphore_ns, bound, by);
   }
 
   void record(const Region& g, uint32_t instruction, uint8_t source, double done_ns) {
-    touched_[g.buffer] = 1;
-    Lists& lists = lists_[g.buffer];
-    const AccessRecord entry{g.p0, g.p1, g.b0, g.b1, done_ns, instruction, source, g.write};
-    if (g.write) {
-      // A write supersedes every earlier access it fully covers.
-      erase_covered(lists.reads, g);
-      replace_covered(lists.writes, lists.max_write_span, g, entry);
+    BufferState& state = state_[g.buffer];
+    state.touched = true;
+    const Stamp stamp{done_ns, instruction, source};
+    if (g.write && covers_extent(g, state.extent)) {
+      // The common whole-tile (or whole-extent) write: it supersedes every record, which is what
+      // the general path below would find one record at a time.
+      state.reads.clear();
+      state.writes.clear();
+      assign(state.writes.emplace_back(), g, stamp);
+      state.max_write_span = std::max(state.max_write_span, g.b1 - g.b0);
+      state.latest_write_done = done_ns;
+      state.latest_read_done = kNever;
+      state.extent = Extent{g.p0, g.p1, g.b0, g.b1};
     } else {
-      insert(lists.reads, lists.max_read_span, entry);
+      state.extent.p0 = std::min(state.extent.p0, g.p0);
+      state.extent.p1 = std::max(state.extent.p1, g.p1);
+      state.extent.b0 = std::min(state.extent.b0, g.b0);
+      state.extent.b1 = std::max(state.extent.b1, g.b1);
+      if (g.write) {
+        // A write supersedes every earlier access it fully covers.
+        erase_covered(state.reads, g);
+        replace_covered(state.writes, state.max_write_span, g, stamp);
+        state.latest_write_done = std::max(state.latest_write_done, done_ns);
+      } else {
+        insert(state.reads, state.max_read_span, g, stamp);
+        state.latest_read_done = std::max(state.latest_read_done, done_ns);
+      }
     }
-    if (done_ns >= last_done_[g.buffer]) {
-      last_done_[g.buffer] = done_ns;
-      last_instruction_[g.buffer] = instruction;
+    if (done_ns >= state.last_done) {
+      state.last_done = done_ns;
+      state.last_instruction = instruction;
     }
   }
 
@@ -130,10 +172,26 @@ class Tracker {
   uint64_t merged_records() const { return merged_records_; }
 
  private:
-  struct Lists {
+  struct Extent {
+    uint32_t p0 = UINT32_MAX, p1 = 0;
+    uint64_t b0 = UINT64_MAX, b1 = 0;
+  };
+  // What one buffer's accesses left behind. `extent` holds every record's region (a superset
+  // once records are erased one by one; empty when there are none).
+  struct BufferState {
     std::vector<AccessRecord> writes, reads;  // sorted by b0
     uint64_t max_write_span = 0, max_read_span = 0;
+    // At least the latest completion among each list's records (kNever when empty).
+    double latest_write_done = kNever, latest_read_done = kNever;
+    Extent extent;
+    double last_done = -1.0;
+    uint32_t last_instruction = kNone;
+    bool touched = false;
   };
+
+  static bool covers_extent(const Region& g, const Extent& e) {
+    return g.p0 <= e.p0 && e.p1 <= g.p1 && g.b0 <= e.b0 && e.b1 <= g.b1;
+  }
 
   // The first record with b0 >= v. Lists hold a few records (3.6 on average in the default paged
   // batch), where a linear walk beats a binary search's unpredictable branches.
@@ -153,61 +211,77 @@ class Tracker {
     return first_at_or_after(list, from);
   }
 
-  void scan(std::vector<AccessRecord>& list, const Region& g, uint8_t engine, double semaphore_ns,
-            double& bound, uint32_t& by) {
+  // Raises `bound` to the latest completion among the records that overlap g, in list order (the
+  // first of equal times wins). One pass: records before g that cannot reach it fail the overlap
+  // test, and the list is sorted by b0, so it stops at g's end.
+  static void scan(std::vector<AccessRecord>& list, uint64_t max_span, const Region& g,
+                   uint8_t engine, double semaphore_ns, double& bound, uint32_t& by) {
     if (list.empty()) return;
-    const uint64_t span = &list == &lists_[g.buffer].writes ? lists_[g.buffer].max_write_span
-                                                            : lists_[g.buffer].max_read_span;
-    for (auto it = first_candidate(list, g.b0, span); it != list.end() && it->b0 < g.b1; ++it) {
-      if (!overlaps(*it, g)) continue;
-      const double t = it->done_ns + (it->source == engine ? 0.0 : semaphore_ns);
+    const AccessRecord* r = list.data();
+    const AccessRecord* const end = r + list.size();
+    if (list.size() > 16) r = &*first_candidate(list, g.b0, max_span);
+    for (; r != end && r->b0 < g.b1; ++r) {
+      if (!overlaps(*r, g)) continue;
+      const double t = r->done_ns + (r->source == engine ? 0.0 : semaphore_ns);
       if (t > bound) {
         bound = t;
-        by = it->instruction;
+        by = r->instruction;
       }
     }
   }
 
   static void erase_covered(std::vector<AccessRecord>& list, const Region& g) {
-    auto first = first_at_or_after(list, g.b0);
-    auto last = first;
-    while (last != list.end() && last->b0 < g.b1) ++last;
-    list.erase(std::remove_if(first, last, [&](const AccessRecord& r) { return covers(g, r); }),
-               last);
+    if (list.empty()) return;
+    const auto first = first_at_or_after(list, g.b0);
+    auto kept = first, it = first;
+    for (; it != list.end() && it->b0 < g.b1; ++it)
+      if (!covers(g, *it)) *kept++ = *it;
+    if (kept != it) list.erase(kept, it);
   }
 
-  // erase_covered(list, g) then insert(list, max_span, e) for e over g, in one pass: the records g
-  // covers include any of e's region, and e lands where the first of them was (the first record
-  // at or after g.b0), ahead of the records of the range that stay.
+  // erase_covered(list, g) then insert(list, max_span, g, stamp), in one pass: the records g
+  // covers include any of g's own, and g's lands where the first of them was (the first record at
+  // or after g.b0), ahead of the records of the range that stay.
   void replace_covered(std::vector<AccessRecord>& list, uint64_t& max_span, const Region& g,
-                       const AccessRecord& e) {
+                       Stamp stamp) {
+    max_span = std::max(max_span, g.b1 - g.b0);
+    if (list.empty() || list.back().b0 < g.b0) {  // nothing at or after g.b0 to cover
+      assign(list.emplace_back(), g, stamp);
+      if (list.size() > kMaxAccessRecords) compact(list, max_span);
+      return;
+    }
     const auto first = first_at_or_after(list, g.b0);
     auto last = first;
     while (last != list.end() && last->b0 < g.b1) ++last;
     const auto kept_end =
         std::remove_if(first, last, [&](const AccessRecord& r) { return covers(g, r); });
     if (kept_end == last) {
-      list.insert(first, e);
+      assign(*list.emplace(first), g, stamp);
     } else {
       std::move_backward(first, kept_end, kept_end + 1);
-      *first = e;
+      assign(*first, g, stamp);
       list.erase(kept_end + 1, last);
     }
-    max_span = std::max(max_span, e.b1 - e.b0);
     if (list.size() > kMaxAccessRecords) compact(list, max_span);
   }
 
-  void insert(std::vector<AccessRecord>& list, uint64_t& max_span, const AccessRecord& e) {
-    auto it = first_at_or_after(list, e.b0);
+  void insert(std::vector<AccessRecord>& list, uint64_t& max_span, const Region& g, Stamp stamp) {
+    if (list.empty() || list.back().b0 < g.b0) {  // past every record: nothing to merge with
+      assign(list.emplace_back(), g, stamp);
+      max_span = std::max(max_span, g.b1 - g.b0);
+      if (list.size() > kMaxAccessRecords) compact(list, max_span);
+      return;
+    }
+    auto it = first_at_or_after(list, g.b0);
     // Same region accessed again: keep one record with the later completion.
-    for (auto same = it; same != list.end() && same->b0 == e.b0; ++same) {
-      if (same->b1 == e.b1 && same->p0 == e.p0 && same->p1 == e.p1) {
-        if (e.done_ns >= same->done_ns) *same = e;
+    for (auto same = it; same != list.end() && same->b0 == g.b0; ++same) {
+      if (same->b1 == g.b1 && same->p0 == g.p0 && same->p1 == g.p1) {
+        if (stamp.done_ns >= same->done_ns) assign(*same, g, stamp);
         return;
       }
     }
-    list.insert(it, e);
-    max_span = std::max(max_span, e.b1 - e.b0);
+    assign(*list.emplace(it), g, stamp);
+    max_span = std::max(max_span, g.b1 - g.b0);
     if (list.size() > kMaxAccessRecords) compact(list, max_span);
   }
 
@@ -236,14 +310,15 @@ class Tracker {
                               uint32_t& by, int depth) {
     if (depth > 4) return;
     for (uint32_t pred : program_.buffers[buffer].predecessors) {
-      if (!touched_[pred]) {
+      const BufferState& state = state_[pred];
+      if (!state.touched) {
         constrain_predecessors(pred, engine, semaphore_ns, bound, by, depth + 1);
         continue;
       }
-      const double t = last_done_[pred] + semaphore_ns;
+      const double t = state.last_done + semaphore_ns;
       if (t > bound) {
         bound = t;
-        by = last_instruction_[pred];
+        by = state.last_instruction;
       }
     }
   }
@@ -251,10 +326,7 @@ class Tracker {
   const Program& program_;
   uint64_t merges_ = 0;
   uint64_t merged_records_ = 0;
-  std::vector<Lists> lists_;
-  std::vector<double> last_done_;
-  std::vector<uint32_t> last_instruction_;
-  std::vector<uint8_t> touched_;
+  std::vector<BufferState> state_;
 };
 
 // Shared ports on NC-v2: VectorE/GpSimd share the SBUF port, VectorE/ScalarE the PSUM port.
@@ -315,9 +387,8 @@ TimingResult simulate_timing(const Program& program, const Machine& m,
         (m.vector_scalar_share_psum_port &&
          (instr.engine == Engine::vector || instr.engine == Engine::scalar));
     if (instr.dma == kNone && may_share_port) {
-      for (const TileRef& ref : instr.operands) {
-        if (!ref.valid()) continue;
-        const Memory mem = facts[ref.tile].memory;
+      for (int r = 0; r < region_count; ++r) {  // without a DMA, one region per tile operand
+        const Memory mem = facts[regions[r].buffer].memory;
         uses_sbuf |= mem == Memory::sbuf;
         uses_psum |= mem == Memory::psum;
       }
