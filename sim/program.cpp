@@ -503,8 +503,31 @@ void ProgramBuilder::require_engine(Opcode opcode, Engine engine) const {
       << engine_set_name(opcode_info(opcode).engines);
 }
 
+Instruction& ProgramBuilder::append(Opcode opcode, Engine engine) {
+  TILELAB_REQUIRE(program_.instructions.size() < limits_.max_instructions)
+      << "program '" << program_.name << "': more than " << limits_.max_instructions
+      << " instructions (max_instructions); use a smaller problem or raise the limit";
+  // A copy of a blank instruction: value-initializing one in place compiles to `rep stos`, whose
+  // start-up costs more than the copy.
+  static const Instruction kBlank{};
+  Instruction& instr = program_.instructions.emplace_back(kBlank);
+  instr.opcode = opcode;
+  instr.engine = engine;
+  instr.source = current_source_;
+  return instr;
+}
+
 // Every instruction agrees with its opcode's table entry; the stages rely on it.
-void ProgramBuilder::push(const Instruction& instr) {
+void ProgramBuilder::check_appended() {
+  // A failed check discards the instruction, so that the program stays as it was.
+  struct DiscardUnlessChecked {
+    std::vector<Instruction>& instructions;
+    bool checked = false;
+    ~DiscardUnlessChecked() {
+      if (!checked) instructions.pop_back();
+    }
+  } guard{program_.instructions};
+  const Instruction& instr = program_.instructions.back();
   const OpcodeInfo& info = opcode_info(instr.opcode);
   TILELAB_CHECK(can_issue(instr.opcode, instr.engine))
       << info.name << " issued on " << engine_name(instr.engine);
@@ -512,11 +535,7 @@ void ProgramBuilder::push(const Instruction& instr) {
   for (int s = 0; s < kSlotCount; ++s)
     TILELAB_CHECK(!instr.operands[s].valid() || info.operands[s] != OperandRole::none)
         << info.name << ": operand slot " << kSlotNames[s] << " is not used by this opcode";
-  TILELAB_REQUIRE(program_.instructions.size() < limits_.max_instructions)
-      << "program '" << program_.name << "': more than " << limits_.max_instructions
-      << " instructions (max_instructions); use a smaller problem or raise the limit";
-  program_.instructions.push_back(instr);
-  program_.instructions.back().source = current_source_;
+  guard.checked = true;
 }
 
 uint32_t ProgramBuilder::add_source(const SourceLocation& location) {
@@ -587,13 +606,12 @@ DmaRecord copy_record(uint32_t partition_start, int partitions, int64_t free_cou
 
 void ProgramBuilder::push_dma(Opcode opcode, const DmaRecord& record, const DmaOptions& options,
                               const TileRef& dst, const TileRef& src) {
-  Instruction instr;
-  instr.opcode = opcode;
-  instr.engine = options.trigger;
-  instr.dma = add_dma(record, options);
+  const uint32_t dma = add_dma(record, options);
+  Instruction& instr = append(opcode, options.trigger);
+  instr.dma = dma;
   instr.operands[kDst] = dst;
   instr.operands[kSrc0] = src;
-  push(instr);
+  check_appended();
 }
 
 // A load (HBM -> SBUF tile) or a store (SBUF tile -> HBM): one checked path for both directions.
@@ -718,15 +736,14 @@ void ProgramBuilder::gather_rows(const TileRef& dst, Tensor tensor, int64_t row_
   r.partitions = static_cast<uint32_t>(partitions);
   r.bytes_per_partition = static_cast<uint64_t>(dst.free_count) * dtype_size(t.dtype);
   r.run_bytes = static_cast<uint64_t>(contiguous_run_elements(dst)) * dtype_size(t.dtype);
-  Instruction instr;
-  instr.opcode = Opcode::dma_gather;
-  instr.engine = options.trigger;
-  instr.dma = add_dma(r, options);
+  const uint32_t dma = add_dma(r, options);
+  Instruction& instr = append(Opcode::dma_gather, options.trigger);
+  instr.dma = dma;
   instr.operands[kDst] = dst;
   instr.operands[kDst].partition_count = static_cast<uint16_t>(partitions);
   instr.operands[kAux0] = index;
   instr.operands[kAux0].partition_count = static_cast<uint16_t>(partitions);
-  push(instr);
+  check_appended();
 }
 
 namespace {
@@ -820,14 +837,12 @@ void ProgramBuilder::matmul(const TileRef& dst, const TileRef& stationary, const
                   last_byte / m.psum_bank_bytes_per_partition)
       << "matmul: dst '" << d.name << "' crosses a PSUM bank boundary; a matmul output must fit "
       << "one bank (" << m.psum_bank_bytes_per_partition << " B per partition)";
-  Instruction instr;
-  instr.opcode = Opcode::matmul;
-  instr.engine = Engine::tensor;
+  Instruction& instr = append(Opcode::matmul, Engine::tensor);
   instr.flags = accumulate ? kFlagAccumulate : 0;
   instr.operands[kDst] = dst;
   instr.operands[kSrc0] = stationary;
   instr.operands[kSrc1] = moving;
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::pe_transpose(const TileRef& dst, const TileRef& src) {
@@ -854,12 +869,10 @@ void ProgramBuilder::pe_transpose(const TileRef& dst, const TileRef& src) {
       << src.free_count << ", " << src.partition_count << "], got [" << dst.partition_count << ", "
       << dst.free_count << "]";
   check_compute_operand(dst, "pe_transpose", "dst", Engine::tensor);
-  Instruction instr;
-  instr.opcode = Opcode::pe_transpose;
-  instr.engine = Engine::tensor;
+  Instruction& instr = append(Opcode::pe_transpose, Engine::tensor);
   instr.operands[kDst] = dst;
   instr.operands[kSrc0] = src;
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::activation(const TileRef& dst, const TileRef& src, ActFunc func,
@@ -867,31 +880,31 @@ void ProgramBuilder::activation(const TileRef& dst, const TileRef& src, ActFunc 
   check_compute_operand(dst, "activation", "dst", Engine::scalar);
   check_compute_operand(src, "activation", "data", Engine::scalar);
   check_elements(dst, src, "activation");
-  Instruction instr;
-  instr.opcode = Opcode::activation;
-  instr.engine = Engine::scalar;
-  instr.op0 = static_cast<uint8_t>(func);
-  instr.imm0 = options.scale;
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
   if (options.bias.valid()) {
     const Buffer& b = buffer_of(options.bias, "activation", "bias");
     TILELAB_REQUIRE(is_float(b.dtype) && b.dtype != DType::fp8_e4m3)
         << "activation: bias dtype " << dtype_name(b.dtype) << " not allowed; fp32/fp16/bf16";
     check_scalar(Scalar::per_partition(options.bias), src, "activation", "bias");
-    instr.operands[kSrc1] = options.bias;
   }
-  if (options.scale_tile.valid()) {
+  if (options.scale_tile.valid())
     check_scalar(Scalar::per_partition(options.scale_tile), src, "activation", "scale");
+  if (options.reduce_result.valid())
+    check_scalar(Scalar::per_partition(options.reduce_result), src, "activation", "reduce_result");
+  Instruction& instr = append(Opcode::activation, Engine::scalar);
+  instr.op0 = static_cast<uint8_t>(func);
+  instr.imm0 = options.scale;
+  instr.operands[kDst] = dst;
+  instr.operands[kSrc0] = src;
+  if (options.bias.valid()) instr.operands[kSrc1] = options.bias;
+  if (options.scale_tile.valid()) {
     instr.operands[kAux0] = options.scale_tile;
     instr.flags |= kFlagScalar0Tile;
   }
   if (options.reduce_result.valid()) {
-    check_scalar(Scalar::per_partition(options.reduce_result), src, "activation", "reduce_result");
     instr.operands[kAux1] = options.reduce_result;
     instr.flags |= kFlagReduce;
   }
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::check_vector_pair(const TileRef& dst, const TileRef& a, const TileRef& b,
@@ -914,14 +927,12 @@ void ProgramBuilder::tensor_tensor(const TileRef& dst, const TileRef& a, const T
                                    AluOp op) {
   TILELAB_REQUIRE(op != AluOp::bypass) << "tensor_tensor: op must not be bypass";
   check_vector_pair(dst, a, b, "tensor_tensor", "in0", "in1");
-  Instruction instr;
-  instr.opcode = Opcode::tensor_tensor;
-  instr.engine = Engine::vector;
+  Instruction& instr = append(Opcode::tensor_tensor, Engine::vector);
   instr.op0 = static_cast<uint8_t>(op);
   instr.operands[kDst] = dst;
   instr.operands[kSrc0] = a;
   instr.operands[kSrc1] = b;
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::tensor_tensor_scan(const TileRef& dst, const TileRef& a, const TileRef& b,
@@ -931,9 +942,7 @@ void ProgramBuilder::tensor_tensor_scan(const TileRef& dst, const TileRef& a, co
       << "tensor_tensor_scan: op0 and op1 must be arithmetic operators, not bypass";
   check_vector_pair(dst, a, b, "tensor_tensor_scan", "data0", "data1");
   check_scalar(initial, a, "tensor_tensor_scan", "initial");
-  Instruction instr;
-  instr.opcode = Opcode::tensor_tensor_scan;
-  instr.engine = Engine::vector;
+  Instruction& instr = append(Opcode::tensor_tensor_scan, Engine::vector);
   instr.op0 = static_cast<uint8_t>(op0);
   instr.op1 = static_cast<uint8_t>(op1);
   instr.imm0 = initial.value;
@@ -946,7 +955,7 @@ void ProgramBuilder::tensor_tensor_scan(const TileRef& dst, const TileRef& a, co
     instr.operands[kAux0] = initial.tile;
     instr.flags |= kFlagScalar0Tile;
   }
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::tensor_scalar(const TileRef& dst, const TileRef& src, AluOp op0, Scalar s0,
@@ -958,9 +967,7 @@ void ProgramBuilder::tensor_scalar(const TileRef& dst, const TileRef& src, AluOp
   check_elements(dst, src, "tensor_scalar");
   check_scalar(s0, src, "tensor_scalar", "operand0");
   check_scalar(s1, src, "tensor_scalar", "operand1");
-  Instruction instr;
-  instr.opcode = Opcode::tensor_scalar;
-  instr.engine = engine;
+  Instruction& instr = append(Opcode::tensor_scalar, engine);
   instr.op0 = static_cast<uint8_t>(op0);
   instr.op1 = static_cast<uint8_t>(op1);
   instr.imm0 = s0.value;
@@ -975,7 +982,7 @@ void ProgramBuilder::tensor_scalar(const TileRef& dst, const TileRef& src, AluOp
     instr.operands[kAux0] = s1.tile;
     instr.flags |= kFlagScalar1Tile;
   }
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::check_vector_rows(const TileRef& dst, const TileRef& src,
@@ -992,14 +999,12 @@ void ProgramBuilder::tensor_reduce(const TileRef& dst, const TileRef& src, AluOp
   TILELAB_REQUIRE(dst.free_count == 1)
       << "tensor_reduce: dst must be [P, 1] (reduction over the free axis), got " << dst.free_count
       << " free elements";
-  Instruction instr;
-  instr.opcode = Opcode::tensor_reduce;
-  instr.engine = Engine::vector;
+  Instruction& instr = append(Opcode::tensor_reduce, Engine::vector);
   instr.op0 = static_cast<uint8_t>(op);
   instr.flags = negate ? kFlagNegate : 0;
   instr.operands[kDst] = dst;
   instr.operands[kSrc0] = src;
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::bn_stats(const TileRef& dst, const TileRef& src) {
@@ -1011,12 +1016,10 @@ void ProgramBuilder::bn_stats(const TileRef& dst, const TileRef& src) {
   TILELAB_REQUIRE(src.free_count <= limit)
       << "bn_stats: data has " << src.free_count << " elements per partition; at most " << limit
       << " (bn_stats_max_free_elements); split the row and combine the groups with bn_aggr";
-  Instruction instr;
-  instr.opcode = Opcode::bn_stats;
-  instr.engine = Engine::vector;
+  Instruction& instr = append(Opcode::bn_stats, Engine::vector);
   instr.operands[kDst] = dst;
   instr.operands[kSrc0] = src;
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::bn_aggr(const TileRef& dst, const TileRef& src) {
@@ -1026,12 +1029,10 @@ void ProgramBuilder::bn_aggr(const TileRef& dst, const TileRef& src) {
       << "elements per partition; got " << src.free_count;
   TILELAB_REQUIRE(dst.free_count == 2)
       << "bn_aggr: dst must be [P, 2] (mean, variance), got " << dst.free_count << " free elements";
-  Instruction instr;
-  instr.opcode = Opcode::bn_aggr;
-  instr.engine = Engine::vector;
+  Instruction& instr = append(Opcode::bn_aggr, Engine::vector);
   instr.operands[kDst] = dst;
   instr.operands[kSrc0] = src;
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::tensor_copy(const TileRef& dst, const TileRef& src, Engine engine) {
@@ -1039,12 +1040,10 @@ void ProgramBuilder::tensor_copy(const TileRef& dst, const TileRef& src, Engine 
   check_compute_operand(dst, "tensor_copy", "dst", engine);
   check_compute_operand(src, "tensor_copy", "src", engine);
   check_elements(dst, src, "tensor_copy");
-  Instruction instr;
-  instr.opcode = Opcode::tensor_copy;
-  instr.engine = engine;
+  Instruction& instr = append(Opcode::tensor_copy, engine);
   instr.operands[kDst] = dst;
   instr.operands[kSrc0] = src;
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::select(const TileRef& dst, const TileRef& condition, const TileRef& x,
@@ -1057,43 +1056,39 @@ void ProgramBuilder::select(const TileRef& dst, const TileRef& condition, const 
   TILELAB_REQUIRE(condition.free_count == x.free_count)
       << "select: condition has " << condition.free_count << " free elements, x has "
       << x.free_count;
-  Instruction instr;
-  instr.opcode = Opcode::select;
-  instr.engine = Engine::vector;
+  if (y.tile.valid()) {
+    check_compute_operand(y.tile, "select", "y", Engine::vector);
+    check_elements(dst, y.tile, "select");
+  }
+  Instruction& instr = append(Opcode::select, Engine::vector);
   instr.imm0 = y.value;
   instr.operands[kDst] = dst;
   instr.operands[kSrc0] = condition;
   instr.operands[kSrc1] = x;
   if (y.tile.valid()) {
-    check_compute_operand(y.tile, "select", "y", Engine::vector);
-    check_elements(dst, y.tile, "select");
     instr.operands[kAux0] = y.tile;
     instr.flags |= kFlagSelectYTile;
   }
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::memset(const TileRef& dst, float value, Engine engine) {
   require_engine(Opcode::memset, engine);
   check_compute_operand(dst, "memset", "dst", engine);
-  Instruction instr;
-  instr.opcode = Opcode::memset;
-  instr.engine = engine;
+  Instruction& instr = append(Opcode::memset, engine);
   instr.imm0 = value;
   instr.operands[kDst] = dst;
-  push(instr);
+  check_appended();
 }
 
 void ProgramBuilder::iota(const TileRef& dst, int base, int partition_step, int free_step) {
   check_compute_operand(dst, "iota", "dst", Engine::gpsimd);
-  Instruction instr;
-  instr.opcode = Opcode::iota;
-  instr.engine = Engine::gpsimd;
+  Instruction& instr = append(Opcode::iota, Engine::gpsimd);
   instr.imm0 = static_cast<float>(base);
   instr.imm1 = static_cast<float>(free_step);
   instr.extra = partition_step;
   instr.operands[kDst] = dst;
-  push(instr);
+  check_appended();
 }
 
 Program ProgramBuilder::finish() {
