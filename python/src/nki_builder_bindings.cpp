@@ -39,7 +39,8 @@ Enum enum_from_name(std::string_view name, int count, NameOf name_of, const char
   for (int i = 0; i < count; ++i) {
     const auto value = static_cast<Enum>(i);
     if (name_of(value) == name) return value;
-    allowed += (i ? ", " : "") + std::string(name_of(value));
+    if (i) allowed += ", ";
+    allowed += name_of(value);
   }
   throw Error(std::string(argument) + ": unknown '" + std::string(name) + "'; allowed: " + allowed);
 }
