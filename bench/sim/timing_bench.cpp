@@ -158,14 +158,18 @@ int main(int argc, char** argv) {
                          [&trn1, c] { return build_matmul_tutorial(trn1, c); }});
   }
   workloads.push_back({"vector_heavy (softmax rows)", [&] { return vector_heavy(trn1, 200000); }});
-  double slowest = 1e300;
+  double slowest = 1e300, default_batch = 0;
   for (const Workload& w : workloads) {
     if (w.name.rfind(only, 0) != 0) continue;
     const Throughput t = measure(w.build, repeats);
     print_row(w.name.c_str(), t);
-    slowest = std::min(slowest, double(t.instructions) / t.end_to_end_s);
+    const double rate = double(t.instructions) / t.end_to_end_s;
+    slowest = std::min(slowest, rate);
+    if (&w == &workloads.front()) default_batch = rate;
   }
-  std::printf("slowest end to end: %.2f M instructions/s (target >= 10 on the default batch)\n",
-              slowest / 1e6);
+  if (default_batch > 0)
+    std::printf("default paged batch end to end: %.2f M instructions/s (target >= 10)\n",
+                default_batch / 1e6);
+  std::printf("slowest end to end: %.2f M instructions/s\n", slowest / 1e6);
   return 0;
 }
