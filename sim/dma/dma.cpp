@@ -52,19 +52,38 @@ double dma_piece_ns(const Machine& m, const DmaRecord& dma, uint64_t bytes) {
 }
 
 int split_dma(const Machine& m, const DmaRecord& dma, DmaPiece* out) {
+  return split_dma(m, dma, dma_piece_cost(m, dma), out);
+}
+
+int split_dma(const Machine& m, const DmaRecord& dma, const DmaPieceCost& cost, DmaPiece* out) {
   const uint32_t per_engine = static_cast<uint32_t>(m.dma_partitions_per_engine);
   const uint32_t first = dma.partition_start;
   const uint32_t last = dma.partition_start + dma.partitions;  // exclusive
-  const DmaPieceCost cost = dma_piece_cost(m, dma);
   const DmaEngineSpan span = dma_engine_span(m, dma.partition_start, dma.partitions);
   int count = 0;
+  // Pieces mostly have one size (whole engines' partitions): each size is costed once.
+  uint64_t costed_bytes = UINT64_MAX;
+  double costed_ns = 0;
   for (uint32_t e = uint32_t(span.first); e < uint32_t(span.end); ++e) {
     const uint32_t lo = std::max(first, e * per_engine);
     const uint32_t hi = std::min(last, (e + 1) * per_engine);
     const uint64_t bytes = uint64_t(hi - lo) * dma.bytes_per_partition;
-    out[count++] = DmaPiece{static_cast<int>(e), bytes, cost.ns(bytes)};
+    if (bytes != costed_bytes) {
+      costed_bytes = bytes;
+      costed_ns = cost.ns(bytes);
+    }
+    out[count++] = DmaPiece{static_cast<int>(e), bytes, costed_ns};
   }
   return count;
+}
+
+const DmaPieceCost& DmaScheduler::cost_of(const DmaRecord& dma) {
+  const CostKey key{dma.bytes_per_partition, dma.run_bytes, dma.transpose, dma.hbm.tensor != kNone};
+  if (!(key == cost_key_)) {
+    cost_key_ = key;
+    cost_ = dma_piece_cost(machine_, dma);
+  }
+  return cost_;
 }
 
 DmaScheduler::DmaScheduler(const Machine& machine)

@@ -60,6 +60,9 @@ struct DmaPiece {
 // Splits `dma` into per-engine pieces (one per engine of dma_engine_span), each costed by
 // dma_piece_cost. Writes at most machine.dma_engines pieces into `out`.
 int split_dma(const Machine& machine, const DmaRecord& dma, DmaPiece* out);
+// The same with the transfer's cost already computed (dma_piece_cost(machine, dma)).
+int split_dma(const Machine& machine, const DmaRecord& dma, const DmaPieceCost& cost,
+              DmaPiece* out);
 
 // Result of scheduling one transfer.
 struct DmaSchedule {
@@ -95,13 +98,29 @@ class DmaScheduler {
   std::vector<uint64_t> pieces_;
   double hbm_cursor_ = 0;
   std::vector<DmaPiece> scratch_;
+
+  // dma_piece_cost of the last transfer, by what it depends on: consecutive transfers of a
+  // program mostly share it, and it takes a logarithm.
+  struct CostKey {
+    uint64_t bytes_per_partition = UINT64_MAX;
+    uint64_t run_bytes = 0;
+    bool transpose = false;
+    bool touches_hbm = false;
+    bool operator==(const CostKey&) const = default;
+  };
+  const DmaPieceCost& cost_of(const DmaRecord& dma);
+  CostKey cost_key_;
+  DmaPieceCost cost_;
 };
 
 template <typename OnPiece>
 DmaSchedule DmaScheduler::schedule(uint32_t instruction, const DmaRecord& dma, double ready_ns,
                                    OnPiece&& on_piece) {
-  const int count = split_dma(machine_, dma, scratch_.data());
+  const int count = split_dma(machine_, dma, cost_of(dma), scratch_.data());
   const bool touches_hbm = dma.hbm.tensor != kNone;
+  // HBM time of one piece, computed once per piece size as split_dma does.
+  uint64_t hbm_timed_bytes = UINT64_MAX;
+  double hbm_ns = 0;
   DmaSchedule result;
   result.first_start_ns = 1e300;
   for (int i = 0; i < count; ++i) {
@@ -112,8 +131,11 @@ DmaSchedule DmaScheduler::schedule(uint32_t instruction, const DmaRecord& dma, d
     bool hbm_bound = false;
     if (touches_hbm) {
       // Fluid HBM model: HBM serves bytes at its peak rate in arrival order.
-      hbm_cursor_ = (hbm_cursor_ > start ? hbm_cursor_ : start) +
-                    static_cast<double>(piece.bytes) / machine_.hbm_bytes_per_ns;
+      if (piece.bytes != hbm_timed_bytes) {
+        hbm_timed_bytes = piece.bytes;
+        hbm_ns = static_cast<double>(piece.bytes) / machine_.hbm_bytes_per_ns;
+      }
+      hbm_cursor_ = (hbm_cursor_ > start ? hbm_cursor_ : start) + hbm_ns;
       if (hbm_cursor_ > end) {
         end = hbm_cursor_;
         hbm_bound = true;
