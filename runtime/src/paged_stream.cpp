@@ -86,9 +86,10 @@ class RowPrefetcher {
   [[gnu::always_inline]] void ahead_of(std::int64_t j) {
     if (distance_ == 0 || j + distance_ >= available_) return;
     rows_near_.prefetch(rows_.rows[j + distance_], bytes_);
-    // The companion rows (the V rows of the keys scored) are used after the scores: into L2.
+    // The companion rows (the V rows of the keys scored) are used after the scores: into L2, at
+    // the far distance only (a second request at the near one measured no faster on Emerald
+    // Rapids, and costs instructions where scoring is compute-bound).
     if (rows_.companion == nullptr) return;
-    companion_near_.prefetch(rows_.companion[j + distance_], bytes_);
     const std::int64_t far = j + kStreamedL2Ahead * distance_;
     if (far >= available_) return;
     rows_far_.prefetch(rows_.rows[far], bytes_);
@@ -99,7 +100,7 @@ class RowPrefetcher {
   StreamedRows rows_;
   std::int64_t distance_, available_, bytes_;
   LineStream<_MM_HINT_T0> rows_near_;
-  LineStream<_MM_HINT_T1> companion_near_, rows_far_, companion_far_;
+  LineStream<_MM_HINT_T1> rows_far_, companion_far_;
 };
 
 // The lanes of a vector of 8 · sizeof(Mask) elements starting `remaining` elements before the
@@ -258,25 +259,42 @@ struct KeyColumn {
   _mm_storeu_ps(scores + 3 * score_stride, _mm512_extractf32x4_ps(sums, 3));
 }
 
-// Four q rows against one key, whose row is read front to back (sequential reads are what the
-// hardware prefetcher follows).
+// Four q rows' dot products with four keys, accumulated over the head dim (16 partial sums
+// each): sums[t] is key t's column.
+using KeyTile = KeyColumn[kTile];
+
+// Four q rows against four keys, the keys' rows read front to back together (sequential reads are
+// what the hardware prefetcher follows). The 16 independent sums keep both FMA ports busy, and
+// each widened key vector and each q vector is used four times. The q rows are in the order the
+// widening keeps (bf16: even and odd elements of each 32-element group).
 template <DType dtype>
-__m512 score_key(const float* q, std::int64_t q_stride, const void* key, std::int64_t head_dim) {
+[[gnu::always_inline]] inline void score_four_keys(const float* q, std::int64_t q_stride,
+                                                   const char* const (&keys)[kTile],
+                                                   std::int64_t head_dim, KeyTile& sums) {
   const __m512 zero = _mm512_setzero_ps();
-  KeyColumn c{zero, zero, zero, zero};
-  const auto* k_row = static_cast<const char*>(key);
-  // k holds elements d to d + 16 of the key; the q rows are zero past head_dim.
-  const auto multiply_add = [&](std::int64_t d, __m512 k) {
-    c.r0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), k, c.r0);
-    c.r1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + q_stride + d), k, c.r1);
-    c.r2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * q_stride + d), k, c.r2);
-    c.r3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * q_stride + d), k, c.r3);
+#pragma GCC unroll 4
+  for (int t = 0; t < kTile; ++t) sums[t] = KeyColumn{zero, zero, zero, zero};
+  // k[t] holds q-ordered elements d to d + 16 of key t; the q rows are zero past head_dim.
+  const auto multiply_add = [&](std::int64_t d, const __m512(&k)[kTile]) {
+    const __m512 q0 = _mm512_loadu_ps(q + d), q1 = _mm512_loadu_ps(q + q_stride + d);
+    const __m512 q2 = _mm512_loadu_ps(q + 2 * q_stride + d);
+    const __m512 q3 = _mm512_loadu_ps(q + 3 * q_stride + d);
+#pragma GCC unroll 4
+    for (int t = 0; t < kTile; ++t) {
+      sums[t].r0 = _mm512_fmadd_ps(q0, k[t], sums[t].r0);
+      sums[t].r1 = _mm512_fmadd_ps(q1, k[t], sums[t].r1);
+      sums[t].r2 = _mm512_fmadd_ps(q2, k[t], sums[t].r2);
+      sums[t].r3 = _mm512_fmadd_ps(q3, k[t], sums[t].r3);
+    }
   };
-  if constexpr (element_bytes<dtype>() == 1) {
-    // fp8 widens 32 elements at a time, in order.
+  if constexpr (kWidensIn32s<dtype>) {
     const auto step = [&](std::int64_t d, auto masked, __mmask32 mask) {
-      __m512 first, second;
-      widen32<dtype, masked.value>(k_row + d, mask, first, second);
+      __m512 first[kTile], second[kTile];
+#pragma GCC unroll 4
+      for (int t = 0; t < kTile; ++t) {
+        widen32<dtype, masked.value>(keys[t] + d * element_bytes<dtype>(), mask, first[t],
+                                     second[t]);
+      }
       multiply_add(d, first);
       multiply_add(d + kVector, second);
     };
@@ -285,36 +303,70 @@ __m512 score_key(const float* q, std::int64_t q_stride, const void* key, std::in
     if (d < head_dim) step(d, std::true_type{}, lanes<__mmask32>(head_dim - d));
   } else {
     const auto step = [&](std::int64_t d, auto masked, __mmask16 mask) {
-      multiply_add(d, widen16<dtype, masked.value>(k_row + d * element_bytes<dtype>(), mask));
+      __m512 k[kTile];
+#pragma GCC unroll 4
+      for (int t = 0; t < kTile; ++t) {
+        k[t] = widen16<dtype, masked.value>(keys[t] + d * element_bytes<dtype>(), mask);
+      }
+      multiply_add(d, k);
     };
     std::int64_t d = 0;
     for (; d + kVector <= head_dim; d += kVector) step(d, std::false_type{}, 0);
     if (d < head_dim) step(d, std::true_type{}, lanes(head_dim - d));
   }
-  return fold_rows(c);
 }
 
-// The scores of four rows against every key, four keys at a time: score_key(key) gives one key's
-// fold_rows. The first row tile (`prefetch`) also prefetches ahead.
-template <DType dtype, typename ScoreKey>
+// The scores of four rows against every key, four keys at a time. `per_key`: score(key) gives one
+// key's fold_rows; otherwise score(keys, folded) gives the four keys' at once. The first row tile
+// (`prefetch`) also prefetches ahead, key by key just before each key's work (per key) or before
+// the tile's (measured fastest for each on Intel Emerald Rapids, with the cache in L2).
+template <DType dtype, bool per_key, typename Score>
 [[gnu::always_inline]] inline void score_tiles_of_keys(StreamedRows keys, std::int64_t head_dim,
                                                        float scale, float* scores,
                                                        std::int64_t score_stride,
                                                        std::int64_t prefetch_distance,
-                                                       ScoreKey&& score_key) {
+                                                       Score&& score) {
   RowPrefetcher<dtype> prefetcher(keys, prefetch_distance, head_dim);
   for (std::int64_t j = 0; j < keys.count; j += kTile) {
+    // Past the last key the tile repeats it; those columns are padding.
+    const auto key = [&](int t) {
+      return static_cast<const char*>(keys.rows[j + t < keys.count ? j + t : keys.count - 1]);
+    };
     __m512 folded[kTile];
-    // Unrolled, so that folded stays in registers and the four keys' chains interleave (decode
-    // with fp8 and bf16 caches 1.06x faster, measured on Zen 4 with the cache in L3).
+    if constexpr (per_key) {
+      // Unrolled, so that folded stays in registers and the four keys' chains interleave (decode
+      // with fp8 and bf16 caches 1.06x faster, measured on Zen 4 with the cache in L3).
 #pragma GCC unroll 4
-    for (int t = 0; t < kTile; ++t) {
-      // Past the last key the tile repeats it; those columns are padding.
-      const void* key = keys.rows[j + t < keys.count ? j + t : keys.count - 1];
-      prefetcher.ahead_of(j + t);
-      folded[t] = score_key(key);
+      for (int t = 0; t < kTile; ++t) {
+        prefetcher.ahead_of(j + t);
+        folded[t] = score(key(t));
+      }
+    } else {
+      const char* tile_keys[kTile];
+#pragma GCC unroll 4
+      for (int t = 0; t < kTile; ++t) {
+        tile_keys[t] = key(t);
+        prefetcher.ahead_of(j + t);
+      }
+      score(tile_keys, folded);
     }
     store_tile_sums(folded[0], folded[1], folded[2], folded[3], scale, scores + j, score_stride);
+  }
+}
+
+// q rows in the order widen32 keeps for bf16: each 32-element group's even elements, then its
+// odd ones.
+void to_even_odd_order(const float* q, std::int64_t rows, std::int64_t q_stride, std::int64_t width,
+                       float* out) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t d = 0; d < width; d += 2 * kVector) {
+      const __m512 a = _mm512_loadu_ps(q + r * q_stride + d);
+      const __m512 b = _mm512_loadu_ps(q + r * q_stride + d + kVector);
+      _mm512_storeu_ps(out + r * width + d, _mm512_permutex2var_ps(a, even, b));
+      _mm512_storeu_ps(out + r * width + d + kVector, _mm512_permutex2var_ps(a, odd, b));
+    }
   }
 }
 
@@ -322,12 +374,26 @@ template <DType dtype>
 void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
                std::int64_t head_dim, float scale, float* scores, std::int64_t score_stride,
                std::int64_t prefetch_distance) {
+  // bf16 keys widen into even/odd order: the q rows are reordered to match, per row tile.
+  alignas(64) float reordered[kTile * kMaxStreamedHeadDim];
+  const std::int64_t reordered_stride = (head_dim + 2 * kVector - 1) / (2 * kVector) * 2 * kVector;
   for (std::int64_t r = 0; r < rows; r += kTile) {
     const float* q_tile = q + r * q_stride;
-    score_tiles_of_keys<dtype>(keys, head_dim, scale, scores + r * score_stride, score_stride,
-                               r == 0 ? prefetch_distance : 0, [&](const void* key) {
-                                 return score_key<dtype>(q_tile, q_stride, key, head_dim);
-                               });
+    std::int64_t tile_stride = q_stride;
+    if constexpr (kEvenOddRows<dtype>) {
+      to_even_odd_order(q_tile, kTile, q_stride, reordered_stride, reordered);
+      q_tile = reordered;
+      tile_stride = reordered_stride;
+    }
+    score_tiles_of_keys<dtype, false>(
+        keys, head_dim, scale, scores + r * score_stride, score_stride,
+        r == 0 ? prefetch_distance : 0,
+        [&](const char* const(&tile_keys)[kTile], __m512(&folded)[kTile]) {
+          KeyTile sums;
+          score_four_keys<dtype>(q_tile, tile_stride, tile_keys, head_dim, sums);
+#pragma GCC unroll 4
+          for (int t = 0; t < kTile; ++t) folded[t] = fold_rows(sums[t]);
+        });
   }
 }
 
@@ -505,17 +571,13 @@ template <DType dtype>
 void values_of(const float* p, std::int64_t p_stride, std::int64_t rows, StreamedRows values,
                std::int64_t head_dim, const float* correction, float* acc, std::int64_t acc_stride,
                std::int64_t prefetch_distance) {
-  // Panels of up to 64 elements and four rows widen each V element once per call; whole rows of
-  // up to 128 elements and two rows read each V row front to back, widening it once per two rows.
-  // The second is faster for 2-byte and 4-byte caches, the first for fp8, whose widening costs
-  // more (measured on Zen 4).
-  if (head_dim <= 4 * kVector || element_bytes<dtype>() == 1) {
-    value_tiles<dtype, 4, 4>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride,
-                             prefetch_distance);
-  } else {
-    value_tiles<dtype, 2, 8>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride,
-                             prefetch_distance);
-  }
+  // Panels of 64 elements and four rows widen each V element once per call and keep 16
+  // accumulators. (Whole rows of up to 128 elements two rows at a time, reading each V row front to
+  // back, measured faster for 2-byte and 4-byte caches on Zen 4; on Intel Emerald Rapids these
+  // panels made bf16 p·v 1.35x faster with the cache in L2, and the decode benchmark's bf16 batch
+  // 1.04x faster together with score_four_keys.)
+  value_tiles<dtype, 4, 4>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride,
+                           prefetch_distance);
 }
 
 }  // namespace
@@ -674,12 +736,12 @@ void score_tile_held_q(const std::uint16_t* q, std::int64_t q_stride, StreamedRo
 #pragma GCC unroll 4
     for (int g = 0; g < groups; ++g) q_pairs[r][g] = load_vector(q + r * q_stride + g * kPairs);
   }
-  score_tiles_of_keys<dtype>(keys, head_dim, scale, scores, score_stride, prefetch_distance,
-                             [&](const void* key) {
-                               return score_key_bf16_dot<dtype>(
-                                   key, head_dim, std::integral_constant<int, groups>{},
-                                   [&](int r, std::int64_t g) { return as_pairs(q_pairs[r][g]); });
-                             });
+  score_tiles_of_keys<dtype, true>(
+      keys, head_dim, scale, scores, score_stride, prefetch_distance, [&](const char* key) {
+        return score_key_bf16_dot<dtype>(
+            key, head_dim, std::integral_constant<int, groups>{},
+            [&](int r, std::int64_t g) { return as_pairs(q_pairs[r][g]); });
+      });
 }
 
 // scores_of on vdpbf16ps. The q rows hold bf16 values (a bf16 query), so their bf16 copy, made
@@ -720,8 +782,8 @@ void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride
         held(std::integral_constant<int, 4>{});
         break;
       default:
-        score_tiles_of_keys<dtype>(
-            keys, head_dim, scale, tile_scores, score_stride, distance, [&](const void* key) {
+        score_tiles_of_keys<dtype, true>(
+            keys, head_dim, scale, tile_scores, score_stride, distance, [&](const char* key) {
               return score_key_bf16_dot<dtype>(
                   key, head_dim, pair_stride / kPairs, [&](int row, std::int64_t g) {
                     return as_pairs(load_vector(q_bf16 + row * pair_stride + g * kPairs));

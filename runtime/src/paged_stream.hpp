@@ -72,8 +72,8 @@ struct StreamedRows {
 };
 
 // Both kernels read key j's row while prefetching the row of key j + prefetch_distance into L1
-// (0: none); stream_scores also prefetches the companion row of key j + prefetch_distance, and
-// both rows of key j + kStreamedL2Ahead · prefetch_distance, into L2. Rows at scattered addresses
+// (0: none); stream_scores also prefetches both rows (the key's and its companion) of key
+// j + kStreamedL2Ahead · prefetch_distance into L2. Rows at scattered addresses
 // (short cache blocks) need it most, as the hardware prefetcher restarts at every block; long runs
 // of rows measured faster with it too.
 constexpr std::int64_t kStreamedL2Ahead = 3;
