@@ -503,7 +503,7 @@ void ProgramBuilder::require_engine(Opcode opcode, Engine engine) const {
       << engine_set_name(opcode_info(opcode).engines);
 }
 
-Instruction& ProgramBuilder::append(Opcode opcode, Engine engine) {
+Instruction& ProgramBuilder::append_blank(Opcode opcode, Engine engine) {
   TILELAB_REQUIRE(program_.instructions.size() < limits_.max_instructions)
       << "program '" << program_.name << "': more than " << limits_.max_instructions
       << " instructions (max_instructions); use a smaller problem or raise the limit";
@@ -536,6 +536,12 @@ void ProgramBuilder::check_appended() {
     TILELAB_CHECK(!instr.operands[s].valid() || info.operands[s] != OperandRole::none)
         << info.name << ": operand slot " << kSlotNames[s] << " is not used by this opcode";
   guard.checked = true;
+}
+
+template <typename Fill>
+void ProgramBuilder::append(Opcode opcode, Engine engine, Fill&& fill) {
+  fill(append_blank(opcode, engine));
+  check_appended();
 }
 
 uint32_t ProgramBuilder::add_source(const SourceLocation& location) {
@@ -607,11 +613,11 @@ DmaRecord copy_record(uint32_t partition_start, int partitions, int64_t free_cou
 void ProgramBuilder::push_dma(Opcode opcode, const DmaRecord& record, const DmaOptions& options,
                               const TileRef& dst, const TileRef& src) {
   const uint32_t dma = add_dma(record, options);
-  Instruction& instr = append(opcode, options.trigger);
-  instr.dma = dma;
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  check_appended();
+  append(opcode, options.trigger, [&](Instruction& instr) {
+    instr.dma = dma;
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = src;
+  });
 }
 
 // A load (HBM -> SBUF tile) or a store (SBUF tile -> HBM): one checked path for both directions.
@@ -737,13 +743,13 @@ void ProgramBuilder::gather_rows(const TileRef& dst, Tensor tensor, int64_t row_
   r.bytes_per_partition = static_cast<uint64_t>(dst.free_count) * dtype_size(t.dtype);
   r.run_bytes = static_cast<uint64_t>(contiguous_run_elements(dst)) * dtype_size(t.dtype);
   const uint32_t dma = add_dma(r, options);
-  Instruction& instr = append(Opcode::dma_gather, options.trigger);
-  instr.dma = dma;
-  instr.operands[kDst] = dst;
-  instr.operands[kDst].partition_count = static_cast<uint16_t>(partitions);
-  instr.operands[kAux0] = index;
-  instr.operands[kAux0].partition_count = static_cast<uint16_t>(partitions);
-  check_appended();
+  append(Opcode::dma_gather, options.trigger, [&](Instruction& instr) {
+    instr.dma = dma;
+    instr.operands[kDst] = dst;
+    instr.operands[kDst].partition_count = static_cast<uint16_t>(partitions);
+    instr.operands[kAux0] = index;
+    instr.operands[kAux0].partition_count = static_cast<uint16_t>(partitions);
+  });
 }
 
 namespace {
@@ -837,12 +843,12 @@ void ProgramBuilder::matmul(const TileRef& dst, const TileRef& stationary, const
                   last_byte / m.psum_bank_bytes_per_partition)
       << "matmul: dst '" << d.name << "' crosses a PSUM bank boundary; a matmul output must fit "
       << "one bank (" << m.psum_bank_bytes_per_partition << " B per partition)";
-  Instruction& instr = append(Opcode::matmul, Engine::tensor);
-  instr.flags = accumulate ? kFlagAccumulate : 0;
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = stationary;
-  instr.operands[kSrc1] = moving;
-  check_appended();
+  append(Opcode::matmul, Engine::tensor, [&](Instruction& instr) {
+    instr.flags = accumulate ? kFlagAccumulate : 0;
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = stationary;
+    instr.operands[kSrc1] = moving;
+  });
 }
 
 void ProgramBuilder::pe_transpose(const TileRef& dst, const TileRef& src) {
@@ -869,10 +875,10 @@ void ProgramBuilder::pe_transpose(const TileRef& dst, const TileRef& src) {
       << src.free_count << ", " << src.partition_count << "], got [" << dst.partition_count << ", "
       << dst.free_count << "]";
   check_compute_operand(dst, "pe_transpose", "dst", Engine::tensor);
-  Instruction& instr = append(Opcode::pe_transpose, Engine::tensor);
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  check_appended();
+  append(Opcode::pe_transpose, Engine::tensor, [&](Instruction& instr) {
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = src;
+  });
 }
 
 void ProgramBuilder::activation(const TileRef& dst, const TileRef& src, ActFunc func,
@@ -890,21 +896,21 @@ void ProgramBuilder::activation(const TileRef& dst, const TileRef& src, ActFunc 
     check_scalar(Scalar::per_partition(options.scale_tile), src, "activation", "scale");
   if (options.reduce_result.valid())
     check_scalar(Scalar::per_partition(options.reduce_result), src, "activation", "reduce_result");
-  Instruction& instr = append(Opcode::activation, Engine::scalar);
-  instr.op0 = static_cast<uint8_t>(func);
-  instr.imm0 = options.scale;
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  if (options.bias.valid()) instr.operands[kSrc1] = options.bias;
-  if (options.scale_tile.valid()) {
-    instr.operands[kAux0] = options.scale_tile;
-    instr.flags |= kFlagScalar0Tile;
-  }
-  if (options.reduce_result.valid()) {
-    instr.operands[kAux1] = options.reduce_result;
-    instr.flags |= kFlagReduce;
-  }
-  check_appended();
+  append(Opcode::activation, Engine::scalar, [&](Instruction& instr) {
+    instr.op0 = static_cast<uint8_t>(func);
+    instr.imm0 = options.scale;
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = src;
+    if (options.bias.valid()) instr.operands[kSrc1] = options.bias;
+    if (options.scale_tile.valid()) {
+      instr.operands[kAux0] = options.scale_tile;
+      instr.flags |= kFlagScalar0Tile;
+    }
+    if (options.reduce_result.valid()) {
+      instr.operands[kAux1] = options.reduce_result;
+      instr.flags |= kFlagReduce;
+    }
+  });
 }
 
 void ProgramBuilder::check_vector_pair(const TileRef& dst, const TileRef& a, const TileRef& b,
@@ -927,12 +933,12 @@ void ProgramBuilder::tensor_tensor(const TileRef& dst, const TileRef& a, const T
                                    AluOp op) {
   TILELAB_REQUIRE(op != AluOp::bypass) << "tensor_tensor: op must not be bypass";
   check_vector_pair(dst, a, b, "tensor_tensor", "in0", "in1");
-  Instruction& instr = append(Opcode::tensor_tensor, Engine::vector);
-  instr.op0 = static_cast<uint8_t>(op);
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = a;
-  instr.operands[kSrc1] = b;
-  check_appended();
+  append(Opcode::tensor_tensor, Engine::vector, [&](Instruction& instr) {
+    instr.op0 = static_cast<uint8_t>(op);
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = a;
+    instr.operands[kSrc1] = b;
+  });
 }
 
 void ProgramBuilder::tensor_tensor_scan(const TileRef& dst, const TileRef& a, const TileRef& b,
@@ -942,20 +948,20 @@ void ProgramBuilder::tensor_tensor_scan(const TileRef& dst, const TileRef& a, co
       << "tensor_tensor_scan: op0 and op1 must be arithmetic operators, not bypass";
   check_vector_pair(dst, a, b, "tensor_tensor_scan", "data0", "data1");
   check_scalar(initial, a, "tensor_tensor_scan", "initial");
-  Instruction& instr = append(Opcode::tensor_tensor_scan, Engine::vector);
-  instr.op0 = static_cast<uint8_t>(op0);
-  instr.op1 = static_cast<uint8_t>(op1);
-  instr.imm0 = initial.value;
-  instr.flags =
-      static_cast<uint8_t>((reverse0 ? kFlagReverse0 : 0) | (reverse1 ? kFlagReverse1 : 0));
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = a;
-  instr.operands[kSrc1] = b;
-  if (initial.tile.valid()) {
-    instr.operands[kAux0] = initial.tile;
-    instr.flags |= kFlagScalar0Tile;
-  }
-  check_appended();
+  append(Opcode::tensor_tensor_scan, Engine::vector, [&](Instruction& instr) {
+    instr.op0 = static_cast<uint8_t>(op0);
+    instr.op1 = static_cast<uint8_t>(op1);
+    instr.imm0 = initial.value;
+    instr.flags =
+        static_cast<uint8_t>((reverse0 ? kFlagReverse0 : 0) | (reverse1 ? kFlagReverse1 : 0));
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = a;
+    instr.operands[kSrc1] = b;
+    if (initial.tile.valid()) {
+      instr.operands[kAux0] = initial.tile;
+      instr.flags |= kFlagScalar0Tile;
+    }
+  });
 }
 
 void ProgramBuilder::tensor_scalar(const TileRef& dst, const TileRef& src, AluOp op0, Scalar s0,
@@ -967,22 +973,22 @@ void ProgramBuilder::tensor_scalar(const TileRef& dst, const TileRef& src, AluOp
   check_elements(dst, src, "tensor_scalar");
   check_scalar(s0, src, "tensor_scalar", "operand0");
   check_scalar(s1, src, "tensor_scalar", "operand1");
-  Instruction& instr = append(Opcode::tensor_scalar, engine);
-  instr.op0 = static_cast<uint8_t>(op0);
-  instr.op1 = static_cast<uint8_t>(op1);
-  instr.imm0 = s0.value;
-  instr.imm1 = s1.value;
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  if (s0.tile.valid()) {
-    instr.operands[kSrc1] = s0.tile;
-    instr.flags |= kFlagScalar0Tile;
-  }
-  if (s1.tile.valid()) {
-    instr.operands[kAux0] = s1.tile;
-    instr.flags |= kFlagScalar1Tile;
-  }
-  check_appended();
+  append(Opcode::tensor_scalar, engine, [&](Instruction& instr) {
+    instr.op0 = static_cast<uint8_t>(op0);
+    instr.op1 = static_cast<uint8_t>(op1);
+    instr.imm0 = s0.value;
+    instr.imm1 = s1.value;
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = src;
+    if (s0.tile.valid()) {
+      instr.operands[kSrc1] = s0.tile;
+      instr.flags |= kFlagScalar0Tile;
+    }
+    if (s1.tile.valid()) {
+      instr.operands[kAux0] = s1.tile;
+      instr.flags |= kFlagScalar1Tile;
+    }
+  });
 }
 
 void ProgramBuilder::check_vector_rows(const TileRef& dst, const TileRef& src,
@@ -999,12 +1005,12 @@ void ProgramBuilder::tensor_reduce(const TileRef& dst, const TileRef& src, AluOp
   TILELAB_REQUIRE(dst.free_count == 1)
       << "tensor_reduce: dst must be [P, 1] (reduction over the free axis), got " << dst.free_count
       << " free elements";
-  Instruction& instr = append(Opcode::tensor_reduce, Engine::vector);
-  instr.op0 = static_cast<uint8_t>(op);
-  instr.flags = negate ? kFlagNegate : 0;
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  check_appended();
+  append(Opcode::tensor_reduce, Engine::vector, [&](Instruction& instr) {
+    instr.op0 = static_cast<uint8_t>(op);
+    instr.flags = negate ? kFlagNegate : 0;
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = src;
+  });
 }
 
 void ProgramBuilder::bn_stats(const TileRef& dst, const TileRef& src) {
@@ -1016,10 +1022,10 @@ void ProgramBuilder::bn_stats(const TileRef& dst, const TileRef& src) {
   TILELAB_REQUIRE(src.free_count <= limit)
       << "bn_stats: data has " << src.free_count << " elements per partition; at most " << limit
       << " (bn_stats_max_free_elements); split the row and combine the groups with bn_aggr";
-  Instruction& instr = append(Opcode::bn_stats, Engine::vector);
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  check_appended();
+  append(Opcode::bn_stats, Engine::vector, [&](Instruction& instr) {
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = src;
+  });
 }
 
 void ProgramBuilder::bn_aggr(const TileRef& dst, const TileRef& src) {
@@ -1029,10 +1035,10 @@ void ProgramBuilder::bn_aggr(const TileRef& dst, const TileRef& src) {
       << "elements per partition; got " << src.free_count;
   TILELAB_REQUIRE(dst.free_count == 2)
       << "bn_aggr: dst must be [P, 2] (mean, variance), got " << dst.free_count << " free elements";
-  Instruction& instr = append(Opcode::bn_aggr, Engine::vector);
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  check_appended();
+  append(Opcode::bn_aggr, Engine::vector, [&](Instruction& instr) {
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = src;
+  });
 }
 
 void ProgramBuilder::tensor_copy(const TileRef& dst, const TileRef& src, Engine engine) {
@@ -1040,10 +1046,10 @@ void ProgramBuilder::tensor_copy(const TileRef& dst, const TileRef& src, Engine 
   check_compute_operand(dst, "tensor_copy", "dst", engine);
   check_compute_operand(src, "tensor_copy", "src", engine);
   check_elements(dst, src, "tensor_copy");
-  Instruction& instr = append(Opcode::tensor_copy, engine);
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = src;
-  check_appended();
+  append(Opcode::tensor_copy, engine, [&](Instruction& instr) {
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = src;
+  });
 }
 
 void ProgramBuilder::select(const TileRef& dst, const TileRef& condition, const TileRef& x,
@@ -1060,35 +1066,35 @@ void ProgramBuilder::select(const TileRef& dst, const TileRef& condition, const 
     check_compute_operand(y.tile, "select", "y", Engine::vector);
     check_elements(dst, y.tile, "select");
   }
-  Instruction& instr = append(Opcode::select, Engine::vector);
-  instr.imm0 = y.value;
-  instr.operands[kDst] = dst;
-  instr.operands[kSrc0] = condition;
-  instr.operands[kSrc1] = x;
-  if (y.tile.valid()) {
-    instr.operands[kAux0] = y.tile;
-    instr.flags |= kFlagSelectYTile;
-  }
-  check_appended();
+  append(Opcode::select, Engine::vector, [&](Instruction& instr) {
+    instr.imm0 = y.value;
+    instr.operands[kDst] = dst;
+    instr.operands[kSrc0] = condition;
+    instr.operands[kSrc1] = x;
+    if (y.tile.valid()) {
+      instr.operands[kAux0] = y.tile;
+      instr.flags |= kFlagSelectYTile;
+    }
+  });
 }
 
 void ProgramBuilder::memset(const TileRef& dst, float value, Engine engine) {
   require_engine(Opcode::memset, engine);
   check_compute_operand(dst, "memset", "dst", engine);
-  Instruction& instr = append(Opcode::memset, engine);
-  instr.imm0 = value;
-  instr.operands[kDst] = dst;
-  check_appended();
+  append(Opcode::memset, engine, [&](Instruction& instr) {
+    instr.imm0 = value;
+    instr.operands[kDst] = dst;
+  });
 }
 
 void ProgramBuilder::iota(const TileRef& dst, int base, int partition_step, int free_step) {
   check_compute_operand(dst, "iota", "dst", Engine::gpsimd);
-  Instruction& instr = append(Opcode::iota, Engine::gpsimd);
-  instr.imm0 = static_cast<float>(base);
-  instr.imm1 = static_cast<float>(free_step);
-  instr.extra = partition_step;
-  instr.operands[kDst] = dst;
-  check_appended();
+  append(Opcode::iota, Engine::gpsimd, [&](Instruction& instr) {
+    instr.imm0 = static_cast<float>(base);
+    instr.imm1 = static_cast<float>(free_step);
+    instr.extra = partition_step;
+    instr.operands[kDst] = dst;
+  });
 }
 
 Program ProgramBuilder::finish() {

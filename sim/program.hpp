@@ -280,11 +280,14 @@ class ProgramBuilder {
   void dma_between_hbm_and_tile(const TileRef& tile, const HbmPattern& hbm, bool hbm_is_source,
                                 const DmaOptions& options);
   void require_engine(Opcode opcode, Engine engine) const;
-  // Appends an instruction of `opcode` on `engine`, tagged with the current source line, for the
-  // caller to fill in place after every check that may throw; check_appended() then checks it
-  // against the opcode table. (An Instruction assembled on the stack and copied whole stalls on
-  // store forwarding, which measured as a large part of building a program.)
-  Instruction& append(Opcode opcode, Engine engine);
+  // Appends an instruction of `opcode` on `engine`, tagged with the current source line, has
+  // fill(instruction) fill it in place, and checks it against the opcode table; a failed check
+  // discards it. Every check that may throw runs before: fill only assigns fields. (An Instruction
+  // assembled on the stack and copied whole stalls on store forwarding, which measured as a large
+  // part of building a program.)
+  template <typename Fill>
+  void append(Opcode opcode, Engine engine, Fill&& fill);
+  Instruction& append_blank(Opcode opcode, Engine engine);
   void check_appended();
   // Counts `elements` more buffer elements against the limit before a buffer is added.
   void reserve_buffer_elements(const std::string& name, uint64_t elements);
