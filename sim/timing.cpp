@@ -38,8 +38,10 @@ struct AccessRecord {
 bool overlaps(const AccessRecord& r, const Region& g) {
   return r.p0 < g.p1 && g.p0 < r.p1 && r.b0 < g.b1 && g.b0 < r.b1;
 }
-bool covers(const Region& g, const AccessRecord& r) {
-  return g.p0 <= r.p0 && r.p1 <= g.p1 && g.b0 <= r.b0 && r.b1 <= g.b1;
+// Whether g holds all of `box` (a record, or a buffer's extent: anything with p0, p1, b0, b1).
+template <typename Box>
+bool covers(const Region& g, const Box& box) {
+  return g.p0 <= box.p0 && box.p1 <= g.p1 && g.b0 <= box.b0 && box.b1 <= g.b1;
 }
 
 // Who accessed a region and when it completes.
@@ -137,7 +139,7 @@ class Tracker {
     BufferState& state = state_[g.buffer];
     state.touched = true;
     const Stamp stamp{done_ns, instruction, source};
-    if (g.write && covers_extent(g, state.extent)) {
+    if (g.write && covers(g, state.extent)) {
       // The common whole-tile (or whole-extent) write: it supersedes every record, which is what
       // the general path below would find one record at a time.
       state.reads.clear();
@@ -188,10 +190,6 @@ class Tracker {
     uint32_t last_instruction = kNone;
     bool touched = false;
   };
-
-  static bool covers_extent(const Region& g, const Extent& e) {
-    return g.p0 <= e.p0 && e.p1 <= g.p1 && g.b0 <= e.b0 && e.b1 <= g.b1;
-  }
 
   // The first record with b0 >= v. Lists hold a few records (3.6 on average in the default paged
   // batch), where a linear walk beats a binary search's unpredictable branches.
