@@ -36,6 +36,23 @@ constexpr bool holds_bf16_values(DType dtype) {
   return dtype == DType::bf16 || dtype == DType::f8e4m3fn || dtype == DType::f8e5m2;
 }
 
+// Calls f(std::integral_constant<int, n>{}) for a row tile of n = min(rows, kStreamedRowTile)
+// rows, so that the tile's rows index registers.
+template <typename F>
+void with_tile_rows(std::int64_t rows, F&& f) {
+  switch (std::min(rows, kStreamedRowTile)) {
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    default:
+      return f(std::integral_constant<int, 1>{});
+  }
+}
+static_assert(kStreamedRowTile == 4);
+
 }  // namespace
 
 StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities) {
@@ -55,7 +72,7 @@ StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp
 namespace {
 
 constexpr std::int64_t kVector = 16;     // fp32 lanes
-constexpr int kTile = kStreamedRowTile;  // rows and keys of one q·k tile
+constexpr int kTile = kStreamedRowTile;  // rows of a q·k or p·v tile, and keys of a q·k tile
 
 // bf16 rows accumulate in even/odd order within each 32-element group (streamed_acc_index).
 template <DType dtype>
@@ -397,187 +414,129 @@ void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, Streame
   }
 }
 
-// One row's accumulators over a panel of up to 8 vectors of the head dim (the first `n` used).
-template <int n>
+// One row's accumulators over a panel of kPanelVectors vectors (64 elements) of the head dim.
+constexpr int kPanelVectors = 4;
 struct Panel {
-  __m512 v0, v1, v2, v3, v4, v5, v6, v7;
+  __m512 v0, v1, v2, v3;
 };
 
 // A panel whose vector v is vector(v).
-template <int n, typename Vector>
-[[gnu::always_inline]] inline Panel<n> make_panel(Vector&& vector) {
-  Panel<n> panel{};
-  panel.v0 = vector(0);
-  if constexpr (n > 1) panel.v1 = vector(1);
-  if constexpr (n > 2) panel.v2 = vector(2), panel.v3 = vector(3);
-  if constexpr (n > 4) {
-    panel.v4 = vector(4), panel.v5 = vector(5), panel.v6 = vector(6), panel.v7 = vector(7);
-  }
-  return panel;
+template <typename Vector>
+[[gnu::always_inline]] inline Panel make_panel(Vector&& vector) {
+  return Panel{vector(0), vector(1), vector(2), vector(3)};
 }
 
-template <int n>
-[[gnu::always_inline]] inline Panel<n> load_panel(const float* acc, const __mmask16* mask,
-                                                  float correction) {
+[[gnu::always_inline]] inline Panel load_panel(const float* acc, const __mmask16* mask,
+                                               float correction) {
   const __m512 c = _mm512_set1_ps(correction);
-  const auto load = [&](int v) {
-    return _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[v], acc + v * kVector), c);
-  };
-  return make_panel<n>(load);
+  return make_panel(
+      [&](int v) { return _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[v], acc + v * kVector), c); });
 }
 
-template <int n>
 [[gnu::always_inline]] inline void store_panel(float* acc, const __mmask16* mask,
-                                               const Panel<n>& panel) {
+                                               const Panel& panel) {
   _mm512_mask_storeu_ps(acc, mask[0], panel.v0);
-  if constexpr (n > 1) _mm512_mask_storeu_ps(acc + kVector, mask[1], panel.v1);
-  if constexpr (n > 2) {
-    _mm512_mask_storeu_ps(acc + 2 * kVector, mask[2], panel.v2);
-    _mm512_mask_storeu_ps(acc + 3 * kVector, mask[3], panel.v3);
-  }
-  if constexpr (n > 4) {
-    _mm512_mask_storeu_ps(acc + 4 * kVector, mask[4], panel.v4);
-    _mm512_mask_storeu_ps(acc + 5 * kVector, mask[5], panel.v5);
-    _mm512_mask_storeu_ps(acc + 6 * kVector, mask[6], panel.v6);
-    _mm512_mask_storeu_ps(acc + 7 * kVector, mask[7], panel.v7);
-  }
+  _mm512_mask_storeu_ps(acc + kVector, mask[1], panel.v1);
+  _mm512_mask_storeu_ps(acc + 2 * kVector, mask[2], panel.v2);
+  _mm512_mask_storeu_ps(acc + 3 * kVector, mask[3], panel.v3);
 }
 
 // The panel's elements of a cache row (from element d on) widened to fp32.
-template <DType dtype, int n, bool masked>
-[[gnu::always_inline]] inline Panel<n> widen_panel(const void* row, std::int64_t d,
-                                                   const __mmask16* mask) {
+template <DType dtype, bool masked>
+[[gnu::always_inline]] inline Panel widen_panel(const void* row, std::int64_t d,
+                                                const __mmask16* mask) {
   const char* base = static_cast<const char*>(row) + d * element_bytes<dtype>();
   if constexpr (kWidensIn32s<dtype>) {
-    static_assert(n % 2 == 0);
-    Panel<n> panel{};
+    Panel panel;
     const auto pair = [&](int v, __m512& first, __m512& second) {
       const auto mask32 = static_cast<__mmask32>(mask[v] | (std::uint32_t{mask[v + 1]} << 16));
       widen32<dtype, masked>(base + v * kVector * element_bytes<dtype>(), mask32, first, second);
     };
     pair(0, panel.v0, panel.v1);
-    if constexpr (n > 2) pair(2, panel.v2, panel.v3);
-    if constexpr (n > 4) pair(4, panel.v4, panel.v5), pair(6, panel.v6, panel.v7);
+    pair(2, panel.v2, panel.v3);
     return panel;
   } else {
-    return make_panel<n>([&](int v) {
+    return make_panel([&](int v) {
       return widen16<dtype, masked>(base + v * kVector * element_bytes<dtype>(), mask[v]);
     });
   }
 }
 
-template <int n>
-[[gnu::always_inline]] inline void add_to_panel(Panel<n>& acc, float p, const Panel<n>& v) {
+[[gnu::always_inline]] inline void add_to_panel(Panel& acc, float p, const Panel& v) {
   const __m512 pv = _mm512_set1_ps(p);
   acc.v0 = _mm512_fmadd_ps(pv, v.v0, acc.v0);
-  if constexpr (n > 1) acc.v1 = _mm512_fmadd_ps(pv, v.v1, acc.v1);
-  if constexpr (n > 2) {
-    acc.v2 = _mm512_fmadd_ps(pv, v.v2, acc.v2);
-    acc.v3 = _mm512_fmadd_ps(pv, v.v3, acc.v3);
-  }
-  if constexpr (n > 4) {
-    acc.v4 = _mm512_fmadd_ps(pv, v.v4, acc.v4);
-    acc.v5 = _mm512_fmadd_ps(pv, v.v5, acc.v5);
-    acc.v6 = _mm512_fmadd_ps(pv, v.v6, acc.v6);
-    acc.v7 = _mm512_fmadd_ps(pv, v.v7, acc.v7);
-  }
+  acc.v1 = _mm512_fmadd_ps(pv, v.v1, acc.v1);
+  acc.v2 = _mm512_fmadd_ps(pv, v.v2, acc.v2);
+  acc.v3 = _mm512_fmadd_ps(pv, v.v3, acc.v3);
 }
 
-// `tile_rows` rows of the p·v update over panels of `n` vectors of the head dim. With the whole
-// row in one panel (head_dim <= 128), each V row is read front to back once per row tile.
-template <DType dtype, int tile_rows, int n>
+// `tile_rows` rows of the p·v update, one panel of the head dim at a time.
+template <DType dtype, int tile_rows>
 void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std::int64_t head_dim,
                 const float* correction, float* acc, std::int64_t acc_stride,
                 std::int64_t prefetch_distance) {
-  static_assert(tile_rows >= 1 && tile_rows <= 4 && tile_rows * n <= 16);
-  for (std::int64_t d = 0; d < head_dim; d += n * kVector) {
-    __mmask16 mask[n];      // the V elements of each vector
-    __mmask16 acc_mask[n];  // its accumulator lanes: whole 32-element groups in bf16's order
-    for (int v = 0; v < n; ++v) {
+  static_assert(tile_rows >= 1 && tile_rows <= 4);
+  constexpr std::int64_t kPanel = kPanelVectors * kVector;
+  for (std::int64_t d = 0; d < head_dim; d += kPanel) {
+    __mmask16 mask[kPanelVectors];  // the V elements of each vector
+    // Each vector's accumulator lanes: whole 32-element groups in bf16's order.
+    __mmask16 acc_mask[kPanelVectors];
+    for (int v = 0; v < kPanelVectors; ++v) {
       mask[v] = lanes(head_dim - d - v * kVector);
       acc_mask[v] = kEvenOddRows<dtype>
                         ? (lanes(head_dim - d - (v & ~1) * kVector) != 0 ? 0xffff : 0)
                         : mask[v];
     }
-    Panel<n> row0 = load_panel<n>(acc + d, acc_mask, correction[0]), row1{}, row2{}, row3{};
-    if constexpr (tile_rows > 1) {
-      row1 = load_panel<n>(acc + acc_stride + d, acc_mask, correction[1]);
-    }
+    Panel row0 = load_panel(acc + d, acc_mask, correction[0]), row1{}, row2{}, row3{};
+    if constexpr (tile_rows > 1) row1 = load_panel(acc + acc_stride + d, acc_mask, correction[1]);
     if constexpr (tile_rows > 2) {
-      row2 = load_panel<n>(acc + 2 * acc_stride + d, acc_mask, correction[2]);
+      row2 = load_panel(acc + 2 * acc_stride + d, acc_mask, correction[2]);
     }
     if constexpr (tile_rows > 3) {
-      row3 = load_panel<n>(acc + 3 * acc_stride + d, acc_mask, correction[3]);
+      row3 = load_panel(acc + 3 * acc_stride + d, acc_mask, correction[3]);
     }
     RowPrefetcher<dtype> prefetcher(values, d == 0 ? prefetch_distance : 0, head_dim);
     const auto add_keys = [&](auto masked) {
       for (std::int64_t j = 0; j < values.count; ++j) {
         prefetcher.ahead_of(j);
-        const Panel<n> x = widen_panel<dtype, n, masked.value>(values.rows[j], d, mask);
-        add_to_panel<n>(row0, p[j], x);
-        if constexpr (tile_rows > 1) add_to_panel<n>(row1, p[p_stride + j], x);
-        if constexpr (tile_rows > 2) add_to_panel<n>(row2, p[2 * p_stride + j], x);
-        if constexpr (tile_rows > 3) add_to_panel<n>(row3, p[3 * p_stride + j], x);
+        const Panel x = widen_panel<dtype, masked.value>(values.rows[j], d, mask);
+        add_to_panel(row0, p[j], x);
+        if constexpr (tile_rows > 1) add_to_panel(row1, p[p_stride + j], x);
+        if constexpr (tile_rows > 2) add_to_panel(row2, p[2 * p_stride + j], x);
+        if constexpr (tile_rows > 3) add_to_panel(row3, p[3 * p_stride + j], x);
       }
     };
-    // Whole panels (every one for head dims that are multiples of the panel) load unmasked.
-    if (d + n * kVector <= head_dim) {
+    // Whole panels (every one for head dims that are multiples of 64) load unmasked.
+    if (d + kPanel <= head_dim) {
       add_keys(std::false_type{});
     } else {
       add_keys(std::true_type{});
     }
-    store_panel<n>(acc + d, acc_mask, row0);
-    if constexpr (tile_rows > 1) store_panel<n>(acc + acc_stride + d, acc_mask, row1);
-    if constexpr (tile_rows > 2) store_panel<n>(acc + 2 * acc_stride + d, acc_mask, row2);
-    if constexpr (tile_rows > 3) store_panel<n>(acc + 3 * acc_stride + d, acc_mask, row3);
+    store_panel(acc + d, acc_mask, row0);
+    if constexpr (tile_rows > 1) store_panel(acc + acc_stride + d, acc_mask, row1);
+    if constexpr (tile_rows > 2) store_panel(acc + 2 * acc_stride + d, acc_mask, row2);
+    if constexpr (tile_rows > 3) store_panel(acc + 3 * acc_stride + d, acc_mask, row3);
   }
 }
 
-// Rows in tiles of `max_rows` (the last one smaller), panels of `n` vectors.
-template <DType dtype, int max_rows, int n>
-void value_tiles(const float* p, std::int64_t p_stride, std::int64_t rows, StreamedRows values,
-                 std::int64_t head_dim, const float* correction, float* acc,
-                 std::int64_t acc_stride, std::int64_t prefetch_distance) {
-  for (std::int64_t r = 0; r < rows; r += max_rows) {
-    const std::int64_t tile_prefetch = r == 0 ? prefetch_distance : 0;
-    const float* tile_p = p + r * p_stride;
-    float* tile_acc = acc + r * acc_stride;
-    const std::int64_t left = rows - r;
-    if (left >= max_rows) {
-      value_tile<dtype, max_rows, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
-                                     acc_stride, tile_prefetch);
-      continue;
-    }
-    if constexpr (max_rows > 3) {
-      if (left == 3) {
-        value_tile<dtype, 3, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
-                                acc_stride, tile_prefetch);
-        continue;
-      }
-    }
-    if constexpr (max_rows > 2) {
-      if (left == 2) {
-        value_tile<dtype, 2, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
-                                acc_stride, tile_prefetch);
-        continue;
-      }
-    }
-    value_tile<dtype, 1, n>(tile_p, p_stride, values, head_dim, correction + r, tile_acc,
-                            acc_stride, tile_prefetch);
-  }
-}
-
+// Rows in tiles of four (the last one smaller), in panels of 64 elements and four rows: each V
+// element is widened once per call, into 16 accumulators. (Whole rows of up to 128 elements two
+// rows at a time, reading each V row front to back, measured faster for 2-byte and 4-byte caches
+// on Zen 4; on Intel Emerald Rapids these panels made bf16 p·v 1.35x faster with the cache in L2,
+// and the decode benchmark's bf16 batch 1.04x faster together with score_four_keys.)
 template <DType dtype>
 void values_of(const float* p, std::int64_t p_stride, std::int64_t rows, StreamedRows values,
                std::int64_t head_dim, const float* correction, float* acc, std::int64_t acc_stride,
                std::int64_t prefetch_distance) {
-  // Panels of 64 elements and four rows widen each V element once per call and keep 16
-  // accumulators. (Whole rows of up to 128 elements two rows at a time, reading each V row front to
-  // back, measured faster for 2-byte and 4-byte caches on Zen 4; on Intel Emerald Rapids these
-  // panels made bf16 p·v 1.35x faster with the cache in L2, and the decode benchmark's bf16 batch
-  // 1.04x faster together with score_four_keys.)
-  value_tiles<dtype, 4, 4>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride,
-                           prefetch_distance);
+  for (std::int64_t r = 0; r < rows; r += kTile) {
+    const std::int64_t tile_prefetch = r == 0 ? prefetch_distance : 0;
+    const float* tile_p = p + r * p_stride;
+    float* tile_acc = acc + r * acc_stride;
+    with_tile_rows(rows - r, [&](auto tile_rows) {
+      value_tile<dtype, tile_rows.value>(tile_p, p_stride, values, head_dim, correction + r,
+                                         tile_acc, acc_stride, tile_prefetch);
+    });
+  }
 }
 
 }  // namespace
@@ -935,23 +894,10 @@ void values_of_bf16_dot(const float* p, std::int64_t p_stride, std::int64_t rows
       const float* scale = run == 0 ? correction + r : kOnes;
       float* tile_acc = acc + r * acc_stride;
       const std::int64_t distance = r == 0 ? prefetch_distance : 0;
-      const auto tile = [&](auto rows_in_tile) {
+      with_tile_rows(tile_rows, [&](auto rows_in_tile) {
         value_rows_bf16_dot<dtype, rows_in_tile.value>(p_pairs, kPairStride, run_values, head_dim,
                                                        scale, tile_acc, acc_stride, distance);
-      };
-      switch (tile_rows) {
-        case 4:
-          tile(std::integral_constant<int, 4>{});
-          break;
-        case 3:
-          tile(std::integral_constant<int, 3>{});
-          break;
-        case 2:
-          tile(std::integral_constant<int, 2>{});
-          break;
-        default:
-          tile(std::integral_constant<int, 1>{});
-      }
+      });
     }
   }
 }
