@@ -13,8 +13,10 @@ namespace tilelab::generators {
 // within a block, jb key block, ii row within a row tile, io row tile, hk kv head, b batch; a row
 // is one (query head of the group, query) pair.
 struct FlashBackwardTileStages {
-  Halide::Func query_t;    // (ii, d, io, hk, b) fp32 q · scale, rows innermost
-  Halide::Func dout_t;     // (ii, d, io, hk, b) fp32 dout, rows innermost
+  Halide::Func query_t;  // (ii, d, io, hk, b) fp32 q · scale, rows innermost
+  Halide::Func dout_t;   // (ii, d, io, hk, b) fp32 dout, rows innermost
+  // (d, ii, io, hk, b) the same row by row, head dim innermost as stored: transposed into them.
+  Halide::Func query_rows, dout_rows;
   Halide::Func key_f32;    // (d, jj, jb, hk, b) fp32 K block
   Halide::Func value_f32;  // (d, jj, jb, hk, b) fp32 V block
   Halide::Func row_lse;    // (ii, io, hk, b) the forward's log-sum-exp of the row

@@ -225,8 +225,12 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       t.dprob = func("dprob");
       t.prob = func("prob");
       t.dscore = func("dscore");
-      t.query_t(ii, d, io, hk, b) = cast<float>(q(d, row_query, row_head, b)) * scale;
-      t.dout_t(ii, d, io, hk, b) = cast<float>(dout(d, row_query, row_head, b));
+      t.query_rows = func("query_rows");
+      t.dout_rows = func("dout_rows");
+      t.query_rows(d, ii, io, hk, b) = cast<float>(q(d, row_query, row_head, b)) * scale;
+      t.dout_rows(d, ii, io, hk, b) = cast<float>(dout(d, row_query, row_head, b));
+      t.query_t(ii, d, io, hk, b) = t.query_rows(d, ii, io, hk, b);
+      t.dout_t(ii, d, io, hk, b) = t.dout_rows(d, ii, io, hk, b);
       t.key_f32(d, jj, jb, hk, b) = cast<float>(k(d, key_c, hk, b));
       t.value_f32(d, jj, jb, hk, b) = cast<float>(v(d, key_c, hk, b));
       t.row_lse(ii, io, hk, b) = lse(row_query, row_head, b);

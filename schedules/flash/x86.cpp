@@ -135,8 +135,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     s.prob_bf16.compute_at(s.state, s.rk).vectorize(s.jp).vectorize(s.ii, RV);
   } else {
     s.query_t.compute_at(tile);
-    // Copied along each row of q (scalar moves): vectorized over rows, every lane was a gather.
-    if (!s.decode) s.query_t.reorder(s.d, s.ii).unroll(s.d, 4, TailStrategy::GuardWithIf);
+    if (!s.decode) flash::schedule_row_transpose(s.query_t, s.query_rows, s.ii, s.d, QT);
   }
   if (s.operands_at_root && !s.bf16_products) {
     // V (and 16-bit K) in fp32 once per call, before the tiles, specialized like the merge: the

@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "schedules/flash/x86_shared.hpp"
@@ -122,7 +123,10 @@ void schedule_rows(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
   if (s.bf16_products) {
     schedule_pairs(s, t, level);
   } else {
-    for (Func* f : {&t.query_t, &t.dout_t}) f->compute_at(level).vectorize(s.ii, VL);
+    for (auto [transposed, by_row] :
+         {std::pair(t.query_t, t.query_rows), {t.dout_t, t.dout_rows}}) {
+      flash::schedule_row_transpose(transposed.compute_at(level), by_row, s.ii, s.d, s.query_tile);
+    }
   }
   for (Func* f : {&t.row_lse, &t.row_delta, &t.row_slope}) {
     if (f->defined()) f->compute_at(level).vectorize(s.ii, VL);
@@ -138,8 +142,7 @@ Func& at_root_per_row_tile(FlashBackwardStages& s, Func& f) {
 }
 
 // The per-row inputs of schedule_rows, computed once for the whole call: pass 1 visits every row
-// tile once per key block, and the transposes are gathers (a row's query and head are per-lane
-// indices).
+// tile once per key block.
 void schedule_rows_at_root(FlashBackwardStages& s, generators::FlashBackwardTileStages& t, int VL) {
   std::vector<Func*> rows_in_lanes = {&t.row_lse, &t.row_delta};
   if (t.row_slope.defined()) rows_in_lanes.push_back(&t.row_slope);
@@ -147,7 +150,11 @@ void schedule_rows_at_root(FlashBackwardStages& s, generators::FlashBackwardTile
     schedule_pairs(s, t, LoopLevel::root());
     for (Func* f : {&t.query_pairs, &t.dout_pairs}) at_root_per_row_tile(s, *f);
   } else {
-    rows_in_lanes.insert(rows_in_lanes.end(), {&t.query_t, &t.dout_t});
+    for (auto [transposed, by_row] :
+         {std::pair(t.query_t, t.query_rows), {t.dout_t, t.dout_rows}}) {
+      flash::schedule_row_transpose(at_root_per_row_tile(s, transposed), by_row, s.ii, s.d,
+                                    s.query_tile);
+    }
   }
   for (Func* f : rows_in_lanes) {
     at_root_per_row_tile(s, *f).vectorize(s.ii, VL, TailStrategy::GuardWithIf);

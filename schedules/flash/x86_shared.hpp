@@ -30,6 +30,24 @@ inline Halide::Stage schedule_parallel_accumulator(Halide::Func f, const Halide:
   return update;
 }
 
+// `transposed(rows, d, ...) = by_row(d, rows, ...)` for `row_count` rows: each row read as stored
+// (head dim contiguous; rows at addresses the row's query and head give, which vectorizing over
+// rows would turn into per-lane gathers), then transposed in registers, `row_count` rows × 8 head
+// dims at a time: one dense load of the block as read, a shuffle, one dense store.
+inline void schedule_row_transpose(Halide::Func transposed, Halide::Func by_row,
+                                   const Halide::Var& rows, const Halide::Var& d, int row_count) {
+  using Halide::TailStrategy;
+  Halide::Var dblock("dblock"), din("din");
+  transposed.split(d, dblock, din, 8, TailStrategy::GuardWithIf)
+      .reorder(rows, din, dblock)
+      .vectorize(rows, row_count)
+      .vectorize(din);
+  by_row.compute_at(transposed, dblock)
+      .bound_storage(d, 8)
+      .vectorize(d, 8, TailStrategy::GuardWithIf)
+      .unroll(rows);
+}
+
 // Head dims with fast paths: specialized, and split into register tiles without rounding.
 inline constexpr int kFastHeadDims[] = {128, 64};
 
