@@ -70,8 +70,12 @@ std::optional<BackwardKernels> kernels_of(DType dtype, bool fp32_probabilities) 
 }
 
 // Tasks the kernel's key chunks should give at least, over (chunk, kv head, batch): enough for 16
-// threads with some balance left for causal masks, whose chunks differ in work.
-constexpr std::int64_t kBackwardTasks = 32;
+// threads, or 8 with some balance left for causal masks, whose chunks differ in work. A constant,
+// not the thread count, so that the chunks, and dq's summation order, do not depend on it. Every
+// chunk beyond a kv head's first costs a partial dq to clear, fill and add: at 32 tasks, B1 H16
+// S512 D128 fp32 (two chunks per head) ran 3-4% slower, full and causal (Emerald Rapids, 2
+// threads).
+constexpr std::int64_t kBackwardTasks = 16;
 // Each chunk beyond the first adds a partial dq of every row (fp32) to memory; cap that memory.
 constexpr std::int64_t kBackwardPartialBytes = std::int64_t{256} << 20;
 
