@@ -62,17 +62,18 @@ int split_dma(const Machine& m, const DmaRecord& dma, const DmaPieceCost& cost, 
   const DmaEngineSpan span = dma_engine_span(m, dma.partition_start, dma.partitions);
   int count = 0;
   // Pieces mostly have one size (whole engines' partitions): each size is costed once.
-  uint64_t costed_bytes = UINT64_MAX;
-  double costed_ns = 0;
+  DmaPiece costed{0, UINT64_MAX, 0, 0};
   for (uint32_t e = uint32_t(span.first); e < uint32_t(span.end); ++e) {
     const uint32_t lo = std::max(first, e * per_engine);
     const uint32_t hi = std::min(last, (e + 1) * per_engine);
     const uint64_t bytes = uint64_t(hi - lo) * dma.bytes_per_partition;
-    if (bytes != costed_bytes) {
-      costed_bytes = bytes;
-      costed_ns = cost.ns(bytes);
+    if (bytes != costed.bytes) {
+      costed.bytes = bytes;
+      costed.duration_ns = cost.ns(bytes);
+      costed.hbm_ns = static_cast<double>(bytes) / m.hbm_bytes_per_ns;
     }
-    out[count++] = DmaPiece{static_cast<int>(e), bytes, costed_ns};
+    costed.engine = static_cast<int>(e);
+    out[count++] = costed;
   }
   return count;
 }

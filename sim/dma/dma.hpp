@@ -55,6 +55,7 @@ struct DmaPiece {
   int engine = 0;
   uint64_t bytes = 0;
   double duration_ns = 0;
+  double hbm_ns = 0;  // the time HBM takes to serve `bytes` at its peak rate
 };
 
 // Splits `dma` into per-engine pieces (one per engine of dma_engine_span), each costed by
@@ -118,9 +119,6 @@ DmaSchedule DmaScheduler::schedule(uint32_t instruction, const DmaRecord& dma, d
                                    OnPiece&& on_piece) {
   const int count = split_dma(machine_, dma, cost_of(dma), scratch_.data());
   const bool touches_hbm = dma.hbm.tensor != kNone;
-  // HBM time of one piece, computed once per piece size as split_dma does.
-  uint64_t hbm_timed_bytes = UINT64_MAX;
-  double hbm_ns = 0;
   DmaSchedule result;
   result.first_start_ns = 1e300;
   for (int i = 0; i < count; ++i) {
@@ -131,11 +129,7 @@ DmaSchedule DmaScheduler::schedule(uint32_t instruction, const DmaRecord& dma, d
     bool hbm_bound = false;
     if (touches_hbm) {
       // Fluid HBM model: HBM serves bytes at its peak rate in arrival order.
-      if (piece.bytes != hbm_timed_bytes) {
-        hbm_timed_bytes = piece.bytes;
-        hbm_ns = static_cast<double>(piece.bytes) / machine_.hbm_bytes_per_ns;
-      }
-      hbm_cursor_ = (hbm_cursor_ > start ? hbm_cursor_ : start) + hbm_ns;
+      hbm_cursor_ = (hbm_cursor_ > start ? hbm_cursor_ : start) + piece.hbm_ns;
       if (hbm_cursor_ > end) {
         end = hbm_cursor_;
         hbm_bound = true;
