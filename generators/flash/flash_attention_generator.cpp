@@ -74,19 +74,16 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     const tilelab::schedules::flash::FlashAttentionTiling tiling =
         tilelab::schedules::flash::tiling_of_variant(std::string(variant));
     const bool decode = tiling.decode;
+    const int KB = tiling.key_block, QT = tiling.query_tile;
     // Partial sums of a decode score fill one native vector: wider would take more registers
     // than the target has for the QT × 4 accumulators (AVX2: 16 ymm).
     s.decode_lanes = get_target().natural_vector_size<float>();
+    s.key_block = KB;
+    s.query_tile = QT;
     s.value_is_f32 = io_type.value() == Float(32);
     s.bf16_products = tilelab::schedules::uses_bf16_products(bf16_products, io_type.value(), decode,
                                                              get_target());
     s.operands_at_root = score_options;
-    s.decode = decode;
-    const int KB = tiling.key_block;
-    const int QT =
-        s.widens_kv_per_tile() ? tilelab::schedules::flash::kWideningQueryTile : tiling.query_tile;
-    s.key_block = KB;
-    s.query_tile = QT;
     TILELAB_REQUIRE(!score_options || (!has_bias && !decode))
         << "score_options: a prefill variant without bias only";
 
@@ -113,6 +110,7 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     // Head dims past D (the schedule may round the merge up to its register tile) read column D-1.
     s.value_f32(d, jj, jb, hk, b) = cast<float>(v(min(d, head_dim - 1), key_c, hk, b));
 
+    s.decode = decode;
     if (s.bf16_products) {
       tilelab::generators::define_bf16_operands(
           s, head_dim, scale,

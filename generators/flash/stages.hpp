@@ -76,12 +76,6 @@ struct FlashAttentionStages {
   int query_tile = 0;     // rows per query tile
   bool decode = false;    // few rows per kv head: head dim in the vector lanes for q·k
   int decode_lanes = 16;  // lanes of score_partial
-
-  // 16-bit K and V widened to fp32 once per (query tile, key block), for the products on fp32
-  // FMAs: decode tiles widen in the loads instead, and operands_at_root once per call.
-  bool widens_kv_per_tile() const {
-    return !value_is_f32 && !decode && !bf16_products && !operands_at_root;
-  }
 };
 
 }  // namespace tilelab::generators

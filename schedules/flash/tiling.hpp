@@ -25,11 +25,6 @@ inline constexpr FlashAttentionTiling kPrefillTiling{64, 32, false};
 // causal 5.0 vs 4.7-4.9 ms). For causal calls, 128-key blocks measured side by side 2-4% slower
 // at S 512, even at 1024 and 0-7% faster at 2048-4096: too little to switch on length.
 inline constexpr FlashAttentionTiling kPrefillWideTiling{128, 32, false};
-// Prefill whose K and V blocks are widened to fp32 per query tile (FlashAttentionStages::
-// widens_kv_per_tile): 64-row tiles widen each block once per 64 rows, not 32. B1 H16 S512 D128
-// on Emerald Rapids, 2 threads: bf16 full 11.0-11.2 -> 10.3-10.4 ms and causal 6.9-7.1 -> 6.5-6.6,
-// fp16 full 10.8 -> 10.0 and causal 6.8-6.9 -> 6.4-6.5; fp32, read in place, was no faster.
-inline constexpr int kWideningQueryTile = 64;
 // Decode: 4-row tiles, e.g. one token of a GQA group of 4.
 inline constexpr FlashAttentionTiling kDecodeTiling{64, 4, true};
 // Backward: a 32-row × 64-key tile of P and dS.

@@ -26,9 +26,8 @@
 // prefetchers already follow the two streams; Halide prefetch two blocks ahead, no change on
 // Zen 4); (m, l) in their own Func fused with compute_with (bounds become unions over both
 // stages' loops: 300x slower); no initialization pass for the state (undef, block 0 writes): the
-// select per merged element cost what the pass did; 64-row query tiles for bf16 products (Zen 4:
-// full no faster, causal slower; tiles that widen K and V take them: kWideningQueryTile);
-// trimming a diagonal block's masked end with an RDom where-clause on the block's
+// select per merged element cost what the pass did; 64-row query tiles for bf16 (full no faster,
+// causal slower); trimming a diagonal block's masked end with an RDom where-clause on the block's
 // keys (rj <= the tile's last visible key): bounds inference then widened block_pv to a range of
 // blocks and kept the clause as an if in the innermost loop, 1.5x slower everywhere.
 //
@@ -144,7 +143,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     // (tile, block) or read in place, their clamped head-dim loads became gathers.
     at_root_per_key_block(s.value_f32, s, head_dim, VL);
     if (!s.value_is_f32) at_root_per_key_block(s.key_f32, s, head_dim, VL);
-  } else if (s.widens_kv_per_tile()) {
+  } else if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
     // (Decode tiles have 4 rows: there the conversion is fused into the loads instead.)
     for (Func f : {s.key_f32, s.value_f32}) {

@@ -37,9 +37,6 @@
 // when batch × kv heads suffice. Without atomics, and deterministic: the chunks are fixed by the
 // shape and summed in order. Measured (Zen 4, 2 threads, B1 H16 S512 D128 fp32, with the fixes
 // below): 32.2 ms, 72% of the FMA peak; the two-pass schedule took 50.3 ms, 46%.
-//
-// Tried: 32-key blocks (kBackwardTiling), which skip the masked half of the causal diagonal's
-// blocks: on Emerald Rapids (one thread, that shape) causal ran 1-2% faster and full 3% slower.
 #include "schedules/flash/x86_backward.hpp"
 
 #include <algorithm>
