@@ -12,6 +12,7 @@
 #include "flash_fwd_bf16_bias_fp32_probabilities.h"
 #include "flash_fwd_bf16_decode.h"
 #include "flash_fwd_bf16_fp32_probabilities.h"
+#include "flash_fwd_bf16_fp32_probabilities_tall.h"
 #include "flash_fwd_bf16_options.h"
 #include "flash_fwd_bf16_options_fp32_probabilities.h"
 #include "flash_fwd_bf16_wide.h"
@@ -19,7 +20,9 @@
 #include "flash_fwd_f16_bias.h"
 #include "flash_fwd_f16_decode.h"
 #include "flash_fwd_f16_options.h"
+#include "flash_fwd_f16_tall.h"
 #include "flash_fwd_f16_wide.h"
+#include "flash_fwd_f16_wide_tall.h"
 #include "flash_fwd_f32.h"
 #include "flash_fwd_f32_bias.h"
 #include "flash_fwd_f32_decode.h"
@@ -28,6 +31,7 @@
 #include "halide_glue.hpp"
 #include "schedules/flash/tiling.hpp"
 #include "tilelab/error.hpp"
+#include "tilelab/threading.hpp"
 
 namespace tilelab::detail {
 namespace {
@@ -66,23 +70,30 @@ OptionsKernelFn pick_options_kernel(const AttentionProblem& p) {
 }
 
 // Without a bias: decode for few rows per kv head, else 128-key blocks without a causal mask
-// (kPrefillWideTiling) and 64-key blocks with one.
+// (kPrefillWideTiling) and 64-key blocks with one. Kernels that widen 16-bit K and V per tile
+// (fp16, and bf16 on fp32 FMAs) also come with 64-row tiles, for calls with rows enough to fill
+// them.
 KernelFn pick_kernel(const AttentionProblem& p) {
   const bool has_bias = p.bias.has_value();
   const bool decode = !has_bias && decode_rows(p);
   const bool wide = !has_bias && !decode && !p.causal;
+  const bool tall = !has_bias && !decode &&
+                    schedules::flash::prefers_tall_query_tiles(p.rows_per_kv_head(),
+                                                               p.batch * p.kv_heads, num_threads());
   switch (p.dtype) {
     case DType::f32:
       if (has_bias) return flash_fwd_f32_bias;
       return decode ? flash_fwd_f32_decode : wide ? flash_fwd_f32_wide : flash_fwd_f32;
     case DType::f16:
       if (has_bias) return flash_fwd_f16_bias;
-      return decode ? flash_fwd_f16_decode : wide ? flash_fwd_f16_wide : flash_fwd_f16;
+      if (decode) return flash_fwd_f16_decode;
+      if (wide) return tall ? flash_fwd_f16_wide_tall : flash_fwd_f16_wide;
+      return tall ? flash_fwd_f16_tall : flash_fwd_f16;
     case DType::bf16:
       if (decode) return flash_fwd_bf16_decode;
       if (!rounds_bf16_probabilities(p.dtype, p.kv_dtype, p.fp32_probabilities)) {
-        return has_bias ? flash_fwd_bf16_bias_fp32_probabilities
-                        : flash_fwd_bf16_fp32_probabilities;
+        if (has_bias) return flash_fwd_bf16_bias_fp32_probabilities;
+        return tall ? flash_fwd_bf16_fp32_probabilities_tall : flash_fwd_bf16_fp32_probabilities;
       }
       if (has_bias) return flash_fwd_bf16_bias;
       return wide ? flash_fwd_bf16_wide : flash_fwd_bf16;

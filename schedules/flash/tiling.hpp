@@ -25,6 +25,12 @@ inline constexpr FlashAttentionTiling kPrefillTiling{64, 32, false};
 // causal 5.0 vs 4.7-4.9 ms). For causal calls, 128-key blocks measured side by side 2-4% slower
 // at S 512, even at 1024 and 0-7% faster at 2048-4096: too little to switch on length.
 inline constexpr FlashAttentionTiling kPrefillWideTiling{128, 32, false};
+// Prefill whose 16-bit K and V are widened to fp32 per (query tile, key block), for products on
+// fp32 FMAs: 64-row tiles widen each block once per 64 rows instead of 32. B1 H16 S512 D128 on
+// Emerald Rapids, 2 threads: bf16 full 11.0 -> 10.3 ms, causal 6.9 -> 6.5; fp16 full 10.8 -> 10.0.
+// fp32, read in place, was no faster. The runtime picks them per call (prefers_tall_query_tiles).
+inline constexpr FlashAttentionTiling kPrefillTallTiling{64, 64, false};
+inline constexpr FlashAttentionTiling kPrefillWideTallTiling{128, 64, false};
 // Decode: 4-row tiles, e.g. one token of a GQA group of 4.
 inline constexpr FlashAttentionTiling kDecodeTiling{64, 4, true};
 // Backward: a 32-row × 64-key tile of P and dS.
@@ -37,13 +43,37 @@ inline constexpr int kBackwardGroupTiles = 8;
 // padding.
 inline constexpr std::int64_t kDecodeMaxRows = 8;
 
-// The tiling of a generated variant: "prefill", "prefill_wide" or "decode".
+// The fixed cost of a query tile that widens K and V, in rows' worth of products: widening each
+// key block, the row transpose, the state's set-up and the finish. Fitted to the tall tiles'
+// gains on Emerald Rapids: about 5 at S 512 (16 vs 8 tiles per head) and about 13 for short
+// prefill (8 sequences, Hq 32, Hkv 8, 4-16 query tokens over 1 k of context).
+inline constexpr std::int64_t kWideningTileCostRows = 8;
+
+// Whether a call with `rows_per_kv_head` rows in each of `kv_heads` (batch × kv heads) runs
+// faster on kPrefillTallTiling than on kPrefillTiling (both widening K and V per tile). The time
+// is modeled as the rounds of parallel tiles times a tile's cost, its rows (padding included)
+// plus kWideningTileCostRows: a tall tile pads more rows and gives fewer tasks to the threads.
+inline bool prefers_tall_query_tiles(std::int64_t rows_per_kv_head, std::int64_t kv_heads,
+                                     std::int64_t threads) {
+  const auto cost = [&](std::int64_t tile_rows) {
+    const std::int64_t tiles = kv_heads * ((rows_per_kv_head + tile_rows - 1) / tile_rows);
+    const std::int64_t rounds = (tiles + threads - 1) / threads;
+    return rounds * (tile_rows + kWideningTileCostRows);
+  };
+  return cost(kPrefillTallTiling.query_tile) < cost(kPrefillTiling.query_tile);
+}
+
+// The tiling of a generated variant: "prefill", "prefill_wide", "prefill_tall",
+// "prefill_wide_tall" or "decode".
 inline FlashAttentionTiling tiling_of_variant(std::string_view variant) {
   if (variant == "decode") return kDecodeTiling;
   if (variant == "prefill_wide") return kPrefillWideTiling;
-  TILELAB_REQUIRE(variant == "prefill") << "variant: expected \"prefill\", \"prefill_wide\" or "
-                                           "\"decode\", got \""
-                                        << variant << "\"";
+  if (variant == "prefill_tall") return kPrefillTallTiling;
+  if (variant == "prefill_wide_tall") return kPrefillWideTallTiling;
+  TILELAB_REQUIRE(variant == "prefill")
+      << "variant: expected \"prefill\", \"prefill_wide\", \"prefill_tall\", "
+         "\"prefill_wide_tall\" or \"decode\", got \""
+      << variant << "\"";
   return kPrefillTiling;
 }
 

@@ -26,10 +26,11 @@
 // prefetchers already follow the two streams; Halide prefetch two blocks ahead, no change on
 // Zen 4); (m, l) in their own Func fused with compute_with (bounds become unions over both
 // stages' loops: 300x slower); no initialization pass for the state (undef, block 0 writes): the
-// select per merged element cost what the pass did; 64-row query tiles for bf16 (full no faster,
-// causal slower); trimming a diagonal block's masked end with an RDom where-clause on the block's
-// keys (rj <= the tile's last visible key): bounds inference then widened block_pv to a range of
-// blocks and kept the clause as an if in the innermost loop, 1.5x slower everywhere.
+// select per merged element cost what the pass did; 64-row query tiles for bf16 products (Zen 4:
+// full no faster, causal slower; the tiles that widen K and V gain: kPrefillTallTiling); trimming a
+// diagonal block's masked end with an RDom where-clause on the block's keys (rj <= the tile's last
+// visible key): bounds inference then widened block_pv to a range of blocks and kept the clause as
+// an if in the innermost loop, 1.5x slower everywhere.
 //
 // bf16 with bf16 products (AVX-512 BF16 targets): the same nest on paired operands. q·k: 2 row
 // vectors of (head-dim pair) × 16 rows and 8 key-pair broadcasts read from K in place → 16
@@ -144,8 +145,9 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     at_root_per_key_block(s.value_f32, s, head_dim, VL);
     if (!s.value_is_f32) at_root_per_key_block(s.key_f32, s, head_dim, VL);
   } else if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
-    // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile.
-    // (Decode tiles have 4 rows: there the conversion is fused into the loads instead.)
+    // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile
+    // (with 64-row tiles, kPrefillTallTiling, half as often). Decode tiles have 4 rows: there the
+    // conversion is fused into the loads instead.
     for (Func f : {s.key_f32, s.value_f32}) {
       f.compute_at(s.state, s.rk)
           .bound_extent(s.jb, 1)

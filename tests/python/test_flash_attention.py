@@ -151,3 +151,38 @@ def test_generated_matches_reference_when_it_covers_the_call(rng):
 def test_implementation_query(rng):
     q, k, v = random_qkv(rng, 1, 2, 2, 8, 8, 16, "float32")
     assert tilelab.flash_attention_implementation(q, k, v) in ("generated", "reference")
+
+
+# The prefill kernels that widen 16-bit K and V per tile (fp16, and bf16 with fp32 probabilities)
+# come with 32- and 64-row query tiles; which one runs depends on the rows per kv head, the kv
+# heads and the thread count (schedules/flash/tiling.hpp, prefers_tall_query_tiles). At these
+# lengths one thread and two pick different tiles for some: each result against the reference,
+# and the two bit for bit, since a row's arithmetic does not depend on its tile.
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("q_len", [31, 33, 64, 65, 97])
+def test_query_tile_heights_agree(rng, restore_num_threads, q_len, dtype_name, causal):
+    q, k, v = random_qkv(rng, 1, 1, 1, q_len, 150, 40, dtype_name)
+    if tilelab.flash_attention_implementation(q, k, v) != "generated":
+        pytest.skip("this build has no generated kernel for the call (TILELAB_BUILD_KERNELS=OFF)")
+    reference_out, reference_lse = reference_attention(
+        q, k, v, causal=causal, causal_alignment="bottom_right"
+    )
+    results = []
+    for threads in (1, 2):
+        tilelab.set_num_threads(threads)
+        out, lse = tilelab.flash_attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            causal_alignment="bottom_right",
+            fp32_probabilities=True,
+            return_lse=True,
+            implementation="generated",
+        )
+        assert_attention_close(out, reference_out, dtype_name, v, k.shape[2])
+        assert_lse_close(lse, reference_lse, q.shape[3], k.shape[2])
+        results.append((out, lse))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
