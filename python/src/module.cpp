@@ -118,19 +118,41 @@ py::object flash_attention(const py::handle& q, const py::handle& k, const py::h
   return call.out;
 }
 
-std::string flash_attention_implementation(
-    const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& causal,
-    const py::handle& causal_alignment, const py::handle& scale, const py::handle& bias,
-    const py::handle& return_lse, const py::handle& sliding_window, const py::handle& softcap,
-    const py::handle& alibi_slopes, const py::handle& sinks, const py::handle& k_scale,
-    const py::handle& v_scale, const py::handle& fp32_probabilities) {
+// The questions about a flash_attention call (which implementation, which kernel) take its
+// arguments and answer with `answer(q, k, v, out, options)`.
+template <const char* (*answer)(const tilelab::TensorView&, const tilelab::TensorView&,
+                                const tilelab::TensorView&, const tilelab::TensorView&,
+                                const tilelab::FlashAttentionOptions&)>
+py::object ask_about_flash_attention(const py::handle& q, const py::handle& k, const py::handle& v,
+                                     const py::handle& causal, const py::handle& causal_alignment,
+                                     const py::handle& scale, const py::handle& bias,
+                                     const py::handle& return_lse, const py::handle& sliding_window,
+                                     const py::handle& softcap, const py::handle& alibi_slopes,
+                                     const py::handle& sinks, const py::handle& k_scale,
+                                     const py::handle& v_scale,
+                                     const py::handle& fp32_probabilities) {
   AttentionCall call =
       prepare_call(q, k, v, causal, causal_alignment, scale, bias,
                    parse_bool(return_lse, "return_lse"), py::str("automatic"),
                    ScoreKeywords{sliding_window, softcap, alibi_slopes, sinks, k_scale, v_scale});
   call.options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
-  return tilelab::flash_attention_implementation(call.q.view, call.k.view, call.v.view,
-                                                 call.out_view, call.options);
+  const char* text = answer(call.q.view, call.k.view, call.v.view, call.out_view, call.options);
+  if (text == nullptr) return py::none();
+  return py::str(text);
+}
+
+// Binds ask_about_flash_attention<answer> with flash_attention's keywords (less implementation).
+template <const char* (*answer)(const tilelab::TensorView&, const tilelab::TensorView&,
+                                const tilelab::TensorView&, const tilelab::TensorView&,
+                                const tilelab::FlashAttentionOptions&)>
+void def_flash_attention_question(py::module_& module, const char* name, const char* doc) {
+  module.def(name, &ask_about_flash_attention<answer>, py::arg("q"), py::arg("k"), py::arg("v"),
+             py::kw_only(), py::arg("causal") = false, py::arg("causal_alignment") = "top_left",
+             py::arg("scale") = py::none(), py::arg("bias") = py::none(),
+             py::arg("return_lse") = false, py::arg("sliding_window") = py::make_tuple(-1, -1),
+             py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
+             py::arg("sinks") = py::none(), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
+             py::arg("fp32_probabilities") = false, doc);
 }
 
 // The array's shape as a vector, for allocating an output like it.
@@ -138,22 +160,24 @@ std::vector<py::ssize_t> shape_of(const py::array& array) {
   return std::vector<py::ssize_t>(array.shape(), array.shape() + array.ndim());
 }
 
-py::object flash_attention_backward(
-    const py::handle& dout, const py::handle& q, const py::handle& k, const py::handle& v,
-    const py::handle& out, const py::handle& lse, const py::handle& causal,
-    const py::handle& causal_alignment, const py::handle& scale, const py::handle& bias,
-    const py::handle& return_dbias_value, const py::handle& sliding_window,
-    const py::handle& softcap, const py::handle& alibi_slopes, const py::handle& sinks,
-    const py::handle& return_dsinks_value, const py::handle& fp32_probabilities,
-    const py::handle& implementation) {
+py::object flash_attention_backward(const py::handle& dout, const py::handle& q,
+                                    const py::handle& k, const py::handle& v, const py::handle& out,
+                                    const py::handle& lse, const py::handle& causal,
+                                    const py::handle& causal_alignment, const py::handle& scale,
+                                    const py::handle& bias, const py::handle& return_dbias_value,
+                                    const py::handle& sliding_window, const py::handle& softcap,
+                                    const py::handle& alibi_slopes, const py::handle& sinks,
+                                    const py::handle& return_dsinks_value,
+                                    const py::handle& fp32_probabilities,
+                                    const py::handle& implementation) {
   const bool return_dbias = parse_bool(return_dbias_value, "return_dbias");
   const bool return_dsinks = parse_bool(return_dsinks_value, "return_dsinks");
   // The forward's preparation checks q, k, v, bias and the options, and allocates an array with
   // q's shape and dtype: that is dq. (k and v of q's dtype: scales of 1.)
   const py::float_ unit_scale(1.0);
-  AttentionCall call =
-      prepare_call(q, k, v, causal, causal_alignment, scale, bias, false, implementation,
-                   ScoreKeywords{sliding_window, softcap, alibi_slopes, sinks, unit_scale, unit_scale});
+  AttentionCall call = prepare_call(
+      q, k, v, causal, causal_alignment, scale, bias, false, implementation,
+      ScoreKeywords{sliding_window, softcap, alibi_slopes, sinks, unit_scale, unit_scale});
   call.options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
   const ArrayView dout_view = view_array(require_attention_array(dout, "dout"), "dout");
   const ArrayView out_view = view_array(require_attention_array(out, "out"), "out");
@@ -221,16 +245,12 @@ PYBIND11_MODULE(_core, module) {
              py::arg("sinks") = py::none(), py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
              py::arg("fp32_probabilities") = false, py::arg("implementation") = "automatic",
              "Flash attention forward; returns out or (out, lse). See tilelab.flash_attention.");
-  module.def("flash_attention_implementation", &flash_attention_implementation, py::arg("q"),
-             py::arg("k"), py::arg("v"), py::kw_only(), py::arg("causal") = false,
-             py::arg("causal_alignment") = "top_left", py::arg("scale") = py::none(),
-             py::arg("bias") = py::none(), py::arg("return_lse") = false,
-             py::arg("sliding_window") = py::make_tuple(-1, -1), py::arg("softcap") = 0.0,
-             py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
-             py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0,
-             py::arg("fp32_probabilities") = false,
-             "'generated', 'reference' or 'paged': what flash_attention would run for these "
-             "arguments.");
+  def_flash_attention_question<tilelab::flash_attention_implementation>(
+      module, "flash_attention_implementation",
+      "'generated', 'reference' or 'paged': what flash_attention would run for these arguments.");
+  def_flash_attention_question<tilelab::flash_attention_kernel>(
+      module, "flash_attention_kernel",
+      "The name of the generated kernel flash_attention would run for these arguments, or None.");
   module.def("flash_attention_backward", &flash_attention_backward, py::arg("dout"), py::arg("q"),
              py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::kw_only(),
              py::arg("causal") = false, py::arg("causal_alignment") = "top_left",

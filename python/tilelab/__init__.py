@@ -25,6 +25,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_implementation",
+    "flash_attention_kernel",
     "num_threads",
     "paged_attention",
     "prefers_bf16_dot_products",
@@ -341,6 +342,49 @@ def flash_attention_implementation(
     :func:`flash_attention` and raises the same errors; reads v for non-finite values when there
     are score options, computes nothing."""
     return _core.flash_attention_implementation(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        bias=bias,
+        return_lse=return_lse,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        fp32_probabilities=fp32_probabilities,
+    )
+
+
+def flash_attention_kernel(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    causal_alignment: CausalAlignment = "top_left",
+    scale: float | None = None,
+    bias: np.ndarray | None = None,
+    return_lse: bool = False,
+    sliding_window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    fp32_probabilities: bool = False,
+) -> str | None:
+    """The name of the generated kernel :func:`flash_attention` would run for these arguments
+    with ``implementation="automatic"`` (for instance ``"flash_fwd_bf16_fp32_probabilities_tall"``,
+    whose lowered statement and assembly are ``listings/<name>.stmt`` and ``.s`` in the build's
+    ``generators`` directory), or None when the call runs on the paged kernel or the reference
+    (see :func:`flash_attention_implementation`). The choice may depend on :func:`num_threads`.
+    Validates like :func:`flash_attention` and raises the same errors; computes nothing."""
+    return _core.flash_attention_kernel(
         q,
         k,
         v,

@@ -39,6 +39,24 @@ def flash_attention_implementation(
     v_scale: float = 1.0,
     fp32_probabilities: bool = False,
 ) -> str: ...
+def flash_attention_kernel(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    bias: np.ndarray | None = None,
+    return_lse: bool = False,
+    sliding_window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    fp32_probabilities: bool = False,
+) -> str | None: ...
 def flash_attention_backward(
     dout: np.ndarray,
     q: np.ndarray,

@@ -77,6 +77,8 @@ void reference_flash_attention(const AttentionProblem& problem);
 bool generated_flash_attention(const AttentionProblem& problem);
 // Whether generated_flash_attention would accept the problem.
 bool generated_flash_attention_covers(const AttentionProblem& problem);
+// The name of the kernel generated_flash_attention would run, or nullptr when it would not.
+const char* generated_flash_attention_kernel(const AttentionProblem& problem);
 
 // The validated form of one flash_attention_backward call: the forward's problem (q, k, v, out,
 // bias, lse as inputs) plus the incoming gradient and the gradient outputs.

@@ -64,4 +64,11 @@ const char* flash_attention_implementation(const TensorView& q, const TensorView
   return problem.has_score_options_or_fp8() ? "paged" : "reference";
 }
 
+const char* flash_attention_kernel(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const FlashAttentionOptions& options) {
+  const AttentionProblem problem = detail::validate_flash_attention(q, k, v, out, options);
+  if (problem.automatic_prefers_paged_kernel() || !generated_may_run(problem)) return nullptr;
+  return detail::generated_flash_attention_kernel(problem);
+}
+
 }  // namespace tilelab

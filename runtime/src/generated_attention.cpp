@@ -45,6 +45,17 @@ using OptionsKernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffe
                                 halide_buffer_t*, int32_t, int32_t, halide_buffer_t*,
                                 halide_buffer_t*);
 
+// A generated kernel and its name, which is also the name of its listings
+// (build/generators/listings/<name>.{stmt,s}).
+template <typename Fn>
+struct NamedKernel {
+  Fn run = nullptr;
+  const char* name = nullptr;
+};
+using Kernel = NamedKernel<KernelFn>;
+using OptionsKernel = NamedKernel<OptionsKernelFn>;
+#define TILELAB_NAMED(kernel) {kernel, #kernel}
+
 using schedules::flash::kDecodeMaxRows;
 
 bool decode_rows(const AttentionProblem& p) {
@@ -53,19 +64,20 @@ bool decode_rows(const AttentionProblem& p) {
 
 // Score options run on their prefill variant; decode-sized calls and fp8 K/V stay on the paged
 // kernel. bf16: on bf16 dot products with P rounded, or on fp32 FMAs (rounds_bf16_probabilities).
-OptionsKernelFn pick_options_kernel(const AttentionProblem& p) {
-  if (decode_rows(p) || is_fp8(p.kv_dtype) || p.bias) return nullptr;
+OptionsKernel pick_options_kernel(const AttentionProblem& p) {
+  if (decode_rows(p) || is_fp8(p.kv_dtype) || p.bias) return {};
   switch (p.dtype) {
     case DType::f32:
-      return flash_fwd_f32_options;
+      return TILELAB_NAMED(flash_fwd_f32_options);
     case DType::f16:
-      return flash_fwd_f16_options;
+      return TILELAB_NAMED(flash_fwd_f16_options);
     case DType::bf16:
-      return rounds_bf16_probabilities(p.dtype, p.kv_dtype, p.fp32_probabilities)
-                 ? flash_fwd_bf16_options
-                 : flash_fwd_bf16_options_fp32_probabilities;
+      if (rounds_bf16_probabilities(p.dtype, p.kv_dtype, p.fp32_probabilities)) {
+        return TILELAB_NAMED(flash_fwd_bf16_options);
+      }
+      return TILELAB_NAMED(flash_fwd_bf16_options_fp32_probabilities);
     default:
-      return nullptr;
+      return {};
   }
 }
 
@@ -73,7 +85,7 @@ OptionsKernelFn pick_options_kernel(const AttentionProblem& p) {
 // (kPrefillWideTiling) and 64-key blocks with one. Kernels that widen 16-bit K and V per tile
 // (fp16, and bf16 on fp32 FMAs) also come with 64-row tiles, for calls with rows enough to fill
 // them.
-KernelFn pick_kernel(const AttentionProblem& p) {
+Kernel pick_kernel(const AttentionProblem& p) {
   const bool has_bias = p.bias.has_value();
   const bool decode = !has_bias && decode_rows(p);
   const bool wide = !has_bias && !decode && !p.causal;
@@ -82,42 +94,57 @@ KernelFn pick_kernel(const AttentionProblem& p) {
                                                                p.batch * p.kv_heads, num_threads());
   switch (p.dtype) {
     case DType::f32:
-      if (has_bias) return flash_fwd_f32_bias;
-      return decode ? flash_fwd_f32_decode : wide ? flash_fwd_f32_wide : flash_fwd_f32;
+      if (has_bias) return TILELAB_NAMED(flash_fwd_f32_bias);
+      if (decode) return TILELAB_NAMED(flash_fwd_f32_decode);
+      if (wide) return TILELAB_NAMED(flash_fwd_f32_wide);
+      return TILELAB_NAMED(flash_fwd_f32);
     case DType::f16:
-      if (has_bias) return flash_fwd_f16_bias;
-      if (decode) return flash_fwd_f16_decode;
-      if (wide) return tall ? flash_fwd_f16_wide_tall : flash_fwd_f16_wide;
-      return tall ? flash_fwd_f16_tall : flash_fwd_f16;
+      if (has_bias) return TILELAB_NAMED(flash_fwd_f16_bias);
+      if (decode) return TILELAB_NAMED(flash_fwd_f16_decode);
+      if (wide && tall) return TILELAB_NAMED(flash_fwd_f16_wide_tall);
+      if (wide) return TILELAB_NAMED(flash_fwd_f16_wide);
+      if (tall) return TILELAB_NAMED(flash_fwd_f16_tall);
+      return TILELAB_NAMED(flash_fwd_f16);
     case DType::bf16:
-      if (decode) return flash_fwd_bf16_decode;
+      if (decode) return TILELAB_NAMED(flash_fwd_bf16_decode);
       if (!rounds_bf16_probabilities(p.dtype, p.kv_dtype, p.fp32_probabilities)) {
-        if (has_bias) return flash_fwd_bf16_bias_fp32_probabilities;
-        return tall ? flash_fwd_bf16_fp32_probabilities_tall : flash_fwd_bf16_fp32_probabilities;
+        if (has_bias) return TILELAB_NAMED(flash_fwd_bf16_bias_fp32_probabilities);
+        if (tall) return TILELAB_NAMED(flash_fwd_bf16_fp32_probabilities_tall);
+        return TILELAB_NAMED(flash_fwd_bf16_fp32_probabilities);
       }
-      if (has_bias) return flash_fwd_bf16_bias;
-      return wide ? flash_fwd_bf16_wide : flash_fwd_bf16;
+      if (has_bias) return TILELAB_NAMED(flash_fwd_bf16_bias);
+      if (wide) return TILELAB_NAMED(flash_fwd_bf16_wide);
+      return TILELAB_NAMED(flash_fwd_bf16);
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:
       break;
   }
-  return nullptr;
+  return {};
 }
+
+#undef TILELAB_NAMED
 
 }  // namespace
 
-bool generated_flash_attention_covers(const AttentionProblem& p) {
+const char* generated_flash_attention_kernel(const AttentionProblem& p) {
   // The kernels read the head dim (and the bias key dim) densely.
   for (const TensorView* view : {&p.q, &p.k, &p.v, &p.out}) {
-    if (view->stride(3) != 1 || !offsets_fit_int32(*view)) return false;
+    if (view->stride(3) != 1 || !offsets_fit_int32(*view)) return nullptr;
   }
-  if (p.bias && (p.bias->stride(3) != 1 || !offsets_fit_int32(*p.bias))) return false;
-  if (p.head_dim > kMaxFlashHeadDim || !fits_int32(p.causal_offset)) return false;
-  if (!p.score.any()) return !is_fp8(p.kv_dtype) && pick_kernel(p);
+  if (p.bias && (p.bias->stride(3) != 1 || !offsets_fit_int32(*p.bias))) return nullptr;
+  if (p.head_dim > kMaxFlashHeadDim || !fits_int32(p.causal_offset)) return nullptr;
+  if (!p.score.any()) return is_fp8(p.kv_dtype) ? nullptr : pick_kernel(p).name;
   const KeyBounds bounds = key_bounds(p);
-  return pick_options_kernel(p) && fits_int32(bounds.window_begin) &&
-         fits_int32(bounds.causal_offset) && fits_int32(p.position_offset);
+  if (!fits_int32(bounds.window_begin) || !fits_int32(bounds.causal_offset) ||
+      !fits_int32(p.position_offset)) {
+    return nullptr;
+  }
+  return pick_options_kernel(p).name;
+}
+
+bool generated_flash_attention_covers(const AttentionProblem& p) {
+  return generated_flash_attention_kernel(p) != nullptr;
 }
 
 bool generated_flash_attention(const AttentionProblem& p) {
@@ -153,13 +180,13 @@ bool generated_flash_attention(const AttentionProblem& p) {
     HalideView slope_view(TensorView(slopes.data(), DType::f32, {p.q_heads}));
     HalideView sink_view(TensorView(sinks.data(), DType::f32, {p.q_heads}));
     const KeyBounds bounds = key_bounds(p);
-    status = pick_options_kernel(p)(
+    status = pick_options_kernel(p).run(
         q.get(), k.get(), v.get(), bias.get(), p.scale, static_cast<int32_t>(bounds.causal_offset),
         p.score.softcap, slope_view.get(), sink_view.get(), static_cast<int32_t>(p.position_offset),
         static_cast<int32_t>(bounds.window_begin), out.get(), lse.get());
   } else {
-    status = pick_kernel(p)(q.get(), k.get(), v.get(), bias.get(), p.scale,
-                            static_cast<int32_t>(p.causal_offset), out.get(), lse.get());
+    status = pick_kernel(p).run(q.get(), k.get(), v.get(), bias.get(), p.scale,
+                                static_cast<int32_t>(p.causal_offset), out.get(), lse.get());
   }
   TILELAB_CHECK(status == 0) << "generated flash attention kernel failed (status " << status
                              << "): " << halide_error_message_of_thread();

@@ -4,6 +4,9 @@
 
 namespace tilelab::detail {
 
+const char* generated_flash_attention_kernel(const AttentionProblem&) {
+  return nullptr;
+}
 bool generated_flash_attention_covers(const AttentionProblem&) {
   return false;
 }

@@ -24,6 +24,7 @@ def test_all_lists_the_public_api():
         "flash_attention",
         "flash_attention_backward",
         "flash_attention_implementation",
+        "flash_attention_kernel",
         "num_threads",
         "paged_attention",
         "prefers_bf16_dot_products",
@@ -189,7 +190,9 @@ def test_stubs_match_the_stub_generator(tmp_path):
     assert generated_stub_signatures(tmp_path) == stub_signatures()
 
 
-@pytest.mark.parametrize("name", ["flash_attention", "flash_attention_implementation"])
+@pytest.mark.parametrize(
+    "name", ["flash_attention", "flash_attention_implementation", "flash_attention_kernel"]
+)
 def test_facade_signatures_match_the_compiled_module(name):
     parameters = inspect.signature(getattr(tilelab, name)).parameters.values()
     positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]

@@ -155,10 +155,13 @@ def test_generated_outside_coverage_is_a_value_error(rng):
         tilelab.flash_attention(q, k, v, implementation="generated")
 
 
-def test_implementation_query_validates(qkv):
+@pytest.mark.parametrize("query", ["flash_attention_implementation", "flash_attention_kernel"])
+def test_implementation_queries_validate(qkv, query):
     q, k, v = qkv
     with raises_naming(ValueError, "q"):
-        tilelab.flash_attention_implementation(q[0], k, v)
+        getattr(tilelab, query)(q[0], k, v)
+    with raises_naming(ValueError, "causal_alignment"):
+        getattr(tilelab, query)(q, k, v, causal=True, causal_alignment="bottom")
 
 
 def test_positional_options_are_rejected(qkv):

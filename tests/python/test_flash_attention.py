@@ -153,33 +153,52 @@ def test_implementation_query(rng):
     assert tilelab.flash_attention_implementation(q, k, v) in ("generated", "reference")
 
 
+def test_kernel_query(rng):
+    q, k, v = random_qkv(rng, 1, 4, 2, 40, 70, 64, "float32")
+    kernel = tilelab.flash_attention_kernel(q, k, v, causal=True)
+    if tilelab.flash_attention_implementation(q, k, v, causal=True) != "generated":
+        assert kernel is None
+        pytest.skip("this build has no generated kernel for the call (TILELAB_BUILD_KERNELS=OFF)")
+    assert kernel == "flash_fwd_f32"
+    assert tilelab.flash_attention_kernel(q, k, v) == "flash_fwd_f32_wide"
+    bias = np.zeros((1, 1, 40, 70), np.float32)
+    assert tilelab.flash_attention_kernel(q, k, v, bias=bias) == "flash_fwd_f32_bias"
+    assert (
+        tilelab.flash_attention_kernel(q, k, v, causal=True, softcap=5.0) == "flash_fwd_f32_options"
+    )
+    # Decode runs on the paged kernel, a head dim in steps of 2 on the reference: no kernel.
+    assert tilelab.flash_attention_kernel(q[:, :, :1], k, v) is None
+    assert tilelab.flash_attention_kernel(q[..., ::2], k[..., ::2], v[..., ::2]) is None
+
+
 # The prefill kernels that widen 16-bit K and V per tile (fp16, and bf16 with fp32 probabilities)
 # come with 32- and 64-row query tiles; which one runs depends on the rows per kv head, the kv
-# heads and the thread count (schedules/flash/tiling.hpp, prefers_tall_query_tiles). At these
-# lengths one thread and two pick different tiles for some: each result against the reference,
-# and the two bit for bit, since a row's arithmetic does not depend on its tile.
+# heads and the thread count (schedules/flash/tiling.hpp, prefers_tall_query_tiles): one kv head
+# of 33 to 64 rows, or 65, takes the tall tile on one thread and two short ones on two. Each
+# result against the reference, and the two bit for bit: a row's arithmetic does not depend on
+# its tile.
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("q_len", [31, 33, 64, 65, 97])
-def test_query_tile_heights_agree(rng, restore_num_threads, q_len, dtype_name, causal):
+@pytest.mark.parametrize(
+    ("q_len", "tall_on_one_thread", "tall_on_two"),
+    [(31, False, False), (33, True, False), (64, True, False), (65, False, True), (97, True, True)],
+)
+def test_query_tile_heights_agree(
+    rng, restore_num_threads, q_len, tall_on_one_thread, tall_on_two, dtype_name, causal
+):
     q, k, v = random_qkv(rng, 1, 1, 1, q_len, 150, 40, dtype_name)
-    if tilelab.flash_attention_implementation(q, k, v) != "generated":
+    options = dict(causal=causal, causal_alignment="bottom_right", fp32_probabilities=True)
+    if tilelab.flash_attention_implementation(q, k, v, **options) != "generated":
         pytest.skip("this build has no generated kernel for the call (TILELAB_BUILD_KERNELS=OFF)")
     reference_out, reference_lse = reference_attention(
         q, k, v, causal=causal, causal_alignment="bottom_right"
     )
     results = []
-    for threads in (1, 2):
+    for threads, tall in ((1, tall_on_one_thread), (2, tall_on_two)):
         tilelab.set_num_threads(threads)
+        assert tilelab.flash_attention_kernel(q, k, v, **options).endswith("_tall") == tall
         out, lse = tilelab.flash_attention(
-            q,
-            k,
-            v,
-            causal=causal,
-            causal_alignment="bottom_right",
-            fp32_probabilities=True,
-            return_lse=True,
-            implementation="generated",
+            q, k, v, return_lse=True, implementation="generated", **options
         )
         assert_attention_close(out, reference_out, dtype_name, v, k.shape[2])
         assert_lse_close(lse, reference_lse, q.shape[3], k.shape[2])

@@ -85,9 +85,12 @@ void expect_error(ValidCall& call, ErrorKind kind, const std::string& argument,
     REQUIRE(thrown);
     CHECK(message.rfind(argument + ":", 0) == 0);  // the message starts with the argument
     if (!also.empty()) CHECK(message.find(also) != std::string::npos);
-    // The same validation runs before dispatch reports an implementation.
+    // The same validation runs before dispatch reports an implementation or a kernel.
     CHECK_THROWS_AS(tilelab::flash_attention_implementation(call.q_view, call.k_view, call.v_view,
                                                             call.out_view, call.options),
+                    tilelab::Error);
+    CHECK_THROWS_AS(tilelab::flash_attention_kernel(call.q_view, call.k_view, call.v_view,
+                                                    call.out_view, call.options),
                     tilelab::Error);
   }
   CHECK(call.out.bytes() == out_before);

@@ -240,6 +240,11 @@ void run_case(const Case& c) {
     REQUIRE(chosen == "paged");
   }
   bool generated_covers = chosen == "generated";
+  // A generated call names its kernel, any other names none.
+  const char* kernel = tilelab::flash_attention_kernel(
+      inputs.q.view(), inputs.k.view(), inputs.v.view(), inputs.out.view(), inputs.options);
+  CHECK((kernel != nullptr) == generated_covers);
+  if (kernel != nullptr) CHECK(std::string(kernel).rfind("flash_fwd_", 0) == 0);
 #ifdef TILELAB_HAVE_KERNELS
   // Built with kernels: every case with unit innermost strides is within what they cover, so the
   // generated path cannot silently fall back to the reference.
