@@ -23,7 +23,8 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
  public:
   GeneratorParam<Type> io_type{"io_type", Float(32)};  // q, k, v and out element type
   GeneratorParam<bool> has_bias{"has_bias", false};
-  // "prefill" or "decode": the tiling of schedules/flash/tiling.hpp the runtime picks by.
+  // A tiling of schedules/flash/tiling.hpp by name ("prefill", "prefill_wide", "prefill_tall",
+  // "prefill_wide_tall", "decode"; tiling_of_variant), which the runtime picks by.
   GeneratorParam<std::string> variant{"variant", "prefill"};
   // bf16 prefill: q·k and P·V on bf16 dot products with P rounded to bf16 (FlashAttention's mixed
   // precision), on targets that have them (AVX-512 BF16); elsewhere, and when false, P stays fp32
