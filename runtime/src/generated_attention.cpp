@@ -10,6 +10,7 @@
 #include "flash_fwd_bf16.h"
 #include "flash_fwd_bf16_bias.h"
 #include "flash_fwd_bf16_bias_fp32_probabilities.h"
+#include "flash_fwd_bf16_bias_fp32_probabilities_tall.h"
 #include "flash_fwd_bf16_decode.h"
 #include "flash_fwd_bf16_fp32_probabilities.h"
 #include "flash_fwd_bf16_fp32_probabilities_tall.h"
@@ -18,6 +19,7 @@
 #include "flash_fwd_bf16_wide.h"
 #include "flash_fwd_f16.h"
 #include "flash_fwd_f16_bias.h"
+#include "flash_fwd_f16_bias_tall.h"
 #include "flash_fwd_f16_decode.h"
 #include "flash_fwd_f16_options.h"
 #include "flash_fwd_f16_tall.h"
@@ -89,9 +91,8 @@ Kernel pick_kernel(const AttentionProblem& p) {
   const bool has_bias = p.bias.has_value();
   const bool decode = !has_bias && decode_rows(p);
   const bool wide = !has_bias && !decode && !p.causal;
-  const bool tall = !has_bias && !decode &&
-                    schedules::flash::prefers_tall_query_tiles(p.rows_per_kv_head(),
-                                                               p.batch * p.kv_heads, num_threads());
+  const bool tall = !decode && schedules::flash::prefers_tall_query_tiles(
+                                   p.rows_per_kv_head(), p.batch * p.kv_heads, num_threads());
   switch (p.dtype) {
     case DType::f32:
       if (has_bias) return TILELAB_NAMED(flash_fwd_f32_bias);
@@ -99,6 +100,7 @@ Kernel pick_kernel(const AttentionProblem& p) {
       if (wide) return TILELAB_NAMED(flash_fwd_f32_wide);
       return TILELAB_NAMED(flash_fwd_f32);
     case DType::f16:
+      if (has_bias && tall) return TILELAB_NAMED(flash_fwd_f16_bias_tall);
       if (has_bias) return TILELAB_NAMED(flash_fwd_f16_bias);
       if (decode) return TILELAB_NAMED(flash_fwd_f16_decode);
       if (wide && tall) return TILELAB_NAMED(flash_fwd_f16_wide_tall);
@@ -108,6 +110,7 @@ Kernel pick_kernel(const AttentionProblem& p) {
     case DType::bf16:
       if (decode) return TILELAB_NAMED(flash_fwd_bf16_decode);
       if (!rounds_bf16_probabilities(p.dtype, p.kv_dtype, p.fp32_probabilities)) {
+        if (has_bias && tall) return TILELAB_NAMED(flash_fwd_bf16_bias_fp32_probabilities_tall);
         if (has_bias) return TILELAB_NAMED(flash_fwd_bf16_bias_fp32_probabilities);
         if (tall) return TILELAB_NAMED(flash_fwd_bf16_fp32_probabilities_tall);
         return TILELAB_NAMED(flash_fwd_bf16_fp32_probabilities);

@@ -171,12 +171,13 @@ def test_kernel_query(rng):
     assert tilelab.flash_attention_kernel(q[..., ::2], k[..., ::2], v[..., ::2]) is None
 
 
-# The prefill kernels that widen 16-bit K and V per tile (fp16, and bf16 with fp32 probabilities)
-# come with 32- and 64-row query tiles; which one runs depends on the rows per kv head, the kv
-# heads and the thread count (schedules/flash/tiling.hpp, prefers_tall_query_tiles): one kv head
-# of 33 to 64 rows, or 65, takes the tall tile on one thread and two short ones on two. Each
-# result against the reference, and the two bit for bit: a row's arithmetic does not depend on
-# its tile.
+# The prefill kernels that widen 16-bit K and V per tile (fp16, and bf16 with fp32 probabilities,
+# with and without a bias) come with 32- and 64-row query tiles; which one runs depends on the
+# rows per kv head, the kv heads and the thread count (schedules/flash/tiling.hpp,
+# prefers_tall_query_tiles): one kv head of 33 to 64 rows, or 65, takes the tall tile on one
+# thread and two short ones on two. Each result against the reference, and the two bit for bit:
+# a row's arithmetic does not depend on its tile.
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @pytest.mark.parametrize(
@@ -184,14 +185,17 @@ def test_kernel_query(rng):
     [(31, False, False), (33, True, False), (64, True, False), (65, False, True), (97, True, True)],
 )
 def test_query_tile_heights_agree(
-    rng, restore_num_threads, q_len, tall_on_one_thread, tall_on_two, dtype_name, causal
+    rng, restore_num_threads, q_len, tall_on_one_thread, tall_on_two, dtype_name, causal, with_bias
 ):
     q, k, v = random_qkv(rng, 1, 1, 1, q_len, 150, 40, dtype_name)
-    options = dict(causal=causal, causal_alignment="bottom_right", fp32_probabilities=True)
+    bias = rng.standard_normal((1, 1, q_len, 150), dtype=np.float32) if with_bias else None
+    options = dict(
+        causal=causal, causal_alignment="bottom_right", bias=bias, fp32_probabilities=True
+    )
     if tilelab.flash_attention_implementation(q, k, v, **options) != "generated":
         pytest.skip("this build has no generated kernel for the call (TILELAB_BUILD_KERNELS=OFF)")
     reference_out, reference_lse = reference_attention(
-        q, k, v, causal=causal, causal_alignment="bottom_right"
+        q, k, v, causal=causal, causal_alignment="bottom_right", bias=bias
     )
     results = []
     for threads, tall in ((1, tall_on_one_thread), (2, tall_on_two)):
