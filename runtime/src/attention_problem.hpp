@@ -75,10 +75,12 @@ void reference_flash_attention(const AttentionProblem& problem);
 // They multiply a masked key's v row by P = 0: callers with score options (whose masked keys are
 // never read, docs/attention_options.md) check v for NaN and inf first.
 bool generated_flash_attention(const AttentionProblem& problem);
-// Whether generated_flash_attention would accept the problem.
-bool generated_flash_attention_covers(const AttentionProblem& problem);
 // The name of the kernel generated_flash_attention would run, or nullptr when it would not.
 const char* generated_flash_attention_kernel(const AttentionProblem& problem);
+// Whether generated_flash_attention would accept the problem.
+inline bool generated_flash_attention_covers(const AttentionProblem& problem) {
+  return generated_flash_attention_kernel(problem) != nullptr;
+}
 
 // The validated form of one flash_attention_backward call: the forward's problem (q, k, v, out,
 // bias, lse as inputs) plus the incoming gradient and the gradient outputs.

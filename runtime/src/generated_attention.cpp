@@ -146,10 +146,6 @@ const char* generated_flash_attention_kernel(const AttentionProblem& p) {
   return pick_options_kernel(p).name;
 }
 
-bool generated_flash_attention_covers(const AttentionProblem& p) {
-  return generated_flash_attention_kernel(p) != nullptr;
-}
-
 bool generated_flash_attention(const AttentionProblem& p) {
   if (!generated_flash_attention_covers(p)) return false;
   install_halide_hooks();

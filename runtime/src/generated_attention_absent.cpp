@@ -7,9 +7,6 @@ namespace tilelab::detail {
 const char* generated_flash_attention_kernel(const AttentionProblem&) {
   return nullptr;
 }
-bool generated_flash_attention_covers(const AttentionProblem&) {
-  return false;
-}
 bool generated_flash_attention(const AttentionProblem&) {
   return false;
 }
