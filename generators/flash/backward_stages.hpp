@@ -89,7 +89,10 @@ struct FlashBackwardStages {
   Halide::Var dp{"dp"}, dh{"dh"};                     // a pair of head dims: 2·dh + dp
   Halide::Var pair{"pair"}, half{"half"};             // a pair of rows or keys: 2·half + pair
   int key_block = 0, query_tile = 0;
-  Halide::Expr chunk_blocks;   // key blocks per chunk (a run-time input)
+  Halide::Expr chunk_blocks;  // key blocks per chunk (a run-time input)
+  // The bias's strides across rows and query heads: both 0 when the bias is absent or broadcast
+  // over them, and then a tile's rows (in the vector lanes) read one bias value per key.
+  Halide::Expr bias_row_stride, bias_head_stride;
   bool io_is_f32 = false;      // inputs are fp32 already: read in place, no conversion copies
   bool bf16_products = false;  // score and dprob on bf16 dot products (FlashBackwardTileStages)
   bool bf16_probabilities = false;  // and dV, dK, dQ, on P and dS rounded to bf16

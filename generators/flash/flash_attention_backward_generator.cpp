@@ -86,8 +86,8 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
   }
 
   void generate() {
-    // The absent bias is a single 0 read through stride-0 dims, the key dim included. (Its reads
-    // are gathers across rows anyway.)
+    // The absent bias is a single 0 read through stride-0 dims, the key dim included. (A bias
+    // that varies across a tile's rows is read as a gather anyway.)
     bias.dim(0).set_stride(Expr());
     tilelab::generators::FlashBackwardStages s;
     const tilelab::schedules::flash::FlashAttentionTiling tiling =
@@ -104,6 +104,8 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
         << "bf16_probabilities: needs bf16_products, the dot products that read them";
     s.bf16_probabilities = s.bf16_products && bf16_probabilities;
     s.score_options = score_options;
+    s.bias_row_stride = bias.dim(1).stride();
+    s.bias_head_stride = bias.dim(2).stride();
     TILELAB_REQUIRE(KB % 2 == 0 && QT % 2 == 0)
         << "bf16 products pair keys and rows: key_block and query_tile must be even";
     Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;

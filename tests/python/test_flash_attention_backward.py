@@ -30,11 +30,14 @@ SHAPES = {
     "m1023_n1023_d16": (1, 1, 1, 1023, 1023, 16),
 }
 
-# Bias shapes as [B|1, Hq|1, M|1, N] flags: which dims are full.
+# Bias shapes as [B|1, Hq|1, M|1, N] flags: which dims are full. The kernel reads a bias broadcast
+# over rows and heads, over rows only, and one that varies by row on separate paths.
 BIAS_SHAPES = {
     "none": None,
     "full": (True, True, True),
     "per_head_row": (False, True, True),
+    "per_row_key": (False, False, True),
+    "per_head_key": (False, True, False),
     "keys_only": (False, False, False),
     "per_batch_key": (True, False, False),
 }
@@ -193,11 +196,13 @@ def test_fully_masked_rows_give_zero_gradients(rng):
         assert np.all(dq[:, :, :31] == 0)
 
 
-def test_bias_of_minus_infinity_masks(rng):
+@pytest.mark.parametrize("bias_rows", [16, 1], ids=["per_row", "broadcast_rows"])
+def test_bias_of_minus_infinity_masks(rng, bias_rows):
     q, k, v = random_qkv(rng, 1, 2, 2, 16, 24, 32, "float32")
-    bias = rng.standard_normal((1, 1, 16, 24), dtype=np.float32)
+    bias = rng.standard_normal((1, 1, bias_rows, 24), dtype=np.float32)
     bias[..., 5:9] = -np.inf
-    bias[0, 0, 3, :] = -np.inf  # a row masked entirely by the bias
+    if bias_rows > 1:
+        bias[0, 0, 3, :] = -np.inf  # a row masked entirely by the bias
     out, lse, dout = forward_and_gradient(rng, q, k, v, "float32", bias=bias)
     for implementation in ("generated", "reference"):
         dq, dk, dv, dbias = tilelab.flash_attention_backward(
@@ -205,7 +210,9 @@ def test_bias_of_minus_infinity_masks(rng):
         for grad in (dq, dk, dv, dbias):
             assert np.all(np.isfinite(grad))
         assert np.all(dbias[..., 5:9] == 0)
-        assert np.all(dq[:, :, 3] == 0)
+        assert np.all(dk[..., 5:9, :] == 0) and np.all(dv[..., 5:9, :] == 0)
+        if bias_rows > 1:
+            assert np.all(dq[:, :, 3] == 0)
 
 
 @pytest.mark.parametrize("implementation", ["generated", "reference"])
