@@ -9,10 +9,11 @@
 // once (the pass visits every row tile once per key block).
 // The pass, per task (key chunk of chunk_blocks key blocks, kv head, batch), parallel over tasks:
 //  for each group rg of kBackwardGroupTiles row tiles (their rows stay in cache across the blocks)
+//   dout_f32, query_f32   the group's q and dout rows as they are, in fp32 (once per group: per
+//                         row tile and key block, the copies took 5% of the fp32 pass)
 //   for each key block rc of the chunk
 //     key_f32, value_f32    the block's K and V in fp32
 //     for each row tile ro of the group that sees the block (causal: the others are skipped)
-//       dout_f32, query_f32   q and dout rows as they are
 //       score, dprob      QT×KB, register tiles of (2·VL rows) × 8 keys = 16 accumulators
 //       prob, dscore      P and dS of the tile (one exp per score), computed once for all three:
 //       block_dv, block_dk  (4·VL head dims) × 4 keys = 16 accumulators over the tile's rows:
@@ -239,7 +240,7 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
     }
   } else {
     for (Func f : {s.dout_f32, s.query_f32}) {
-      f.compute_at(fused_parent, row_tile).vectorize(s.d, VL);
+      f.compute_at(fused_parent, s.rg).vectorize(s.d, VL);
     }
   }
   schedule_keys(s, s.key_pass, LoopLevel(fused_parent, block), VL);
