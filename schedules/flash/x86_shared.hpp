@@ -55,18 +55,22 @@ inline constexpr int kFastHeadDims[] = {128, 64};
 // `head_dim_vectors` vectors (fast paths for D = 64 and 128, which need no rounding) or else one
 // vector, × `second_tile` of `second`, unrolled. `dout` is the loop over head-dim tiles, where
 // each tile's product is computed (schedule_tile_product).
+// The fast paths unroll the head-dim vectors too: the tile's add into the accumulator then reads
+// its product at constant offsets (the forward's fp32 merge, Emerald Rapids: 3-5% faster).
 inline void split_register_tiles(Halide::Stage stage, const Halide::Var& d,
                                  const Halide::Var& second, int second_tile,
                                  const Halide::Expr& head_dim, int lanes, const Halide::Var& dout,
                                  int head_dim_vectors = 4) {
   using Halide::TailStrategy;
-  Halide::Var din("din"), so("so"), si("si");
+  Halide::Var din("din"), so("so"), si("si"), dvo("dvo"), dvi("dvi");
   for (int dims : kFastHeadDims) {
     stage.specialize(head_dim == dims)
         .split(d, dout, din, std::min(dims, head_dim_vectors * lanes), TailStrategy::RoundUp)
         .split(second, so, si, second_tile)
         .reorder(din, si, dout, so)
-        .vectorize(din, lanes)
+        .split(din, dvo, dvi, lanes)
+        .vectorize(dvi)
+        .unroll(dvo)
         .unroll(si);
   }
   stage.split(d, dout, din, lanes, TailStrategy::RoundUp)
