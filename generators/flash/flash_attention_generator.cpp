@@ -124,6 +124,8 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     Expr biased = s.score(ii, jj, jb, io, hk, b);
     Expr visible = key <= s.row_key_limit(ii, io);
     if (has_bias) {
+      s.bias_row_stride = bias.dim(1).stride();
+      s.bias_head_stride = bias.dim(2).stride();
       Expr bias_value = bias(key_c, s.row_query(ii, io), s.row_head(ii, io, hk), b);
       biased += bias_value;
       // A bias of -inf masks the key whatever q·k is (NaN included).

@@ -76,6 +76,9 @@ struct FlashAttentionStages {
   int query_tile = 0;     // rows per query tile
   bool decode = false;    // few rows per kv head: head dim in the vector lanes for q·k
   int decode_lanes = 16;  // lanes of score_partial
+  // With a bias, its strides across rows and query heads: both 0 when it is broadcast over them
+  // (a key padding mask), and then a tile's rows (in the vector lanes) read one value per key.
+  Halide::Expr bias_row_stride, bias_head_stride;
 };
 
 }  // namespace tilelab::generators

@@ -187,6 +187,13 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
         .unroll(s.jj);
   }
 
+  // A bias broadcast over rows and query heads is one load per key, not a gather across the rows
+  // in the lanes (B1 H16 S512 D128 with a [1, 1, 1, N] fp32 bias, Emerald Rapids, 2 threads: fp32
+  // 11.6-12.5 -> 9.8-10.3 ms, bf16 11.5-11.6 -> 9.9-10.1, as fast as without a bias).
+  if (s.bias_row_stride.defined()) {
+    s.masked.specialize(s.bias_row_stride == 0).specialize(s.bias_head_stride == 0);
+  }
+
   // Block maxima are kept for the whole tile (store_at) and computed per block: the sliding
   // window computes each block once while running_max reads blocks 0..rk.
   s.block_max.store_at(tile).compute_at(s.state, s.rk).vectorize(s.ii, RV);

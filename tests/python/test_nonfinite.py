@@ -100,6 +100,22 @@ def test_minus_inf_bias_masks_whatever_q_is(rng, implementation):
     assert np.isfinite(out[:, :, [0, 2, 3, 4]]).all()
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("bias_heads", [1, 2], ids=["keys_only", "per_head_key"])
+def test_minus_inf_bias_broadcast_over_rows_masks_whatever_k_is(rng, implementation, bias_heads):
+    """A bias broadcast over the rows (one value per key, read once per key by the kernel) of -inf
+    masks its keys for every row, NaN keys included."""
+    q, k, v = problem(rng, 40)
+    bias = np.zeros((1, bias_heads, 1, k.shape[2]), np.float32)
+    bias[..., 3:9] = -np.inf
+    k[:, :, 3:9] = np.nan
+    out, lse = run(q, k, v, implementation, bias=bias)
+    kept = np.r_[0:3, 9 : k.shape[2]]
+    expected, expected_lse = run(q, k[:, :, kept], v[:, :, kept], implementation)
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    np.testing.assert_allclose(lse, expected_lse, atol=1e-6)
+
+
 def test_very_negative_finite_scores_agree_in_every_implementation(rng):
     """A bias of -1e30 is a score, not a mask: the row averages V, whichever implementation runs
     (automatic picks the reference for a q with a non-unit innermost stride)."""
