@@ -126,7 +126,11 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     if (has_bias) {
       s.bias_row_stride = bias.dim(1).stride();
       s.bias_head_stride = bias.dim(2).stride();
-      Expr bias_value = bias(key_c, s.row_query(ii, io), s.row_head(ii, io, hk), b);
+      Expr bias_direct = bias(key_c, s.row_query(ii, io), s.row_head(ii, io, hk), b);
+      s.bias_rows(jj, ii, jb, io, hk, b) = bias_direct;
+      s.bias_t(ii, jj, jb, io, hk, b) = s.bias_rows(jj, ii, jb, io, hk, b);
+      Expr bias_value =
+          select(s.bias_row_stride == 0, bias_direct, s.bias_t(ii, jj, jb, io, hk, b));
       biased += bias_value;
       // A bias of -inf masks the key whatever q·k is (NaN included).
       visible = visible && reinterpret<uint32_t>(bias_value) != Expr(kFp32MinusInfinityBits);

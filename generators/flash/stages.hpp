@@ -29,6 +29,10 @@ struct FlashAttentionStages {
   Halide::Func score{"score"};                    // (ii, jj, jb, io, hk, b) q·k, scaled
   Halide::Func masked{
       "masked"};  // (ii, jj, jb, io, hk, b) score + bias, or kMasked where not visible
+  // With a bias: (jj, ii, jb, io, hk, b) the rows' bias as stored, keys innermost, and bias_t
+  // (ii, jj, jb, io, hk, b), its transpose: rows innermost, like the scores it is added to.
+  Halide::Func bias_rows{"bias_rows"};
+  Halide::Func bias_t{"bias_t"};
   Halide::Func row_query{"row_query"};          // (ii, io) query index of a row
   Halide::Func row_head{"row_head"};            // (ii, io, hk) query head of a row
   Halide::Func row_key_limit{"row_key_limit"};  // (ii, io) last key the row sees

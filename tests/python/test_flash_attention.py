@@ -94,6 +94,20 @@ def test_bias(rng, dtype_name, bias_shape, causal):
     check(q, k, v, dtype_name, bias=bias, causal=causal, causal_alignment="bottom_right")
 
 
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_bias_varying_by_row_across_tiles_and_heads(rng, dtype_name, mask):
+    """A bias that varies by row is read a row at a time and transposed for the score tiles (whose
+    rows are the vector lanes): a GQA group of 2 with 45 queries puts a tile boundary inside each
+    query head and a head boundary inside a tile, 141 keys end inside a block and inside a
+    register tile of 8, and single -inf entries mask single (row, key) pairs."""
+    batch, q_heads, kv_heads, q_len, kv_len, head_dim = 1, 4, 2, 45, 141, 64
+    q, k, v = random_qkv(rng, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype_name)
+    bias = 2 * rng.standard_normal((batch, q_heads, q_len, kv_len), dtype=np.float32)
+    bias[rng.random(bias.shape) < 0.05] = -np.inf
+    check(q, k, v, dtype_name, bias=bias, **mask)
+
+
 def test_bias_non_contiguous(rng):
     q, k, v = random_qkv(rng, 1, 2, 2, 12, 20, 16, "float32")
     bias = rng.standard_normal((1, 2, 20, 12), dtype=np.float32).transpose(0, 1, 3, 2)

@@ -215,6 +215,21 @@ def test_bias_of_minus_infinity_masks(rng, bias_rows):
             assert np.all(dq[:, :, 3] == 0)
 
 
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_bias_varying_by_row_across_tiles_and_heads(rng, dtype_name, mask):
+    """A bias that varies by row, whose tiles (rows in the vector lanes) gather it: 45 queries of a
+    GQA group of 2 put tile boundaries inside heads and head boundaries inside tiles, 141 keys end
+    inside a block and a register tile, and single -inf entries mask single (row, key) pairs
+    (their dbias is 0)."""
+    q, k, v = random_qkv(rng, 1, 4, 2, 45, 141, 64, dtype_name)
+    bias = 2 * rng.standard_normal((1, 4, 45, 141), dtype=np.float32)
+    masked = rng.random(bias.shape) < 0.05
+    bias[masked] = -np.inf
+    grads = check(rng, q, k, v, dtype_name, bias=bias, implementation="generated", **mask)
+    assert np.all(grads[3][masked] == 0)
+
+
 @pytest.mark.parametrize("implementation", ["generated", "reference"])
 def test_nan_propagates(rng, implementation):
     q, k, v = random_qkv(rng, 1, 2, 1, 20, 30, 16, "float32")
