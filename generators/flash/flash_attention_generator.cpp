@@ -126,6 +126,9 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     if (has_bias) {
       s.bias_row_stride = bias.dim(1).stride();
       s.bias_head_stride = bias.dim(2).stride();
+      // Read directly where the bias is broadcast over rows, else through its transposed copy:
+      // the schedule specializes `masked` on the row stride, which drops one side of the select
+      // and, in the broadcast case, the copy with it.
       Expr bias_direct = bias(key_c, s.row_query(ii, io), s.row_head(ii, io, hk), b);
       s.bias_rows(jj, ii, jb, io, hk, b) = bias_direct;
       s.bias_t(ii, jj, jb, io, hk, b) = s.bias_rows(jj, ii, jb, io, hk, b);
