@@ -60,15 +60,18 @@ void at_root_per_key_block(Func f, const FlashAttentionStages& s, const Expr& he
   for (int dims : flash::kFastHeadDims) f.specialize(head_dim == dims);
 }
 
+// Keys per score register tile: `masked`'s tiles are (2·VL rows) × kScoreTileKeys.
+constexpr int kScoreTileKeys = 8;
+
 // A bias that varies across a tile's rows, `transposed(rows, keys) = by_row(keys, rows)` for the
-// 8 keys of one score register tile, computed at `tile` (the register tile's loop over keys,
+// keys of one score register tile, computed at `tile` (the register tile's loop over keys,
 // inside the consumer's specialization for such a bias, so that a bias broadcast over rows never
-// computes it): each row's 8 keys read as stored (one dense load, where the rows in the vector
+// computes it): each row's keys read as stored (one dense load, where the rows in the vector
 // lanes would make every score vector a 16-lane gather), then transposed in registers.
 void schedule_bias_transpose(Func transposed, Func by_row, const LoopLevel& tile, const Var& rows,
                              const Var& keys, int lanes) {
-  transposed.compute_at(tile).vectorize(rows, lanes).unroll(rows).vectorize(keys, 8);
-  by_row.compute_at(transposed, Var::outermost()).vectorize(keys, 8).unroll(rows);
+  transposed.compute_at(tile).vectorize(rows, lanes).unroll(rows).vectorize(keys, kScoreTileKeys);
+  by_row.compute_at(transposed, Var::outermost()).vectorize(keys, kScoreTileKeys).unroll(rows);
 }
 
 }  // namespace
@@ -168,7 +171,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
 
   if (!s.decode) {
     s.masked.compute_at(s.state, s.rk)
-        .tile(s.ii, s.jj, iii, jji, score_rows, 8)
+        .tile(s.ii, s.jj, iii, jji, score_rows, kScoreTileKeys)
         .vectorize(iii, VL)
         .unroll(iii)
         .unroll(jji);
