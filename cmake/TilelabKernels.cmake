@@ -1,5 +1,5 @@
-# Halide AOT kernels: one shared Halide runtime, explicit target feature chains, STMT and ASSEMBLY
-# listings always emitted (cheap, and the first thing to read when a kernel is slow).
+# Halide AOT kernels: one shared Halide runtime, explicit target feature chains, and STMT and
+# ASSEMBLY listings one target away (the first thing to read when a kernel is slow).
 
 # Multitarget: the first target the CPU supports runs. Feature flags do not imply their subsets,
 # so each chain is spelled out. Zen 4 / Sapphire Rapids class, then Haswell class, then baseline.
@@ -9,18 +9,19 @@ set(TILELAB_HALIDE_TARGETS
     x86-64-linux
     CACHE STRING "Halide targets of the AOT kernels, best first")
 
-# The listings cost one more generator run per kernel; the wheel (pyproject.toml) leaves them out.
-option(TILELAB_KERNEL_LISTINGS "Write each kernel's lowered statement and assembly listings" ON)
-
 add_halide_runtime(tilelab_halide_runtime TARGETS x86-64-linux)
 add_library(tilelab_kernels INTERFACE)
 target_link_libraries(tilelab_kernels INTERFACE tilelab_halide_runtime)
 target_include_directories(tilelab_kernels INTERFACE "${PROJECT_BINARY_DIR}/kernels")
+# The listings cost one more generator run per kernel, about a quarter of the kernels' generator
+# time, and no test reads them: they are built on demand, all with `ninja kernel_listings`, one
+# kernel's with `ninja <name>_listings`.
+add_custom_target(kernel_listings)
 
 # tilelab_add_kernel(<name> GENERATOR <generator> FROM <generator target> [PARAMS k=v ...])
 # adds the kernel <name> (function of the same name, header <name>.h) to tilelab_kernels, and its
-# lowered statement and assembly for the first (best) target as listings/<name>.{stmt,s}
-# (TILELAB_KERNEL_LISTINGS).
+# lowered statement and assembly for the first (best) target as listings/<name>.{stmt,s} (target
+# <name>_listings, not built by default).
 function(tilelab_add_kernel name)
   cmake_parse_arguments(ARG "" "GENERATOR;FROM" "PARAMS" ${ARGN})
   add_halide_library(${name} FROM ${ARG_FROM}
@@ -31,9 +32,6 @@ function(tilelab_add_kernel name)
                      USE_RUNTIME tilelab_halide_runtime)
   target_link_libraries(tilelab_kernels INTERFACE ${name})
 
-  if (NOT TILELAB_KERNEL_LISTINGS)
-    return()
-  endif ()
   # For a multitarget library Halide writes one STMT/ASSEMBLY file per target but declares a
   # single one, which would re-run the generator on every build; the listings get their own rule.
   list(GET TILELAB_HALIDE_TARGETS 0 best_target)
@@ -46,5 +44,6 @@ function(tilelab_add_kernel name)
     DEPENDS ${ARG_FROM}
     COMMENT "Listings of ${name} for ${best_target}"
     VERBATIM)
-  add_custom_target(${name}_listings ALL DEPENDS "${listings}/${name}.stmt" "${listings}/${name}.s")
+  add_custom_target(${name}_listings DEPENDS "${listings}/${name}.stmt" "${listings}/${name}.s")
+  add_dependencies(kernel_listings ${name}_listings)
 endfunction()

@@ -380,10 +380,11 @@ def flash_attention_kernel(
 ) -> str | None:
     """The name of the generated kernel :func:`flash_attention` would run for these arguments
     with ``implementation="automatic"`` (for instance ``"flash_fwd_bf16_fp32_probabilities_tall"``,
-    whose lowered statement and assembly are ``listings/<name>.stmt`` and ``.s`` in the build's
-    ``generators`` directory), or None when the call runs on the paged kernel or the reference
-    (see :func:`flash_attention_implementation`). The choice may depend on :func:`num_threads`.
-    Validates like :func:`flash_attention` and raises the same errors; computes nothing."""
+    whose lowered statement and assembly ``ninja <name>_listings`` writes to
+    ``listings/<name>.stmt`` and ``.s`` in the build's ``generators`` directory), or None when the
+    call runs on the paged kernel or the reference (see :func:`flash_attention_implementation`).
+    The choice may depend on :func:`num_threads`. Validates like :func:`flash_attention` and
+    raises the same errors; computes nothing."""
     return _core.flash_attention_kernel(
         q,
         k,

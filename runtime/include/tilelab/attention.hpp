@@ -112,10 +112,10 @@ const char* flash_attention_implementation(const TensorView& q, const TensorView
                                            const FlashAttentionOptions& options = {});
 
 // The generated kernel flash_attention runs for these arguments under Implementation::automatic,
-// by name (e.g. "flash_fwd_bf16_fp32_probabilities_tall"; its lowered statement and assembly are
-// listings/<name>.stmt and .s in the build's generators directory), or nullptr when the call runs
-// on the paged kernel or the reference. The choice may depend on num_threads(). Validates like
-// flash_attention.
+// by name (e.g. "flash_fwd_bf16_fp32_probabilities_tall"; the target <name>_listings writes its
+// lowered statement and assembly to listings/<name>.stmt and .s in the build's generators
+// directory), or nullptr when the call runs on the paged kernel or the reference. The choice may
+// depend on num_threads(). Validates like flash_attention.
 const char* flash_attention_kernel(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out,
                                    const FlashAttentionOptions& options = {});
