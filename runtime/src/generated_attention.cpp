@@ -47,16 +47,8 @@ using OptionsKernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffe
                                 halide_buffer_t*, int32_t, int32_t, halide_buffer_t*,
                                 halide_buffer_t*);
 
-// A generated kernel and its name, which is also the name of its listings
-// (build/generators/listings/<name>.{stmt,s}).
-template <typename Fn>
-struct NamedKernel {
-  Fn run = nullptr;
-  const char* name = nullptr;
-};
 using Kernel = NamedKernel<KernelFn>;
 using OptionsKernel = NamedKernel<OptionsKernelFn>;
-#define TILELAB_NAMED(kernel) {kernel, #kernel}
 
 using schedules::flash::kDecodeMaxRows;
 

@@ -21,6 +21,15 @@ std::string& halide_error_message_of_thread();
 
 halide_type_t halide_type_of(DType dtype);
 
+// A generated kernel and its name, which is also the name of its listings
+// (build/generators/listings/<name>.{stmt,s}, target <name>_listings).
+template <typename Fn>
+struct NamedKernel {
+  Fn run = nullptr;
+  const char* name = nullptr;
+};
+#define TILELAB_NAMED(kernel) {kernel, #kernel}
+
 // A halide_buffer_t over a TensorView (Halide dim i is the view's dim rank-1-i); `extents`
 // (outermost first, as the view) may widen extent-1 dims, whose stride then becomes 0.
 struct HalideView {
