@@ -49,16 +49,22 @@ inline constexpr std::int64_t kDecodeMaxRows = 8;
 // prefill (8 sequences, Hq 32, Hkv 8, 4-16 query tokens over 1 k of context).
 inline constexpr std::int64_t kWideningTileCostRows = 8;
 
+// The modeled time of `tiles` query tiles of `tile_rows` rows that widen K and V, run in parallel
+// on `threads`: the rounds of parallel tiles times a tile's cost, its rows (padding included) plus
+// kWideningTileCostRows. Taller tiles pad more rows and give fewer tasks to the threads.
+inline std::int64_t widening_tiles_cost(std::int64_t tiles, std::int64_t tile_rows,
+                                        std::int64_t threads) {
+  const std::int64_t rounds = (tiles + threads - 1) / threads;
+  return rounds * (tile_rows + kWideningTileCostRows);
+}
+
 // Whether a call with `rows_per_kv_head` rows in each of `kv_heads` (batch × kv heads) runs
-// faster on kPrefillTallTiling than on kPrefillTiling (both widening K and V per tile). The time
-// is modeled as the rounds of parallel tiles times a tile's cost, its rows (padding included)
-// plus kWideningTileCostRows: a tall tile pads more rows and gives fewer tasks to the threads.
+// faster on kPrefillTallTiling than on kPrefillTiling (both widening K and V per tile).
 inline bool prefers_tall_query_tiles(std::int64_t rows_per_kv_head, std::int64_t kv_heads,
                                      std::int64_t threads) {
   const auto cost = [&](std::int64_t tile_rows) {
     const std::int64_t tiles = kv_heads * ((rows_per_kv_head + tile_rows - 1) / tile_rows);
-    const std::int64_t rounds = (tiles + threads - 1) / threads;
-    return rounds * (tile_rows + kWideningTileCostRows);
+    return widening_tiles_cost(tiles, tile_rows, threads);
   };
   return cost(kPrefillTallTiling.query_tile) < cost(kPrefillTiling.query_tile);
 }
