@@ -101,28 +101,60 @@ std::string layout_repr(const BlockSparseLayout& layout) {
   return text.str();
 }
 
+// The arguments of one blocksparse_attention call, checked and viewed.
+struct BlockSparseCall {
+  ArrayView q, k, v;
+  py::array cu_q, cu_k;
+  BlockSparseAttentionOptions options;
+  WrittenArray out;
+};
+
+BlockSparseCall prepare_blocksparse_call(const py::handle& q, const py::handle& k,
+                                         const py::handle& v, const py::handle& cu_seqlens_q,
+                                         const py::handle& cu_seqlens_k, const py::handle& scale,
+                                         const py::handle& out,
+                                         const py::handle& fp32_probabilities,
+                                         const py::handle& implementation) {
+  BlockSparseCall call{view_array(require_attention_array(q, "q"), "q"),
+                       view_array(require_attention_array(k, "k"), "k"),
+                       view_array(require_attention_array(v, "v"), "v"),
+                       require_int32_array(cu_seqlens_q, "cu_seqlens_q", 1, "[num_seqs + 1]"),
+                       require_int32_array(cu_seqlens_k, "cu_seqlens_k", 1, "[num_seqs + 1]"),
+                       {},
+                       {}};
+  call.options.scale = parse_optional_scale(scale, "scale");
+  call.options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
+  call.options.implementation = parse_implementation(implementation);
+  call.out = packed_output(out, call.q, "q", "[total_q, Hq, D]");
+  return call;
+}
+
 py::array blocksparse_attention(const py::handle& q, const py::handle& k, const py::handle& v,
                                 const BlockSparseLayout& layout, const py::handle& cu_seqlens_q,
                                 const py::handle& cu_seqlens_k, const py::handle& scale,
                                 const py::handle& out, const py::handle& fp32_probabilities,
                                 const py::handle& implementation) {
-  const ArrayView q_view = view_array(require_attention_array(q, "q"), "q");
-  const ArrayView k_view = view_array(require_attention_array(k, "k"), "k");
-  const ArrayView v_view = view_array(require_attention_array(v, "v"), "v");
-  const auto cu_q = require_int32_array(cu_seqlens_q, "cu_seqlens_q", 1, "[num_seqs + 1]");
-  const auto cu_k = require_int32_array(cu_seqlens_k, "cu_seqlens_k", 1, "[num_seqs + 1]");
-  BlockSparseAttentionOptions options;
-  options.scale = parse_optional_scale(scale, "scale");
-  options.fp32_probabilities = parse_bool(fp32_probabilities, "fp32_probabilities");
-  options.implementation = parse_implementation(implementation);
-
-  const WrittenArray written = packed_output(out, q_view, "q", "[total_q, Hq, D]");
+  const BlockSparseCall call = prepare_blocksparse_call(q, k, v, cu_seqlens_q, cu_seqlens_k, scale,
+                                                        out, fp32_probabilities, implementation);
   {
     py::gil_scoped_release release;
-    tilelab::blocksparse_attention(q_view.view, k_view.view, v_view.view, layout, view_int32(cu_q),
-                                   view_int32(cu_k), written.view, options);
+    tilelab::blocksparse_attention(call.q.view, call.k.view, call.v.view, layout,
+                                   view_int32(call.cu_q), view_int32(call.cu_k), call.out.view,
+                                   call.options);
   }
-  return written.array;
+  return call.out.array;
+}
+
+std::vector<std::string> blocksparse_attention_kernels(
+    const py::handle& q, const py::handle& k, const py::handle& v, const BlockSparseLayout& layout,
+    const py::handle& cu_seqlens_q, const py::handle& cu_seqlens_k, const py::handle& scale,
+    const py::handle& fp32_probabilities) {
+  const BlockSparseCall call =
+      prepare_blocksparse_call(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, py::none(),
+                               fp32_probabilities, py::str("automatic"));
+  return tilelab::blocksparse_attention_kernels(call.q.view, call.k.view, call.v.view, layout,
+                                                view_int32(call.cu_q), view_int32(call.cu_k),
+                                                call.out.view, call.options);
 }
 
 }  // namespace
@@ -183,6 +215,12 @@ void register_blocksparse_bindings(py::module_& core) {
            py::arg("fp32_probabilities") = false, py::arg("implementation") = "automatic",
            "Block-sparse attention over packed varlen sequences; returns out. See "
            "tilelab.blocksparse_attention.");
+  core.def("blocksparse_attention_kernels", &blocksparse_attention_kernels, py::arg("q"),
+           py::arg("k"), py::arg("v"), py::arg("layout"), py::kw_only(), py::arg("cu_seqlens_q"),
+           py::arg("cu_seqlens_k"), py::arg("scale") = py::none(),
+           py::arg("fp32_probabilities") = false,
+           "The names of the generated kernels blocksparse_attention would run for these "
+           "arguments, sorted. See tilelab.blocksparse_attention_kernels.");
 }
 
 }  // namespace tilelab::python

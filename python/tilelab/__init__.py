@@ -22,6 +22,7 @@ __all__ = [
     "BlockSparseLayout",
     "__version__",
     "blocksparse_attention",
+    "blocksparse_attention_kernels",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_implementation",
@@ -467,6 +468,37 @@ def blocksparse_attention(
         out=out,
         fp32_probabilities=fp32_probabilities,
         implementation=implementation,
+    )
+
+
+def blocksparse_attention_kernels(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    layout: BlockSparseLayout,
+    *,
+    cu_seqlens_q: np.ndarray,
+    cu_seqlens_k: np.ndarray,
+    scale: float | None = None,
+    fp32_probabilities: bool = False,
+) -> list[str]:
+    """The names of the generated kernels :func:`blocksparse_attention` would run for these
+    arguments with ``implementation="automatic"``, sorted: one per kind of task the call's
+    sequences make (decode, or prefill in 32- or 64-row tasks), for instance
+    ``["blocksparse_bf16_decode", "blocksparse_bf16_prefill_fp32_probabilities_tall"]``. ``ninja
+    <name>_listings`` writes a kernel's lowered statement and assembly to ``listings/<name>.stmt``
+    and ``.s`` in the build's ``generators`` directory. Empty when the call runs on the
+    reference. The choice may depend on :func:`num_threads`. Validates like
+    :func:`blocksparse_attention` and raises the same errors; computes nothing."""
+    return _core.blocksparse_attention_kernels(
+        q,
+        k,
+        v,
+        layout,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        scale=scale,
+        fp32_probabilities=fp32_probabilities,
     )
 
 

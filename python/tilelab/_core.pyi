@@ -91,6 +91,17 @@ def blocksparse_attention(
     fp32_probabilities: bool = False,
     implementation: str = "automatic",
 ) -> np.ndarray: ...
+def blocksparse_attention_kernels(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    layout: BlockSparseLayout,
+    *,
+    cu_seqlens_q: np.ndarray,
+    cu_seqlens_k: np.ndarray,
+    scale: float | None = None,
+    fp32_probabilities: bool = False,
+) -> list[str]: ...
 def paged_attention(
     query: np.ndarray,
     key_cache: np.ndarray,

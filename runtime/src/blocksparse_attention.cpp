@@ -1,4 +1,4 @@
-// blocksparse_attention: validate, then dispatch to the generated kernel or the reference.
+// blocksparse_attention: validate, then dispatch to the generated kernels or the reference.
 #include "blocksparse_problem.hpp"
 #include "tilelab/error.hpp"
 
@@ -26,6 +26,14 @@ void blocksparse_attention(const TensorView& q, const TensorView& k, const Tenso
       }
       return;
   }
+}
+
+std::vector<std::string> blocksparse_attention_kernels(
+    const TensorView& q, const TensorView& k, const TensorView& v, const BlockSparseLayout& layout,
+    const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
+    const BlockSparseAttentionOptions& options) {
+  return detail::generated_blocksparse_kernels(detail::validate_blocksparse_attention(
+      q, k, v, layout, cu_seqlens_q, cu_seqlens_k, out, options));
 }
 
 }  // namespace tilelab

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tilelab/blocksparse.hpp"
@@ -47,5 +48,9 @@ void reference_blocksparse_attention(const BlockSparseProblem& problem);
 // Runs the generated Halide kernel; false when the problem is outside what the generated kernels
 // cover or none were built (then nothing is written).
 bool generated_blocksparse_attention(const BlockSparseProblem& problem);
+
+// The names of the generated kernels generated_blocksparse_attention runs for the problem, sorted;
+// none when it would return false.
+std::vector<std::string> generated_blocksparse_kernels(const BlockSparseProblem& problem);
 
 }  // namespace tilelab::detail

@@ -9,15 +9,19 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "blocksparse_bf16_decode.h"
 #include "blocksparse_bf16_prefill.h"
 #include "blocksparse_bf16_prefill_fp32_probabilities.h"
+#include "blocksparse_bf16_prefill_fp32_probabilities_tall.h"
 #include "blocksparse_f16_decode.h"
 #include "blocksparse_f16_prefill.h"
+#include "blocksparse_f16_prefill_tall.h"
 #include "blocksparse_f32_decode.h"
 #include "blocksparse_f32_prefill.h"
 #include "blocksparse_problem.hpp"
@@ -25,6 +29,7 @@
 #include "halide_glue.hpp"
 #include "schedules/flash/blocksparse_tasks.hpp"
 #include "tilelab/error.hpp"
+#include "tilelab/threading.hpp"
 
 namespace tilelab::detail {
 namespace {
@@ -36,27 +41,42 @@ using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, h
 using schedules::flash::BlockSparseTaskField;
 using schedules::flash::FlashAttentionTiling;
 using schedules::flash::kBlockSparseDecodeTiling;
+using schedules::flash::kBlockSparsePrefillTallTiling;
 using schedules::flash::kBlockSparsePrefillTiling;
 using schedules::flash::kBlockSparseTaskFields;
 using schedules::flash::kDecodeMaxRows;
 
-KernelFn pick_kernel(DType dtype, bool decode, bool fp32_probabilities) {
+// Whether the prefill kernel widens 16-bit K and V to fp32 per (task, key tile): fp16, and bf16
+// on fp32 FMAs. Those come with 64-row tasks too (tall).
+bool prefill_widens_per_tile(DType dtype, bool fp32_probabilities) {
+  return dtype == DType::f16 ||
+         (dtype == DType::bf16 && !rounds_bf16_probabilities(dtype, dtype, fp32_probabilities));
+}
+
+using Kernel = NamedKernel<KernelFn>;
+
+Kernel pick_kernel(DType dtype, bool decode, bool fp32_probabilities, bool tall) {
   switch (dtype) {
     case DType::f32:
-      return decode ? blocksparse_f32_decode : blocksparse_f32_prefill;
+      if (decode) return TILELAB_NAMED(blocksparse_f32_decode);
+      return TILELAB_NAMED(blocksparse_f32_prefill);
     case DType::f16:
-      return decode ? blocksparse_f16_decode : blocksparse_f16_prefill;
+      if (decode) return TILELAB_NAMED(blocksparse_f16_decode);
+      if (tall) return TILELAB_NAMED(blocksparse_f16_prefill_tall);
+      return TILELAB_NAMED(blocksparse_f16_prefill);
     case DType::bf16:
-      if (decode) return blocksparse_bf16_decode;
-      return rounds_bf16_probabilities(dtype, dtype, fp32_probabilities)
-                 ? blocksparse_bf16_prefill
-                 : blocksparse_bf16_prefill_fp32_probabilities;
+      if (decode) return TILELAB_NAMED(blocksparse_bf16_decode);
+      if (rounds_bf16_probabilities(dtype, dtype, fp32_probabilities)) {
+        return TILELAB_NAMED(blocksparse_bf16_prefill);
+      }
+      if (tall) return TILELAB_NAMED(blocksparse_bf16_prefill_fp32_probabilities_tall);
+      return TILELAB_NAMED(blocksparse_bf16_prefill_fp32_probabilities);
     case DType::i32:
     case DType::f8e4m3fn:
     case DType::f8e5m2:
       break;
   }
-  return nullptr;
+  return {};
 }
 
 // Whether the query heads of every GQA group use the same blocks (the same layout head, or layout
@@ -80,20 +100,59 @@ struct VariantPlan {
   FlashAttentionTiling tiling;
   std::int64_t folded_heads = 1;
   std::int64_t rows_per_task() const { return tiling.query_tile / folded_heads; }
+  bool tall() const { return tiling.query_tile == kBlockSparsePrefillTallTiling.query_tile; }
 };
 
-// Prefill folds a GQA group when its heads share their blocks (a union would compute blocks some
-// rows do not need); decode, bound by reading K and V, folds it whenever the group fits the tile,
-// over the union of the heads' blocks, so each K/V tile is read once per group.
-VariantPlan plan_prefill(std::int64_t group, bool shared) {
-  VariantPlan plan{kBlockSparsePrefillTiling, 1};
-  if (shared && group <= plan.tiling.query_tile) plan.folded_heads = group;
-  return plan;
-}
+// Decode, bound by reading K and V, folds a GQA group whenever the group fits the tile, over the
+// union of the heads' blocks, so each K/V tile is read once per group.
 VariantPlan plan_decode(std::int64_t group) {
   VariantPlan plan{kBlockSparseDecodeTiling, 1};
   if (group <= plan.tiling.query_tile) plan.folded_heads = group;
   return plan;
+}
+
+// Calls visit(is_decode, plan, seq, position, end) for each run of query rows [position, end) of
+// sequence seq that makes one task per group of folded heads: rows of one layout row block, at
+// most plan.rows_per_task() of them.
+template <typename Visit>
+void for_each_task_rows(const BlockSparseProblem& p, const VariantPlan& prefill,
+                        const VariantPlan& decode, Visit&& visit) {
+  const std::int64_t block_size = p.layout->block_size();
+  for (std::int64_t seq = 0; seq < p.num_seqs; ++seq) {
+    const bool is_decode = p.q_len(seq) * decode.folded_heads <= kDecodeMaxRows;
+    const VariantPlan& plan = is_decode ? decode : prefill;
+    const std::int64_t k_len = p.k_len(seq);
+    for (std::int64_t position = k_len - p.q_len(seq); position < k_len;) {
+      const std::int64_t end = std::min(
+          {k_len, (position / block_size + 1) * block_size, position + plan.rows_per_task()});
+      visit(is_decode, plan, seq, position, end);
+      position = end;
+    }
+  }
+}
+
+// Prefill folds a GQA group when its heads share their blocks (a union would compute blocks some
+// rows do not need). Kernels that widen K and V per tile run 64-row tasks instead of 32-row ones
+// when that models faster (schedules/flash/tiling.hpp, widening_tiles_cost): rows split at layout
+// row blocks, so blocks of fewer than 64 rows leave tall tasks mostly padding.
+VariantPlan plan_prefill(const BlockSparseProblem& p, bool shared, const VariantPlan& decode) {
+  const std::int64_t group = p.q_heads / p.kv_heads;
+  const auto plan_of = [&](FlashAttentionTiling tiling) {
+    VariantPlan plan{tiling, 1};
+    if (shared && group <= plan.tiling.query_tile) plan.folded_heads = group;
+    return plan;
+  };
+  const VariantPlan regular = plan_of(kBlockSparsePrefillTiling);
+  if (!prefill_widens_per_tile(p.dtype, p.fp32_probabilities)) return regular;
+  const VariantPlan tall = plan_of(kBlockSparsePrefillTallTiling);
+  const auto cost = [&](const VariantPlan& plan) {
+    std::int64_t tasks = 0;
+    for_each_task_rows(p, plan, decode, [&](bool is_decode, const VariantPlan& run, auto...) {
+      if (!is_decode) tasks += p.q_heads / run.folded_heads;
+    });
+    return schedules::flash::widening_tiles_cost(tasks, plan.tiling.query_tile, num_threads());
+  };
+  return cost(tall) < cost(regular) ? tall : regular;
 }
 
 // The key tiles (of `tile` keys) of the kernel's block loop for rows whose last visible key is
@@ -152,46 +211,42 @@ std::vector<TaskBatch> build_task_batches(const BlockSparseProblem& p, const Var
   const BlockSparseLayout& layout = *p.layout;
   const std::int64_t block_size = layout.block_size();
   std::map<std::pair<bool, std::int32_t>, TaskBatch> batches;
-  for (std::int64_t seq = 0; seq < p.num_seqs; ++seq) {
-    const bool is_decode = p.q_len(seq) * decode.folded_heads <= kDecodeMaxRows;
-    const VariantPlan& plan = is_decode ? decode : prefill;
-    const std::int64_t k_len = p.k_len(seq), first_position = k_len - p.q_len(seq);
-    for (std::int64_t position = first_position; position < k_len;) {
-      const std::int64_t row_block = position / block_size;
-      const std::int64_t end =
-          std::min({k_len, (row_block + 1) * block_size, position + plan.rows_per_task()});
-      const std::int64_t key_limit = layout.causal() ? end - 1 : k_len - 1;
-      for (std::int64_t group = 0; group < p.q_heads / plan.folded_heads; ++group) {
-        Task task{};
-        auto set = [&](BlockSparseTaskField field, std::int64_t value) {
-          task[static_cast<std::size_t>(field)] = static_cast<std::int32_t>(value);
-        };
-        set(BlockSparseTaskField::query_token, p.q_starts[seq] + (position - first_position));
-        set(BlockSparseTaskField::rows, end - position);
-        set(BlockSparseTaskField::query_position, position);
-        set(BlockSparseTaskField::key_token, p.k_starts[seq]);
-        set(BlockSparseTaskField::key_count, k_len);
-        set(BlockSparseTaskField::head_group, group);
-        std::vector<std::span<const std::int32_t>> head_columns;
-        for (std::int64_t m = 0; m < plan.folded_heads; ++m) {
-          head_columns.push_back(
-              layout.columns(p.layout_head(group * plan.folded_heads + m), row_block));
+  for_each_task_rows(
+      p, prefill, decode,
+      [&](bool is_decode, const VariantPlan& plan, std::int64_t seq, std::int64_t position,
+          std::int64_t end) {
+        const std::int64_t k_len = p.k_len(seq), first_position = k_len - p.q_len(seq);
+        const std::int64_t row_block = position / block_size;
+        const std::int64_t key_limit = layout.causal() ? end - 1 : k_len - 1;
+        for (std::int64_t group = 0; group < p.q_heads / plan.folded_heads; ++group) {
+          Task task{};
+          auto set = [&](BlockSparseTaskField field, std::int64_t value) {
+            task[static_cast<std::size_t>(field)] = static_cast<std::int32_t>(value);
+          };
+          set(BlockSparseTaskField::query_token, p.q_starts[seq] + (position - first_position));
+          set(BlockSparseTaskField::rows, end - position);
+          set(BlockSparseTaskField::query_position, position);
+          set(BlockSparseTaskField::key_token, p.k_starts[seq]);
+          set(BlockSparseTaskField::key_count, k_len);
+          set(BlockSparseTaskField::head_group, group);
+          std::vector<std::span<const std::int32_t>> head_columns;
+          for (std::int64_t m = 0; m < plan.folded_heads; ++m) {
+            head_columns.push_back(
+                layout.columns(p.layout_head(group * plan.folded_heads + m), row_block));
+          }
+          TaskBatch scratch;
+          append_task_columns(head_columns, scratch);
+          const std::int32_t live =
+              live_key_tiles(scratch.columns, block_size, plan.tiling.key_block, key_limit);
+          TaskBatch& batch = batches[{is_decode, live}];
+          batch.decode = is_decode;
+          batch.live_tiles = live;
+          set(BlockSparseTaskField::column_begin, static_cast<std::int64_t>(batch.columns.size()));
+          batch.tasks.insert(batch.tasks.end(), task.begin(), task.end());
+          batch.columns.insert(batch.columns.end(), scratch.columns.begin(), scratch.columns.end());
+          batch.keeps.insert(batch.keeps.end(), scratch.keeps.begin(), scratch.keeps.end());
         }
-        TaskBatch scratch;
-        append_task_columns(head_columns, scratch);
-        const std::int32_t live =
-            live_key_tiles(scratch.columns, block_size, plan.tiling.key_block, key_limit);
-        TaskBatch& batch = batches[{is_decode, live}];
-        batch.decode = is_decode;
-        batch.live_tiles = live;
-        set(BlockSparseTaskField::column_begin, static_cast<std::int64_t>(batch.columns.size()));
-        batch.tasks.insert(batch.tasks.end(), task.begin(), task.end());
-        batch.columns.insert(batch.columns.end(), scratch.columns.begin(), scratch.columns.end());
-        batch.keeps.insert(batch.keeps.end(), scratch.keeps.begin(), scratch.keeps.end());
-      }
-      position = end;
-    }
-  }
+      });
   std::vector<TaskBatch> list;
   for (auto& [key, batch] : batches) list.push_back(std::move(batch));
   return list;
@@ -238,30 +293,60 @@ TensorView head_major_copy(const TensorView& kv, std::vector<std::byte>& storage
   return TensorView(storage.data(), kv.dtype(), {tokens, heads, dims}, {dims, tokens * dims, 1});
 }
 
-}  // namespace
+// The kernel calls of one problem: the variants' plans and the task batches, one call each.
+struct KernelCalls {
+  VariantPlan prefill, decode;
+  std::vector<TaskBatch> batches;
 
-bool generated_blocksparse_attention(const BlockSparseProblem& p) {
+  const VariantPlan& plan_of(const TaskBatch& batch) const {
+    return batch.decode ? decode : prefill;
+  }
+  Kernel kernel_of(const BlockSparseProblem& p, const TaskBatch& batch) const {
+    return pick_kernel(p.dtype, batch.decode, p.fp32_probabilities, plan_of(batch).tall());
+  }
+};
+
+// The calls that compute the problem, or nothing when it is outside what the generated kernels
+// cover (checked before anything is written).
+std::optional<KernelCalls> plan_kernel_calls(const BlockSparseProblem& p) {
   // The kernels read the head dim densely and address elements with int32 offsets.
   for (const TensorView* view : {&p.q, &p.k, &p.v, &p.out}) {
-    if (view->stride(2) != 1 || !offsets_fit_int32(*view)) return false;
+    if (view->stride(2) != 1 || !offsets_fit_int32(*view)) return std::nullopt;
   }
   const BlockSparseLayout& layout = *p.layout;
-  if (p.head_dim > 256 || !pick_kernel(p.dtype, false, false) ||
+  if (p.head_dim > 256 || !pick_kernel(p.dtype, false, false, false).run ||
       !fits_int32(layout.num_row_blocks() * layout.block_size())) {
-    return false;
+    return std::nullopt;
   }
-  if (p.total_q == 0) return true;
+  KernelCalls calls;
+  calls.decode = plan_decode(p.q_heads / p.kv_heads);
+  calls.prefill = plan_prefill(p, groups_share_blocks(p), calls.decode);
+  calls.batches = build_task_batches(p, calls.prefill, calls.decode);
+  // The kernels index each batch's column list with int32.
+  for (const TaskBatch& batch : calls.batches) {
+    if (!fits_int32(static_cast<std::int64_t>(batch.keeps.size()))) return std::nullopt;
+  }
+  return calls;
+}
 
-  const std::int64_t group = p.q_heads / p.kv_heads;
-  const VariantPlan prefill = plan_prefill(group, groups_share_blocks(p));
-  const VariantPlan decode = plan_decode(group);
-  // The kernels index each batch's column list with int32, so every list must fit before the
-  // first call writes anything.
-  const std::vector<TaskBatch> batches = build_task_batches(p, prefill, decode);
-  for (const TaskBatch& batch : batches) {
-    if (!fits_int32(static_cast<std::int64_t>(batch.keeps.size()))) return false;
-  }
+}  // namespace
+
+std::vector<std::string> generated_blocksparse_kernels(const BlockSparseProblem& p) {
+  const std::optional<KernelCalls> calls = plan_kernel_calls(p);
+  std::vector<std::string> names;
+  if (!calls) return names;
+  for (const TaskBatch& batch : calls->batches) names.emplace_back(calls->kernel_of(p, batch).name);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+bool generated_blocksparse_attention(const BlockSparseProblem& p) {
+  const std::optional<KernelCalls> calls = plan_kernel_calls(p);
+  if (!calls) return false;
+  if (calls->batches.empty()) return true;
   install_halide_hooks();
+  const BlockSparseLayout& layout = *p.layout;
 
   // Prefill reuses every key for many query rows: read K and V from head-major copies.
   std::vector<std::byte> k_storage, v_storage;
@@ -274,8 +359,8 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
     if (!tokens_contiguous(p.v)) v_view = head_major_copy(p.v, v_storage);
   }
 
-  for (const TaskBatch& batch : batches) {
-    const VariantPlan& plan = batch.decode ? decode : prefill;
+  for (const TaskBatch& batch : calls->batches) {
+    const VariantPlan& plan = calls->plan_of(batch);
     const std::int64_t tile_rows = plan.tiling.query_tile;
     std::vector<std::byte> task_out(
         static_cast<std::size_t>(batch.size() * tile_rows * p.head_dim) * dtype_size(p.dtype));
@@ -295,7 +380,7 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
     HalideView q(p.q), k(k_view), v(v_view), tasks_h(tasks), columns_h(columns_view),
         keeps_h(keeps_view), out(task_out_view);
     halide_error_message_of_thread().clear();
-    const int status = pick_kernel(p.dtype, batch.decode, p.fp32_probabilities)(
+    const int status = calls->kernel_of(p, batch).run(
         q.get(), k.get(), v.get(), tasks_h.get(), columns_h.get(), keeps_h.get(),
         static_cast<int32_t>(layout.block_size()), batch.live_tiles,
         static_cast<int32_t>(plan.folded_heads), layout.causal(), p.scale, out.get());

@@ -11,10 +11,14 @@
 
 namespace tilelab::schedules::flash {
 
-// Block-sparse forward: tasks of 32 rows (prefill) or 4 rows (decode: a sequence's last query with
-// its GQA group folded in) over key tiles of 64 keys; a layout block of another size spans
-// ceil(block_size / 64) tiles, the last one masked past the block's end.
+// Block-sparse forward: tasks of 32 rows (prefill; 64 for the kernels that widen K and V per tile,
+// below) or 4 rows (decode: a sequence's last query with its GQA group folded in) over key tiles
+// of 64 keys; a layout block of another size spans ceil(block_size / 64) tiles, the last one
+// masked past the block's end.
 inline constexpr FlashAttentionTiling kBlockSparsePrefillTiling{64, 32, false};
+// Prefill that widens 16-bit K and V per (task, key tile), as kPrefillTallTiling: 64-row tasks
+// widen each tile once per 64 rows.
+inline constexpr FlashAttentionTiling kBlockSparsePrefillTallTiling{64, 64, false};
 inline constexpr FlashAttentionTiling kBlockSparseDecodeTiling{64, 4, true};
 
 // The fields of one block-sparse task (up to a block-sparse tiling's query_tile rows: query rows of
@@ -32,11 +36,12 @@ enum class BlockSparseTaskField : int {
 };
 inline constexpr int kBlockSparseTaskFields = 7;
 
-// The block-sparse tiling of a generated variant: "prefill" or "decode".
+// The block-sparse tiling of a generated variant: "prefill", "prefill_tall" or "decode".
 inline FlashAttentionTiling blocksparse_tiling_of_variant(std::string_view variant) {
   if (variant == "decode") return kBlockSparseDecodeTiling;
+  if (variant == "prefill_tall") return kBlockSparsePrefillTallTiling;
   TILELAB_REQUIRE(variant == "prefill")
-      << "variant: expected \"prefill\" or \"decode\", got \"" << variant << "\"";
+      << "variant: expected \"prefill\", \"prefill_tall\" or \"decode\", got \"" << variant << "\"";
   return kBlockSparsePrefillTiling;
 }
 

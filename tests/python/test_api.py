@@ -21,6 +21,7 @@ def test_all_lists_the_public_api():
     assert set(tilelab.__all__) == {
         "BlockSparseLayout",
         "blocksparse_attention",
+        "blocksparse_attention_kernels",
         "flash_attention",
         "flash_attention_backward",
         "flash_attention_implementation",

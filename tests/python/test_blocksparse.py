@@ -493,6 +493,109 @@ def test_implementations(rng, implementation):
         check(q, k, v, layout, q_lens, k_lens, "float32", implementation=implementation)
 
 
+def prefill_kernel(dtype_name):
+    """The prefill kernel of 32-row tasks that runs for dtype_name with fp32 probabilities."""
+    if dtype_name == "bfloat16":
+        return "blocksparse_bf16_prefill_fp32_probabilities"
+    return {"float32": "blocksparse_f32_prefill", "float16": "blocksparse_f16_prefill"}[dtype_name]
+
+
+# The prefill kernels that widen 16-bit K and V per key tile (fp16, and bf16 with fp32
+# probabilities) come with 32- and 64-row tasks; which one runs depends on the tasks the call
+# makes (split at layout row blocks) and the thread count (schedules/flash/tiling.hpp,
+# widening_tiles_cost). One head, one sequence whose queries are positions k_len - q_len ..
+# k_len - 1. Each result against the reference, and the two bit for bit: a row's arithmetic does
+# not depend on its task.
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    ("q_len", "k_len", "block_size", "tall_on_one_thread", "tall_on_two"),
+    [
+        (31, 31, 64, False, False),  # one task either way: a tall one only pads
+        (64, 64, 64, True, False),  # two tasks or one: on two threads the two run side by side
+        (256, 256, 64, True, True),  # eight or four
+        (100, 300, 64, True, True),  # rows 200-299 over two row blocks: four or two
+        (64, 64, 32, False, False),  # split at 32-row blocks: as many tall tasks as short ones
+    ],
+)
+def test_prefill_task_heights_agree(
+    rng,
+    restore_num_threads,
+    q_len,
+    k_len,
+    block_size,
+    tall_on_one_thread,
+    tall_on_two,
+    dtype_name,
+    causal,
+):
+    if not kernels_built(rng):
+        pytest.skip("built without the generated kernels")
+    blocks = -(-k_len // block_size)
+    block_mask = rng.random((1, blocks, blocks)) < 0.7
+    if causal:
+        block_mask &= np.tril(np.ones((blocks, blocks), dtype=bool))
+    layout = tilelab.BlockSparseLayout.from_dense(block_mask, block_size, causal=causal)
+    q, k, v = random_packed(rng, [q_len], [k_len], 1, 1, 40, dtype_name)
+    cu_q, cu_k = cu_seqlens([q_len]), cu_seqlens([k_len])
+    arguments = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, fp32_probabilities=True)
+    expected = reference_blocksparse(q, k, v, layout, cu_q, cu_k)
+    results = []
+    for threads, tall in ((1, tall_on_one_thread), (2, tall_on_two)):
+        tilelab.set_num_threads(threads)
+        kernel = prefill_kernel(dtype_name) + ("_tall" if tall else "")
+        assert tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments) == [kernel]
+        out = tilelab.blocksparse_attention(
+            q, k, v, layout, implementation="generated", **arguments
+        )
+        assert_attention_close(out, expected, dtype_name, v, k_len)
+        results.append(out)
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+def test_kernels_name_one_kernel_per_kind_of_task(rng, restore_num_threads, dtype_name):
+    if not kernels_built(rng):
+        pytest.skip("built without the generated kernels")
+    tilelab.set_num_threads(1)
+    layout = tilelab.BlockSparseLayout.local_strided(4, 512, 64, 4, 2)
+    q_lens, k_lens = [1, 256, 1], [300, 512, 40]
+    q, k, v = random_packed(rng, q_lens, k_lens, 4, 2, 32, dtype_name)
+    arguments = dict(
+        cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=cu_seqlens(k_lens), fp32_probabilities=True
+    )
+    prefill = prefill_kernel(dtype_name) + ("" if dtype_name == "float32" else "_tall")
+    decode = {"float32": "blocksparse_f32_decode", "float16": "blocksparse_f16_decode"}.get(
+        dtype_name, "blocksparse_bf16_decode"
+    )
+    assert tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments) == sorted(
+        [decode, prefill]
+    )
+    # Decode alone.
+    first = dict(cu_seqlens_q=cu_seqlens([1]), cu_seqlens_k=cu_seqlens([300]))
+    assert tilelab.blocksparse_attention_kernels(q[:1], k[:300], v[:300], layout, **first) == [
+        decode
+    ]
+    # A head dim read with a stride runs on the reference: no kernel.
+    q2, k2, v2 = (np.repeat(a, 2, axis=2)[:, :, ::2] for a in (q, k, v))
+    assert tilelab.blocksparse_attention_kernels(q2, k2, v2, layout, **arguments) == []
+
+
+def test_kernels_validates_like_the_call(rng):
+    arguments = _valid_call(rng)
+    arguments["cu_seqlens_q"] = np.array([1, 10, 11], np.int32)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: expected 0 at index 0, got 1"):
+        tilelab.blocksparse_attention_kernels(
+            arguments.pop("q"), arguments.pop("k"), arguments.pop("v"), arguments.pop("layout"),
+            **arguments,
+        )
+    with pytest.raises(TypeError, match=r"^q: "):
+        tilelab.blocksparse_attention_kernels(
+            [1.0], *(_valid_call(rng)[name] for name in ("k", "v", "layout")),
+            cu_seqlens_q=cu_seqlens([10, 1]), cu_seqlens_k=cu_seqlens([40, 20]),
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors
 

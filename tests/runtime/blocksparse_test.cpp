@@ -230,6 +230,24 @@ TEST_CASE("blocksparse_attention errors: the valid call succeeds", "[runtime][bl
   CHECK_NOTHROW(call.run());
 }
 
+TEST_CASE("blocksparse_attention_kernels names the kernels a call runs and validates like it",
+          "[runtime][blocksparse]") {
+  ValidCall call;
+  const auto kernels = [&] {
+    return tilelab::blocksparse_attention_kernels(call.q_view, call.k_view, call.v_view,
+                                                  call.layout, call.cu_q_view, call.cu_k_view,
+                                                  call.out_view, call.options);
+  };
+#ifdef TILELAB_HAVE_KERNELS
+  // 10 queries of a GQA group of 2 make prefill tasks; the single query, a decode task.
+  CHECK(kernels() == std::vector<std::string>{"blocksparse_f32_decode", "blocksparse_f32_prefill"});
+#else
+  CHECK(kernels().empty());
+#endif
+  ValidCall::set_cu(call.cu_q, {1, 10, 11});
+  CHECK_THROWS_WITH(kernels(), Catch::Matchers::StartsWith("cu_seqlens_q: expected 0 at index 0"));
+}
+
 TEST_CASE("blocksparse_attention errors: cu_seqlens", "[runtime][blocksparse][errors]") {
   const std::tuple<std::vector<float>, std::vector<float>, std::string, std::string> cases[] = {
       {{1, 10, 11}, {0, 40, 60}, "cu_seqlens_q", "expected 0 at index 0, got 1"},
