@@ -24,6 +24,7 @@
 #include "blocksparse_f16_prefill_tall.h"
 #include "blocksparse_f32_decode.h"
 #include "blocksparse_f32_prefill.h"
+#include "blocksparse_f32_prefill_tall.h"
 #include "blocksparse_problem.hpp"
 #include "cpu_features.hpp"
 #include "halide_glue.hpp"
@@ -46,10 +47,13 @@ using schedules::flash::kBlockSparsePrefillTiling;
 using schedules::flash::kBlockSparseTaskFields;
 using schedules::flash::kDecodeMaxRows;
 
-// Whether the prefill kernel widens 16-bit K and V to fp32 per (task, key tile): fp16, and bf16
-// on fp32 FMAs. Those come with 64-row tasks too (tall).
-bool prefill_widens_per_tile(DType dtype, bool fp32_probabilities) {
-  return dtype == DType::f16 ||
+// Whether the prefill kernel comes with 64-row tasks too (tall): the kernels on fp32 FMAs, which a
+// task's rows amortize: fp16 and bf16 widen K and V to fp32 per (task, key tile), and every task
+// reads its key tiles from wherever the layout's blocks lie (fp32 too, unlike the dense forward,
+// whose tall tiles gave fp32 nothing). Not bf16 on bf16 dot products, which this was not measured
+// on.
+bool prefill_has_tall_tasks(DType dtype, bool fp32_probabilities) {
+  return dtype == DType::f32 || dtype == DType::f16 ||
          (dtype == DType::bf16 && !rounds_bf16_probabilities(dtype, dtype, fp32_probabilities));
 }
 
@@ -59,6 +63,7 @@ Kernel pick_kernel(DType dtype, bool decode, bool fp32_probabilities, bool tall)
   switch (dtype) {
     case DType::f32:
       if (decode) return TILELAB_NAMED(blocksparse_f32_decode);
+      if (tall) return TILELAB_NAMED(blocksparse_f32_prefill_tall);
       return TILELAB_NAMED(blocksparse_f32_prefill);
     case DType::f16:
       if (decode) return TILELAB_NAMED(blocksparse_f16_decode);
@@ -132,9 +137,9 @@ void for_each_task_rows(const BlockSparseProblem& p, const VariantPlan& prefill,
 }
 
 // Prefill folds a GQA group when its heads share their blocks (a union would compute blocks some
-// rows do not need). Kernels that widen K and V per tile run 64-row tasks instead of 32-row ones
-// when that models faster (schedules/flash/tiling.hpp, widening_tiles_cost): rows split at layout
-// row blocks, so blocks of fewer than 64 rows leave tall tasks mostly padding.
+// rows do not need). Kernels with tall tasks run 64-row tasks instead of 32-row ones when the
+// dense kernels' model says so (schedules/flash/tiling.hpp, widening_tiles_cost): rows split at
+// layout row blocks, so blocks of fewer than 64 rows leave tall tasks mostly padding.
 VariantPlan plan_prefill(const BlockSparseProblem& p, bool shared, const VariantPlan& decode) {
   const std::int64_t group = p.q_heads / p.kv_heads;
   const auto plan_of = [&](FlashAttentionTiling tiling) {
@@ -143,7 +148,7 @@ VariantPlan plan_prefill(const BlockSparseProblem& p, bool shared, const Variant
     return plan;
   };
   const VariantPlan regular = plan_of(kBlockSparsePrefillTiling);
-  if (!prefill_widens_per_tile(p.dtype, p.fp32_probabilities)) return regular;
+  if (!prefill_has_tall_tasks(p.dtype, p.fp32_probabilities)) return regular;
   const VariantPlan tall = plan_of(kBlockSparsePrefillTallTiling);
   const auto cost = [&](const VariantPlan& plan) {
     std::int64_t tasks = 0;

@@ -11,13 +11,12 @@
 
 namespace tilelab::schedules::flash {
 
-// Block-sparse forward: tasks of 32 rows (prefill; 64 for the kernels that widen K and V per tile,
-// below) or 4 rows (decode: a sequence's last query with its GQA group folded in) over key tiles
+// Block-sparse forward: tasks of 32 rows (prefill; also 64 for the kernels on fp32 FMAs, below)
+// or 4 rows (decode: a sequence's last query with its GQA group folded in) over key tiles
 // of 64 keys; a layout block of another size spans ceil(block_size / 64) tiles, the last one
 // masked past the block's end.
 inline constexpr FlashAttentionTiling kBlockSparsePrefillTiling{64, 32, false};
-// Prefill that widens 16-bit K and V per (task, key tile), as kPrefillTallTiling: 64-row tasks
-// widen each tile once per 64 rows.
+// Prefill on fp32 FMAs: 64-row tasks widen (fp16, bf16) and read each key tile once per 64 rows.
 inline constexpr FlashAttentionTiling kBlockSparsePrefillTallTiling{64, 64, false};
 inline constexpr FlashAttentionTiling kBlockSparseDecodeTiling{64, 4, true};
 

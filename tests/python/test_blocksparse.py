@@ -500,14 +500,13 @@ def prefill_kernel(dtype_name):
     return {"float32": "blocksparse_f32_prefill", "float16": "blocksparse_f16_prefill"}[dtype_name]
 
 
-# The prefill kernels that widen 16-bit K and V per key tile (fp16, and bf16 with fp32
-# probabilities) come with 32- and 64-row tasks; which one runs depends on the tasks the call
-# makes (split at layout row blocks) and the thread count (schedules/flash/tiling.hpp,
-# widening_tiles_cost). One head, one sequence whose queries are positions k_len - q_len ..
-# k_len - 1. Each result against the reference, and the two bit for bit: a row's arithmetic does
-# not depend on its task.
+# The prefill kernels on fp32 FMAs (fp32, fp16, and bf16 with fp32 probabilities) come with 32-
+# and 64-row tasks; which one runs depends on the tasks the call makes (split at layout row
+# blocks) and the thread count (schedules/flash/tiling.hpp, widening_tiles_cost). One head, one
+# sequence whose queries are positions k_len - q_len .. k_len - 1. Each result against the
+# reference, and the two bit for bit: a row's arithmetic does not depend on its task.
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize(
     ("q_len", "k_len", "block_size", "tall_on_one_thread", "tall_on_two"),
     [
@@ -564,7 +563,7 @@ def test_kernels_name_one_kernel_per_kind_of_task(rng, restore_num_threads, dtyp
     arguments = dict(
         cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=cu_seqlens(k_lens), fp32_probabilities=True
     )
-    prefill = prefill_kernel(dtype_name) + ("" if dtype_name == "float32" else "_tall")
+    prefill = prefill_kernel(dtype_name) + "_tall"
     decode = {"float32": "blocksparse_f32_decode", "float16": "blocksparse_f16_decode"}.get(
         dtype_name, "blocksparse_bf16_decode"
     )
