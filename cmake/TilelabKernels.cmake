@@ -1,5 +1,5 @@
 # Halide AOT kernels: one shared Halide runtime, explicit target feature chains, and STMT and
-# ASSEMBLY listings one target away (the first thing to read when a kernel is slow).
+# ASSEMBLY listings built on demand (the first thing to read when a kernel is slow).
 
 # Multitarget: the first target the CPU supports runs. Feature flags do not imply their subsets,
 # so each chain is spelled out. Zen 4 / Sapphire Rapids class, then Haswell class, then baseline.
