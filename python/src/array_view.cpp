@@ -72,8 +72,18 @@ bool strides_viewable(const py::array& array) {
 }  // namespace
 
 void reject_masked_array(const py::handle& object, const char* name) {
-  static const py::handle masked_array_type =
-      py::object(py::module_::import("numpy.ma").attr("MaskedArray")).release();
+  // A MaskedArray exists only once numpy.ma is imported; importing it here would add about 10 ms
+  // to a process's first call.
+  static py::handle masked_array_type;
+  if (!masked_array_type) {
+    PyObject* module = PyImport_GetModule(py::str("numpy.ma").ptr());  // never imports
+    if (!module) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      return;
+    }
+    masked_array_type =
+        py::object(py::reinterpret_steal<py::object>(module).attr("MaskedArray")).release();
+  }
   if (py::isinstance(object, masked_array_type)) {
     throw Error(std::string(name) +
                     ": expected a numpy.ndarray, got a numpy.ma.MaskedArray (its mask would be "
