@@ -29,6 +29,7 @@
 #include "cpu_features.hpp"
 #include "halide_glue.hpp"
 #include "schedules/flash/blocksparse_tasks.hpp"
+#include "scratch_memory.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/threading.hpp"
 
@@ -257,13 +258,15 @@ std::vector<TaskBatch> build_task_batches(const BlockSparseProblem& p, const Var
   return list;
 }
 
-// Copies each task's rows from the kernel's task-indexed output [tasks, query_tile, D] to out.
+// Copies each task's rows from the kernel's task-indexed output [tasks, query_tile, D] to out,
+// tasks in parallel (tasks write disjoint rows).
 void scatter_rows(const BlockSparseProblem& p, const TaskBatch& batch, const VariantPlan& plan,
-                  const std::vector<std::byte>& task_out) {
+                  const std::byte* task_out) {
   const auto element = static_cast<std::int64_t>(dtype_size(p.dtype));
   const std::int64_t row_bytes = p.head_dim * element;
   const std::int64_t tile_rows = plan.tiling.query_tile;
   auto* out = static_cast<std::byte*>(p.out.data());
+#pragma omp parallel for schedule(static) num_threads(num_threads())
   for (std::int64_t t = 0; t < batch.size(); ++t) {
     const std::int32_t* task = &batch.tasks[static_cast<std::size_t>(t * kBlockSparseTaskFields)];
     auto get = [&](BlockSparseTaskField field) { return task[static_cast<std::size_t>(field)]; };
@@ -273,7 +276,7 @@ void scatter_rows(const BlockSparseProblem& p, const TaskBatch& batch, const Var
       const std::int64_t head =
           get(BlockSparseTaskField::head_group) * plan.folded_heads + row / rows;
       std::memcpy(out + (token * p.out.stride(0) + head * p.out.stride(1)) * element,
-                  task_out.data() + (t * tile_rows + row) * row_bytes,
+                  task_out + (t * tile_rows + row) * row_bytes,
                   static_cast<std::size_t>(row_bytes));
     }
   }
@@ -281,21 +284,22 @@ void scatter_rows(const BlockSparseProblem& p, const TaskBatch& batch, const Var
 
 // A copy of `kv` [total_k, Hkv, D] with each kv head's tokens contiguous ([Hkv, total_k, D] in
 // memory, viewed with the original dims): the kernel reads a key tile as consecutive rows, which
-// the packed layout spreads Hkv·D elements apart. One pass over K or V; worth it when queries
-// reuse each key (prefill), not for decode-only batches.
-TensorView head_major_copy(const TensorView& kv, std::vector<std::byte>& storage) {
+// the packed layout spreads Hkv·D elements apart. One pass over K or V, in parallel; worth it when
+// queries reuse each key (prefill), not for decode-only batches. `storage` holds
+// kv.numel() elements.
+TensorView head_major_copy(const TensorView& kv, std::byte* storage) {
   const std::int64_t tokens = kv.dim(0), heads = kv.dim(1), dims = kv.dim(2);
   const auto element = static_cast<std::int64_t>(dtype_size(kv.dtype()));
-  storage.resize(static_cast<std::size_t>(tokens * heads * dims * element));
   const auto* source = static_cast<const std::byte*>(kv.data());
+#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads())
   for (std::int64_t h = 0; h < heads; ++h) {
     for (std::int64_t t = 0; t < tokens; ++t) {
-      std::memcpy(storage.data() + ((h * tokens + t) * dims) * element,
+      std::memcpy(storage + ((h * tokens + t) * dims) * element,
                   source + (t * kv.stride(0) + h * kv.stride(1)) * element,
                   static_cast<std::size_t>(dims * element));
     }
   }
-  return TensorView(storage.data(), kv.dtype(), {tokens, heads, dims}, {dims, tokens * dims, 1});
+  return TensorView(storage, kv.dtype(), {tokens, heads, dims}, {dims, tokens * dims, 1});
 }
 
 // The kernel calls of one problem: the variants' plans and the task batches, one call each.
@@ -353,22 +357,26 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
   install_halide_hooks();
   const BlockSparseLayout& layout = *p.layout;
 
-  // Prefill reuses every key for many query rows: read K and V from head-major copies.
-  std::vector<std::byte> k_storage, v_storage;
+  // Prefill reuses every key for many query rows: read K and V from head-major copies. The
+  // copies and the kernels' outputs are scratch (uninitialized, and kept for the next call: fresh
+  // memory's page faults cost a call at S 8192 about 5%).
+  std::optional<ScratchBuffer> k_storage, v_storage;
   TensorView k_view = p.k, v_view = p.v;
-  auto tokens_contiguous = [&](const TensorView& kv) {
-    return p.kv_heads == 1 || kv.stride(0) == p.head_dim;
+  auto head_major = [&](const TensorView& kv, std::optional<ScratchBuffer>& storage) {
+    if (p.kv_heads == 1 || kv.stride(0) == p.head_dim) return kv;  // tokens already contiguous
+    storage.emplace(static_cast<std::size_t>(kv.numel()) * dtype_size(kv.dtype()));
+    return head_major_copy(kv, static_cast<std::byte*>(storage->data()));
   };
   if (p.max_q_len > kDecodeMaxRows) {
-    if (!tokens_contiguous(p.k)) k_view = head_major_copy(p.k, k_storage);
-    if (!tokens_contiguous(p.v)) v_view = head_major_copy(p.v, v_storage);
+    k_view = head_major(p.k, k_storage);
+    v_view = head_major(p.v, v_storage);
   }
 
   for (const TaskBatch& batch : calls->batches) {
     const VariantPlan& plan = calls->plan_of(batch);
     const std::int64_t tile_rows = plan.tiling.query_tile;
-    std::vector<std::byte> task_out(
-        static_cast<std::size_t>(batch.size() * tile_rows * p.head_dim) * dtype_size(p.dtype));
+    const ScratchBuffer task_out(static_cast<std::size_t>(batch.size() * tile_rows * p.head_dim) *
+                                 dtype_size(p.dtype));
     TensorView tasks(const_cast<std::int32_t*>(batch.tasks.data()), DType::i32,
                      {batch.size(), kBlockSparseTaskFields});
     TensorView task_out_view(task_out.data(), p.dtype, {batch.size(), tile_rows, p.head_dim});
@@ -391,7 +399,7 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
         static_cast<int32_t>(plan.folded_heads), layout.causal(), p.scale, out.get());
     TILELAB_CHECK(status == 0) << "generated block-sparse attention kernel failed (status "
                                << status << "): " << halide_error_message_of_thread();
-    scatter_rows(p, batch, plan, task_out);
+    scatter_rows(p, batch, plan, static_cast<const std::byte*>(task_out.data()));
   }
   return true;
 }
