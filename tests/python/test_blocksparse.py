@@ -493,11 +493,17 @@ def test_implementations(rng, implementation):
         check(q, k, v, layout, q_lens, k_lens, "float32", implementation=implementation)
 
 
+KERNEL_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
 def prefill_kernel(dtype_name):
     """The prefill kernel of 32-row tasks that runs for dtype_name with fp32 probabilities."""
-    if dtype_name == "bfloat16":
-        return "blocksparse_bf16_prefill_fp32_probabilities"
-    return {"float32": "blocksparse_f32_prefill", "float16": "blocksparse_f16_prefill"}[dtype_name]
+    name = f"blocksparse_{KERNEL_DTYPES[dtype_name]}_prefill"
+    return name + "_fp32_probabilities" if dtype_name == "bfloat16" else name
+
+
+def decode_kernel(dtype_name):
+    return f"blocksparse_{KERNEL_DTYPES[dtype_name]}_decode"
 
 
 # The prefill kernels on fp32 FMAs (fp32, fp16, and bf16 with fp32 probabilities) come with 32-
@@ -564,9 +570,7 @@ def test_kernels_name_one_kernel_per_kind_of_task(rng, restore_num_threads, dtyp
         cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=cu_seqlens(k_lens), fp32_probabilities=True
     )
     prefill = prefill_kernel(dtype_name) + "_tall"
-    decode = {"float32": "blocksparse_f32_decode", "float16": "blocksparse_f16_decode"}.get(
-        dtype_name, "blocksparse_bf16_decode"
-    )
+    decode = decode_kernel(dtype_name)
     assert tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments) == sorted(
         [decode, prefill]
     )
