@@ -259,8 +259,8 @@ std::vector<TaskBatch> build_task_batches(const BlockSparseProblem& p, const Var
 }
 
 // Copies each task's rows from the kernel's task-indexed output [tasks, query_tile, D] to out.
-// On one thread: in parallel, the next calls' kernels ran up to 1.4x slower for a few calls
-// (S 2048 fp32, Emerald Rapids; not explained), for a 3% gain once settled.
+// On one thread: in parallel, a process's first few fp32 calls after bf16 ones ran up to 1.4x
+// slower (S 2048, Emerald Rapids; not explained), for a 3% gain once settled.
 void scatter_rows(const BlockSparseProblem& p, const TaskBatch& batch, const VariantPlan& plan,
                   const std::byte* task_out) {
   const auto element = static_cast<std::int64_t>(dtype_size(p.dtype));
