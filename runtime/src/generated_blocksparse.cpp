@@ -48,18 +48,13 @@ using schedules::flash::kBlockSparsePrefillTiling;
 using schedules::flash::kBlockSparseTaskFields;
 using schedules::flash::kDecodeMaxRows;
 
-// Whether the prefill kernel comes with 64-row tasks too (tall): the kernels on fp32 FMAs, which a
+using Kernel = NamedKernel<KernelFn>;
+
+// The kernel of a task kind. Prefill on fp32 FMAs comes with 64-row tasks too (tall), which a
 // task's rows amortize: fp16 and bf16 widen K and V to fp32 per (task, key tile), and every task
 // reads its key tiles from wherever the layout's blocks lie (fp32 too, unlike the dense forward,
 // whose tall tiles gave fp32 nothing). Not bf16 on bf16 dot products, which this was not measured
-// on.
-bool prefill_has_tall_tasks(DType dtype, bool fp32_probabilities) {
-  return dtype == DType::f32 || dtype == DType::f16 ||
-         (dtype == DType::bf16 && !rounds_bf16_probabilities(dtype, dtype, fp32_probabilities));
-}
-
-using Kernel = NamedKernel<KernelFn>;
-
+// on: `tall` then picks the 32-row kernel.
 Kernel pick_kernel(DType dtype, bool decode, bool fp32_probabilities, bool tall) {
   switch (dtype) {
     case DType::f32:
@@ -83,6 +78,12 @@ Kernel pick_kernel(DType dtype, bool decode, bool fp32_probabilities, bool tall)
       break;
   }
   return {};
+}
+
+// Whether the prefill kernel comes with 64-row tasks too.
+bool prefill_has_tall_tasks(DType dtype, bool fp32_probabilities) {
+  return pick_kernel(dtype, false, fp32_probabilities, true).run !=
+         pick_kernel(dtype, false, fp32_probabilities, false).run;
 }
 
 // Whether the query heads of every GQA group use the same blocks (the same layout head, or layout
