@@ -7,14 +7,16 @@
 //   query_t            QT×D, transposed once per tile so rows are contiguous
 //   for each key block rk (causal: skipped when wholly right of the tile's last query)
 //     masked / score   QT×KB, register tiles of (2·VL rows) × 8 keys = 16 accumulators
-//                       (AVX-512: 2 row vectors + 8 key broadcasts per d → 16 FMAs, 10 loads)
+//                       (AVX-512: 2 row vectors + 8 key broadcasts per d → 16 FMAs, 10 loads;
+//                       AVX2, 16 ymm: × 4 keys, 8 accumulators, flash::accumulator_registers)
 //     block_max, running_max, rescale, prob, block_sum: vertical ops over rows (no horizontal
 //                       reductions); exps are per score and per (row, block), never per output
 //     block_pv         (2·VL head dims) × 8 rows = 16 accumulators per register tile
 //                       (AVX-512: 2 V vectors + 8 prob broadcasts per key → 16 FMAs, 10 loads;
-//                       bf16 pairs and decode: (4·VL) × 4, 4 V vectors + 4 broadcasts)
+//                       bf16 pairs and decode: (4·VL) × 4, 4 V vectors + 4 broadcasts; AVX2:
+//                       half the rows)
 //     state merge      (m, l, o): o · rescale + block_pv, two FMAs per element
-// Register budget (AVX-512): 16 accumulators + 2–4 operands, 20/32 zmm.
+// Register budget: AVX-512 16 accumulators + 2–4 operands, 20/32 zmm; AVX2 8 + 2–4, 12/16 ymm.
 //
 // Tried: merging per block with max/exp inside the Tuple update (the textbook block-wise merge).
 // The rescale then depends on the state, so it is computed per output element: one or two exps
@@ -60,18 +62,15 @@ void at_root_per_key_block(Func f, const FlashAttentionStages& s, const Expr& he
   for (int dims : flash::kFastHeadDims) f.specialize(head_dim == dims);
 }
 
-// Keys per score register tile: `masked`'s tiles are (2·VL rows) × kScoreTileKeys.
-constexpr int kScoreTileKeys = 8;
-
 // A bias that varies across a tile's rows, `transposed(rows, keys) = by_row(keys, rows)` for the
 // keys of one score register tile, computed at `tile` (the register tile's loop over keys,
 // inside the consumer's specialization for such a bias, so that a bias broadcast over rows never
 // computes it): each row's keys read as stored (one dense load, where the rows in the vector
 // lanes would make every score vector a 16-lane gather), then transposed in registers.
 void schedule_bias_transpose(Func transposed, Func by_row, const LoopLevel& tile, const Var& rows,
-                             const Var& keys, int lanes) {
-  transposed.compute_at(tile).vectorize(rows, lanes).unroll(rows).vectorize(keys, kScoreTileKeys);
-  by_row.compute_at(transposed, Var::outermost()).vectorize(keys, kScoreTileKeys).unroll(rows);
+                             const Var& keys, int lanes, int tile_keys) {
+  transposed.compute_at(tile).vectorize(rows, lanes).unroll(rows).vectorize(keys, tile_keys);
+  by_row.compute_at(transposed, Var::outermost()).vectorize(keys, tile_keys).unroll(rows);
 }
 
 }  // namespace
@@ -106,14 +105,14 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
                                  const Expr& head_dim, const LoopLevel& tile) {
   const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
   const int QT = s.query_tile;
-  const int score_rows = std::min(QT, 2 * VL);  // rows per score register tile
+  const auto [score_rows, score_keys] = flash::score_register_tile(target, QT);
   // block_pv register tiles: fp32 products take (2·VL head dims) × 8 rows, so that the slice of a
   // 128-key block's V that every row tile reads in turn is 16 KiB at D = 128 and stays in L1 (at
   // 4·VL it was 32 KiB, beside the tile's 16 KiB of P: Emerald Rapids, whose two 512-bit FMA pipes
   // outran the L2 reads, B1 H16 S512 D128 fp32 full 10.3-10.8 ms against 12.0-12.1, the rest
   // unchanged). bf16 pairs and decode tiles keep (4·VL) × 4.
   const int pv_vectors = s.bf16_products || QT < 8 ? 4 : 2;
-  const int pv_rows = std::min(QT, 32 / (2 * pv_vectors));
+  const int pv_rows = std::min(QT, flash::register_tile_extent(target, pv_vectors));
   const int RV = std::min(VL, QT);  // lanes for per-row vectors (never pad rows)
   Var dout("dout"), iii("iii"), jjo("jjo"), jji("jji");
 
@@ -171,7 +170,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
 
   if (!s.decode) {
     s.masked.compute_at(s.state, s.rk)
-        .tile(s.ii, s.jj, iii, jji, score_rows, kScoreTileKeys)
+        .tile(s.ii, s.jj, iii, jji, score_rows, score_keys)
         .vectorize(iii, VL)
         .unroll(iii)
         .unroll(jji);
@@ -185,10 +184,10 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
       s.score.update().reorder(s.ii, s.jj, s.rd).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
     }
   } else {
-    // Decode: partial sums of (QT rows) × (4 keys) in head-dim lanes, QT·4 registers; per lane
-    // vector of d, QT query loads and 4 key loads feed QT·4 FMAs. Then one horizontal sum per
-    // score.
-    const int lanes = s.decode_lanes, keys = 4;
+    // Decode: partial sums of (QT rows) × (4 keys; AVX2 2) in head-dim lanes, QT·4 registers;
+    // per lane vector of d, QT query loads and 4 key loads feed QT·4 FMAs. Then one horizontal
+    // sum per score.
+    const int lanes = s.decode_lanes, keys = flash::register_tile_extent(target, QT);
     s.query_t.reorder_storage(s.d, s.ii);  // head dim contiguous, for the lane-wise loads
     s.masked.compute_at(s.state, s.rk).split(s.jj, jjo, jji, keys).vectorize(s.ii, RV);
     s.score.compute_at(s.masked, jjo).unroll(s.ii).unroll(s.jj);
@@ -211,7 +210,8 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   // such a bias too, gained 2% from it for 40 s per kernel: left as it is.)
   if (s.bias_row_stride.defined()) {
     s.masked.specialize(s.bias_row_stride == 0).specialize(s.bias_head_stride == 0);
-    schedule_bias_transpose(s.bias_t, s.bias_rows, LoopLevel(s.masked, s.jj), s.ii, s.jj, VL);
+    schedule_bias_transpose(s.bias_t, s.bias_rows, LoopLevel(s.masked, s.jj), s.ii, s.jj, VL,
+                            score_keys);
   }
 
   // Block maxima are kept for the whole tile (store_at) and computed per block: the sliding

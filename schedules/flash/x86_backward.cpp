@@ -20,6 +20,8 @@
 //                         Pᵀ dO and dSᵀ Q, added to grad_kv (the chunk's keys)
 //       block_dq          (2·VL head dims) × 8 rows = 16 accumulators over the block's keys:
 //                         dS K, added to dq_partial (the task's rows)
+//       (AVX2, 16 ymm registers: each tile's second extent halved, 8 accumulators;
+//       flash::accumulator_registers)
 //   task_grads          both sums of the task gathered; then dk, dv from it, and grad_q sums
 //                       the tasks' dq_partial in chunk order.
 // A third loop nest (only what the caller's ds buffer asks for): dS per (row tile, key block).
@@ -54,11 +56,12 @@ using namespace Halide;
 
 namespace {
 
-// Scores and dP of one (row tile, key block) in register tiles of `rows` × 8 keys, rows in the
+// Scores and dP of one (row tile, key block) in register tiles of `rows` × `keys`, rows in the
 // vector lanes; P and dS stored for the whole tile, for the products that consume them.
 void schedule_tile(FlashBackwardStages& s, generators::FlashBackwardTileStages& t,
-                   const LoopLevel& level, int VL, const std::string& pass) {
-  const int rows = std::min(s.query_tile, 2 * VL);
+                   const LoopLevel& level, const Target& target, const std::string& pass) {
+  const int VL = target.natural_vector_size<float>();
+  const auto [rows, keys] = flash::score_register_tile(target, s.query_tile);
   Var iii("iii_" + pass), jji("jji_" + pass);
   // With score options dS reads the score too (the softcap's derivative): the score tile is stored
   // at the tile's level for both, in the same register tiles.
@@ -66,7 +69,7 @@ void schedule_tile(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
   if (s.score_options) tiles.push_back(&t.score);
   for (Func* f : tiles) {
     f->compute_at(level)
-        .tile(s.ii, s.jj, iii, jji, rows, 8)
+        .tile(s.ii, s.jj, iii, jji, rows, keys)
         .vectorize(iii, VL)
         .unroll(iii)
         .unroll(jji);
@@ -97,7 +100,7 @@ void schedule_tile(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
   }
   if (s.score_options) {
     t.score.update()
-        .tile(s.ii, s.jj, iii, jji, rows, 8)
+        .tile(s.ii, s.jj, iii, jji, rows, keys)
         .reorder(iii, jji, t.rd_score, s.ii, s.jj)
         .vectorize(iii, VL)
         .unroll(iii)
@@ -213,11 +216,13 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
   }
   Stage kv = s.grad_kv.update();
   kv.reorder(s.d, s.jj, s.ro, s.rc, s.rg, s.task);
-  flash::split_register_tiles(kv, s.d, s.jj, 4, head_dim, VL, dout);
+  flash::split_register_tiles(kv, s.d, s.jj, flash::register_tile_extent(target, 4), head_dim, VL,
+                              dout);
   Stage dq_update = s.dq_partial.update();
   dq_update.reorder(s.d, s.ii, s.ro, s.rc, s.rg, s.task);
   Var dq_out("dq_out");
-  flash::split_register_tiles_unspecialized(dq_update, s.d, s.ii, VL, dq_out);
+  flash::split_register_tiles_unspecialized(dq_update, s.d, s.ii,
+                                            flash::register_tile_extent(target, 2), VL, dq_out);
   dq_update.compute_with(kv, s.ro);
   Func fused_parent = s.grad_kv;  // the stage computed first: producers at fused loops go there
   const RVar &row_tile = s.ro, &block = s.rc;
@@ -227,7 +232,7 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
   for (Func f : {s.block_dv, s.block_dk}) {
     flash::schedule_tile_product(f, s.d, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL, row_pair);
   }
-  schedule_tile(s, s.key_pass, LoopLevel(fused_parent, row_tile), VL, "kpass");
+  schedule_tile(s, s.key_pass, LoopLevel(fused_parent, row_tile), target, "kpass");
   schedule_rows_at_root(s, s.key_pass, VL);
   if (s.bf16_probabilities) {
     // P and dS of the tile rounded to bf16 (32 rows, the fp32 tiles' layout, per key); dout and
@@ -288,7 +293,7 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
       .fuse(tile, s.b, tile)
       .parallel(tile)
       .vectorize(jin, VL, TailStrategy::GuardWithIf);
-  schedule_tile(s, s.bias_pass, LoopLevel(s.ds, jo), VL, "bpass");
+  schedule_tile(s, s.bias_pass, LoopLevel(s.ds, jo), target, "bpass");
   schedule_rows(s, s.bias_pass, LoopLevel(s.ds, tile), VL);
   schedule_keys(s, s.bias_pass, LoopLevel(s.ds, jo), VL);
 }

@@ -1,7 +1,6 @@
 // The loop structure shared by the flash attention x86 schedules (schedules/flash/x86.cpp forward,
 // x86_backward.cpp backward): accumulators at root, parallel over (tile, kv head, batch), and
-// accumulated over (head dim, rows or keys) in register tiles of 4 head-dim vectors × 4 rows or
-// keys, 16 accumulators.
+// accumulated over (head dim, rows or keys) in register tiles of accumulator_registers vectors.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +10,34 @@
 #include "Halide.h"
 
 namespace tilelab::schedules::flash {
+
+// Vector registers one register tile's accumulators may take: half the register file, the other
+// half for the tile's operands (row or head-dim vectors, broadcasts) and the loop. AVX-512 has 32
+// zmm registers, AVX2 and SSE 16: with 16 accumulators there too, every AVX2 tile spilled
+// accumulators to the stack and shuffled the rest between registers on each key. Halved on an AMD
+// EPYC Zen 3 (AVX2, 2 threads, alternating builds): forward B1 H16 S1024 D128 full fp32 102-108
+// -> 81-87 ms, bf16 104-134 -> 77-78; backward S512 fp32 80-111 -> 45-63, bf16 78-85 -> 48-50.
+// The AVX-512 kernels are unchanged, instruction for instruction.
+inline int accumulator_registers(const Halide::Target& target) {
+  return target.has_feature(Halide::Target::AVX512) ? 16 : 8;
+}
+
+// The second extent (rows or keys) of a register tile `vectors` vectors wide: as many as
+// accumulator_registers allows (AVX-512: 2 vectors × 8 or 4 × 4; AVX2: 2 × 4 or 4 × 2).
+inline int register_tile_extent(const Halide::Target& target, int vectors) {
+  return std::max(1, accumulator_registers(target) / vectors);
+}
+
+// The register tile of q·k products (and of dP) over a query tile of `query_tile` rows: rows in the
+// vector lanes, up to two vectors of them, × as many keys as the accumulators allow.
+struct ScoreRegisterTile {
+  int rows, keys;
+};
+inline ScoreRegisterTile score_register_tile(const Halide::Target& target, int query_tile) {
+  const int lanes = target.natural_vector_size<float>();
+  const int rows = std::min(query_tile, 2 * lanes);
+  return {rows, register_tile_extent(target, (rows + lanes - 1) / lanes)};
+}
 
 // `f` at root, its pure stage and its update (loops `order`, innermost first) both parallel over
 // (`outer`, `kv_head`, `batch`) fused into `tile`, head dims vectorized in the pure stage; returns
@@ -81,14 +108,14 @@ inline void split_register_tiles(Halide::Stage stage, const Halide::Var& d,
 }
 
 // split_register_tiles without specializations (a stage computed with another may have none):
-// 2 head-dim vectors (rounded up) × 8 of `second`, 16 accumulators.
+// 2 head-dim vectors (rounded up) × `second_tile` of `second`.
 inline void split_register_tiles_unspecialized(Halide::Stage stage, const Halide::Var& d,
-                                               const Halide::Var& second, int lanes,
-                                               const Halide::Var& dout) {
+                                               const Halide::Var& second, int second_tile,
+                                               int lanes, const Halide::Var& dout) {
   using Halide::TailStrategy;
   Halide::Var din("din"), so("so"), si("si");
   stage.split(d, dout, din, 2 * lanes, TailStrategy::RoundUp)
-      .split(second, so, si, 8)
+      .split(second, so, si, second_tile)
       .reorder(din, si, dout, so)
       .vectorize(din, lanes)
       .unroll(si);

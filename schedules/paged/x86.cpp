@@ -19,7 +19,8 @@
 //     block_pv         (4·VL head dims) × 4 rows = 16 accumulators per register tile
 //     state merge      (m, l, o): o · rescale + block_pv, two FMAs per element
 //   then the new tokens' tile with the same stages, and o / l.
-// Register budget (AVX-512): 16 accumulators + 2–8 operands, at most 26/32 zmm.
+// Register budget (AVX-512): 16 accumulators + 2–8 operands, at most 26/32 zmm. AVX2 (16 ymm):
+// half the rows per register tile, 8 accumulators (flash::accumulator_registers).
 // Buffers per task: scores and P of 32 × LTS fp32 each (256 KiB each at LTS = 2048) in L2.
 //
 // Measured (H 8/2, d 128, seq_q 256, context 4096, block_size 32, LTS 2048, mixed precision;
@@ -77,7 +78,9 @@ Func at_root_per_kv_tile(Func f, const PagedAttentionStages& s, const Var& var, 
 
 // The per-call operands and the key-tile stages of the bf16-products nest: rows vectorized (the
 // query tile's 32 rows are two vectors), columns broadcast, as the dense flash forward's bf16 nest.
-void schedule_bf16_products(PagedAttentionStages& s, int VL, const Var& tile, const Var& dout) {
+void schedule_bf16_products(PagedAttentionStages& s, const Target& target, const Var& tile,
+                            const Var& dout) {
+  const int VL = target.natural_vector_size<float>();
   Var kv_tile("kv_tile"), iii("iii"), ci("ci"), iio("iio"), din("din"), dvo("dvo"), dvi("dvi");
   // K rows and V pairs once per call (specialized on the fast head dims, whose reads need no
   // clamp: clamped, every load was a gather).
@@ -106,7 +109,7 @@ void schedule_bf16_products(PagedAttentionStages& s, int VL, const Var& tile, co
     // per pair of head dims 2 row vectors of q pairs, 8 broadcast K pairs, 16 vdpbf16ps.
     t.masked.compute_at(at)
         .reorder_storage(s.ii, s.c)
-        .tile(s.ii, s.c, iii, ci, 2 * VL, 8)
+        .tile(s.ii, s.c, iii, ci, 2 * VL, flash::register_tile_extent(target, 2))
         .vectorize(iii, VL)
         .unroll(iii)
         .unroll(ci);
@@ -132,7 +135,7 @@ void schedule_bf16_products(PagedAttentionStages& s, int VL, const Var& tile, co
   s.active.block_pv.compute_at(s.final_out, tile).vectorize(s.d, VL, TailStrategy::GuardWithIf);
   s.active.block_pv.update()
       .split(s.d, dout, din, 4 * VL, TailStrategy::RoundUp)
-      .split(s.ii, iio, iii, 4)
+      .split(s.ii, iio, iii, flash::register_tile_extent(target, 4))
       .split(din, dvo, dvi, VL)
       .reorder(s.active.rjp, dvi, dvo, iii, s.active.rjo, dout, iio)
       .atomic()
@@ -147,7 +150,9 @@ void schedule_bf16_products(PagedAttentionStages& s, int VL, const Var& tile, co
 void schedule_paged_attention_x86(PagedAttentionStages& s, const Target& target) {
   const int VL = target.natural_vector_size<float>();  // 16 (AVX-512), 8 (AVX2) or 4 (SSE)
   const int QT = s.query_tile;
-  const int score_rows = std::min(QT, 8), pv_rows = std::min(QT, 4);
+  // Register tiles: score 2 column vectors × score_rows, P·V 4 head-dim vectors × pv_rows.
+  const int score_rows = std::min(QT, flash::register_tile_extent(target, 2));
+  const int pv_rows = std::min(QT, flash::register_tile_extent(target, 4));
   Var tile("tile"), co("co"), ci("ci"), iio("iio"), iii("iii"), dout("dout"), din("din"), u("u");
   Var dvo("dvo"), dvi("dvi");
 
@@ -188,7 +193,7 @@ void schedule_paged_attention_x86(PagedAttentionStages& s, const Target& target)
   s.rescale.compute_at(s.state, s.rk).vectorize(s.ii, VL);
 
   if (s.bf16_products) {
-    schedule_bf16_products(s, VL, tile, dout);
+    schedule_bf16_products(s, target, tile, dout);
     return;
   }
   // Once per call: gathered, converted K (columns innermost) and V (head dims innermost).
