@@ -105,11 +105,13 @@ void schedule_bf16_products(PagedAttentionStages& s, const Target& target, const
   s.query_pairs.compute_at(s.final_out, tile).vectorize(s.dp).vectorize(s.ii, VL);
 
   auto schedule_key_tile = [&](KeyTileStages& t, const LoopLevel& at) {
-    // Scores with rows innermost: register tiles of (2·VL rows) × 8 columns, 16 accumulators;
-    // per pair of head dims 2 row vectors of q pairs, 8 broadcast K pairs, 16 vdpbf16ps.
+    // Scores with rows innermost: the dense forward's register tiles, (2·VL rows) × 8 columns,
+    // 16 accumulators; per pair of head dims 2 row vectors of q pairs, 8 broadcast K pairs, 16
+    // vdpbf16ps.
+    const auto [tile_rows, tile_columns] = flash::score_register_tile(target, s.query_tile);
     t.masked.compute_at(at)
         .reorder_storage(s.ii, s.c)
-        .tile(s.ii, s.c, iii, ci, 2 * VL, flash::register_tile_extent(target, 2))
+        .tile(s.ii, s.c, iii, ci, tile_rows, tile_columns)
         .vectorize(iii, VL)
         .unroll(iii)
         .unroll(ci);
