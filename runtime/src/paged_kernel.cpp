@@ -90,25 +90,6 @@ using Float8 = float __attribute__((vector_size(32)));
 [[gnu::always_inline]] inline float sum8(Float8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
-// {sum8(v0), ..., sum8(v7)}, each added in sum8's order, in 14 shuffles and 7 adds: summed one
-// at a time, the eight sums of a score tile cost about as much as its 128 FMAs at D = 128.
-[[gnu::always_inline]] inline Float8 sum8_each(Float8 v0, Float8 v1, Float8 v2, Float8 v3,
-                                               Float8 v4, Float8 v5, Float8 v6, Float8 v7) {
-  // Lanes i and i + 4 of two vectors: {x(0+4), .., x(3+7), y(0+4), .., y(3+7)}.
-  const auto fold_halves = [](Float8 x, Float8 y) {
-    return __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11) +
-           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15);
-  };
-  // Neighbouring lanes: {a0 + a1, a2 + a3, b0 + b1, ..., a4 + a5, a6 + a7, b4 + b5, ...}.
-  const auto fold_pairs = [](Float8 a, Float8 b) {
-    return __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) +
-           __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
-  };
-  const Float8 low = fold_pairs(fold_halves(v0, v2), fold_halves(v1, v3));
-  const Float8 high = fold_pairs(fold_halves(v4, v6), fold_halves(v5, v7));
-  return __builtin_shufflevector(low, high, 0, 2, 4, 6, 8, 10, 12, 14) +
-         __builtin_shufflevector(low, high, 1, 3, 5, 7, 9, 11, 13, 15);
-}
 
 // scores[r * score_stride + j] = q[r] · k[j] for r < rows, j < count (rows `dim` floats apart).
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void dot_rows_with_keys(
@@ -134,12 +115,15 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void dot_rows_with_k
         a3 += q3d * k0;
         b3 += q3d * k1;
       }
-      const Float8 sums = sum8_each(a0, b0, a1, b1, a2, b2, a3, b3);
       float* out = scores + r * score_stride + j;
-      for (int row = 0; row < 4; ++row) {
-        out[row * score_stride] = sums[2 * row];
-        out[row * score_stride + 1] = sums[2 * row + 1];
-      }
+      out[0] = sum8(a0);
+      out[1] = sum8(b0);
+      out[score_stride] = sum8(a1);
+      out[score_stride + 1] = sum8(b1);
+      out[2 * score_stride] = sum8(a2);
+      out[2 * score_stride + 1] = sum8(b2);
+      out[3 * score_stride] = sum8(a3);
+      out[3 * score_stride + 1] = sum8(b3);
     }
     for (; j < count; ++j) {
       const float* key = k + j * dim;
