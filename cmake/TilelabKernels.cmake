@@ -9,6 +9,13 @@ set(TILELAB_HALIDE_TARGETS
     x86-64-linux
     CACHE STRING "Halide targets of the AOT kernels, best first")
 
+# The generators/ directory of another build of the same sources: the kernels are linked from its
+# lib<name>.a and <name>.h instead of generated, and the generators are not built. A second build
+# of one source tree (the packaging test's wheel, wheels for several Pythons) then skips the
+# Halide work, most of the build's time.
+set(TILELAB_PREBUILT_KERNELS "" CACHE PATH
+    "generators/ directory of a build of these sources whose kernels to link instead of generating")
+
 add_halide_runtime(tilelab_halide_runtime TARGETS x86-64-linux)
 add_library(tilelab_kernels INTERFACE)
 target_link_libraries(tilelab_kernels INTERFACE tilelab_halide_runtime)
@@ -24,6 +31,21 @@ add_custom_target(kernel_listings)
 # <name>_listings, not built by default).
 function(tilelab_add_kernel name)
   cmake_parse_arguments(ARG "" "GENERATOR;FROM" "PARAMS" ${ARGN})
+  if (TILELAB_PREBUILT_KERNELS)
+    set(archive "${TILELAB_PREBUILT_KERNELS}/lib${name}.a")
+    if (NOT EXISTS "${archive}" OR NOT EXISTS "${TILELAB_PREBUILT_KERNELS}/${name}.h")
+      message(FATAL_ERROR "TILELAB_PREBUILT_KERNELS is ${TILELAB_PREBUILT_KERNELS}, which lacks "
+                          "lib${name}.a or ${name}.h: expected the generators/ directory of a "
+                          "build of these sources")
+    endif ()
+    # GLOBAL: tilelab_kernels is linked from other directories.
+    add_library(${name} STATIC IMPORTED GLOBAL)
+    set_target_properties(${name} PROPERTIES IMPORTED_LOCATION "${archive}")
+    target_include_directories(${name} INTERFACE "${TILELAB_PREBUILT_KERNELS}")
+    target_link_libraries(${name} INTERFACE tilelab_halide_runtime)
+    target_link_libraries(tilelab_kernels INTERFACE ${name})
+    return()
+  endif ()
   add_halide_library(${name} FROM ${ARG_FROM}
                      GENERATOR ${ARG_GENERATOR}
                      FUNCTION_NAME ${name}
