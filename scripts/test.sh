@@ -8,7 +8,14 @@
 # venv, so the pytest run in .venv shows the rest passes without it. TILELAB_SKIP_TORCH=1 skips.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Each step's time, so that the command's budget (README) can be watched.
+step_start=$SECONDS
+step_done() {
+  printf '[test] %s: %d s (total %d s)\n' "$1" "$((SECONDS - step_start))" "$SECONDS" >&2
+  step_start=$SECONDS
+}
 "$root/scripts/bootstrap.sh"
+step_done "install and build"
 cd "$root"
 build_dir="${TILELAB_BUILD_DIR:-build}"
 # numpy's OpenBLAS threads (the fp64 references) keep spinning after a call and take the cores
@@ -16,8 +23,10 @@ build_dir="${TILELAB_BUILD_DIR:-build}"
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 status=0
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" || status=1
+step_done ctest
 PYTHONPATH="$root/$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
   .venv/bin/python -m pytest -q tests/python || status=1
+step_done pytest
 if [[ "${TILELAB_SKIP_TORCH:-0}" != 1 ]]; then
   torch_venv=.venv-torch
   torch_stamp="$torch_venv/.requirements.sha256"
@@ -36,11 +45,14 @@ if [[ "${TILELAB_SKIP_TORCH:-0}" != 1 ]]; then
   fi
   PYTHONPATH="$root/$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
     "$torch_venv/bin/python" -m pytest -q tests/python/torch || status=1
+  step_done "torch tests"
 fi
 if [[ "${TILELAB_SKIP_SANITIZE:-0}" != 1 ]]; then
   "$root/scripts/sanitize.sh" || status=1
+  step_done sanitizers
 fi
 if [[ "${TILELAB_SKIP_FUZZ:-0}" != 1 ]]; then
   "$root/scripts/fuzz.sh" || status=1
+  step_done fuzzing
 fi
 exit $status
