@@ -6,8 +6,8 @@
 // are visited in chunks of kKeyChunk positions: the chunk's K and V rows are gathered through the
 // block table and widened to fp32 once, then each row scores the keys it sees (causality and the
 // sliding window give every row one contiguous interval) and folds them into its online softmax.
-// Decode items (one query token) on CPUs with AVX-512 skip the scratch: their micro-kernels read
-// the chunk's K and V rows in place and widen them in registers (paged_stream.hpp).
+// Decode items (one query token) on CPUs with AVX2 or AVX-512 skip the scratch: their micro-kernels
+// read the chunk's K and V rows in place and widen them in registers (paged_stream.hpp).
 // An item whose keys are split into pieces (split-KV) writes each piece's partial state; a second
 // pass merges the pieces in piece order, so the result does not depend on which thread ran what.
 #include <algorithm>

@@ -1,13 +1,16 @@
-// AVX-512 streaming micro-kernels of the paged kernel (paged_stream.hpp).
+// The streaming micro-kernels of the paged kernel (paged_stream.hpp): AVX-512, and AVX2 for CPUs
+// without it.
 //
 // Everything between the target pragmas has internal linkage and uses intrinsics only, so no
-// inline function shared with other translation units is ever emitted with AVX-512 instructions.
+// inline function shared with other translation units is ever emitted with AVX2 or AVX-512
+// instructions.
 // The entry points below the pragmas dispatch on the dtypes; callers check the CPU first.
 #include "paged_stream.hpp"
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "cpu_features.hpp"
@@ -15,7 +18,10 @@
 
 namespace tilelab::detail {
 
-bool cpu_streams_cache_rows() {
+namespace {
+
+// The AVX-512 kernels' CPUs; the AVX2 kernels serve the others that stream.
+bool cpu_streams_with_avx512() {
   static const bool supported =
       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -23,8 +29,21 @@ bool cpu_streams_cache_rows() {
   return supported;
 }
 
+}  // namespace
+
+bool cpu_streams_cache_rows() {
+  static const bool supported = cpu_streams_with_avx512() ||
+                                (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                                 __builtin_cpu_supports("f16c"));
+  return supported;
+}
+
 std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d) {
-  if (cache_dtype != DType::bf16 || products == StreamedProducts::bf16_dots) return d;
+  // Only the AVX-512 kernels widen bf16 as even and odd elements.
+  if (cache_dtype != DType::bf16 || products == StreamedProducts::bf16_dots ||
+      !cpu_streams_with_avx512()) {
+    return d;
+  }
   constexpr std::int64_t kGroup = 32;
   return d / kGroup * kGroup + d % 2 * (kGroup / 2) + d % kGroup / 2;
 }
@@ -52,31 +71,6 @@ void with_tile_rows(std::int64_t rows, F&& f) {
   }
 }
 static_assert(kStreamedRowTile == 4);
-
-}  // namespace
-
-StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities) {
-  return rounds_bf16_probabilities(query_dtype, cache_dtype, fp32_probabilities) &&
-                 holds_bf16_values(cache_dtype) && cpu_streams_cache_rows()
-             ? StreamedProducts::bf16_dots
-             : StreamedProducts::fp32;
-}
-
-// GCC 12's AVX-512 headers trip -Wuninitialized in their own masked intrinsics (GCC bug 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")
-
-namespace {
-
-constexpr std::int64_t kVector = 16;     // fp32 lanes
-constexpr int kTile = kStreamedRowTile;  // rows of a q·k or p·v tile, and keys of a q·k tile
-
-// bf16 rows accumulate in even/odd order within each 32-element group (streamed_acc_index).
-template <DType dtype>
-constexpr bool kEvenOddRows = dtype == DType::bf16;
 
 template <DType dtype>
 constexpr std::int64_t element_bytes() {
@@ -119,6 +113,31 @@ class RowPrefetcher {
   LineStream<_MM_HINT_T0> rows_near_;
   LineStream<_MM_HINT_T1> rows_far_, companion_far_;
 };
+
+}  // namespace
+
+StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities) {
+  return rounds_bf16_probabilities(query_dtype, cache_dtype, fp32_probabilities) &&
+                 holds_bf16_values(cache_dtype) && cpu_streams_cache_rows()
+             ? StreamedProducts::bf16_dots
+             : StreamedProducts::fp32;
+}
+
+// GCC 12's AVX-512 headers trip -Wuninitialized in their own masked intrinsics (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")
+
+namespace {
+
+constexpr std::int64_t kVector = 16;     // fp32 lanes
+constexpr int kTile = kStreamedRowTile;  // rows of a q·k or p·v tile, and keys of a q·k tile
+
+// bf16 rows accumulate in even/odd order within each 32-element group (streamed_acc_index).
+template <DType dtype>
+constexpr bool kEvenOddRows = dtype == DType::bf16;
 
 // The lanes of a vector of 8 · sizeof(Mask) elements starting `remaining` elements before the
 // row's end.
@@ -905,6 +924,198 @@ void values_of_bf16_dot(const float* p, std::int64_t p_stride, std::int64_t rows
 }  // namespace
 
 #pragma GCC pop_options
+
+// The fp32-product kernels for CPUs that stream without AVX-512 (AVX2, FMA and F16C: Zen 3,
+// Intel's client cores). AVX2 has 16 vector registers, so each tile keeps 8 accumulators where
+// the AVX-512 kernels keep 16, leaving registers for its operands: q·k in tiles of four rows by
+// two keys, p·v in panels of 16 head dims by four rows. Every dtype widens in head-dim order, 8
+// elements at a time; tails are copied into a zeroed buffer, so no row is read past its end.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace avx2 {
+namespace {
+
+constexpr std::int64_t kLanes = 8;  // fp32 lanes
+
+// 8 fp8 codes (the low 8 bytes of `codes`) widened to fp32 through fp16, exactly: an e5m2 code is
+// the upper byte of the same fp16 value; an e4m3fn magnitude shifted into fp16's fields is its
+// value times 2^-8 (the exponent biases differ by 8), subnormals included, and its NaN code
+// (S.1111.111) is made a fp16 NaN.
+template <DType dtype>
+[[gnu::always_inline]] inline __m256 widen_fp8(__m128i codes) {
+  const __m128i x = _mm_cvtepu8_epi16(codes);
+  if constexpr (dtype == DType::f8e5m2) {
+    return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
+  } else {
+    static_assert(dtype == DType::f8e4m3fn);
+    const __m128i magnitude = _mm_and_si128(x, _mm_set1_epi16(0x7f));
+    const __m128i sign = _mm_slli_epi16(_mm_xor_si128(x, magnitude), 8);
+    const __m128i nan =
+        _mm_and_si128(_mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7e00));
+    const __m128i bits = _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16(magnitude, 7)), nan);
+    return _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(256.0f));
+  }
+}
+
+// The 8 cache elements at `element` widened to fp32.
+template <DType dtype>
+[[gnu::always_inline]] inline __m256 widen8(const void* element) {
+  if constexpr (dtype == DType::f32) {
+    return _mm256_loadu_ps(static_cast<const float*>(element));
+  } else if constexpr (dtype == DType::bf16) {  // the upper half of an fp32
+    const __m128i bits = _mm_loadu_si128(static_cast<const __m128i*>(element));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+  } else if constexpr (dtype == DType::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(element)));
+  } else {
+    return widen_fp8<dtype>(_mm_loadl_epi64(static_cast<const __m128i*>(element)));
+  }
+}
+
+// widen8 of the `remaining` elements left in a row (none, some or all 8), zero past them; the
+// memory past them is not read.
+template <DType dtype>
+[[gnu::always_inline]] inline __m256 widen8_before_end(const void* element,
+                                                       std::int64_t remaining) {
+  if (remaining >= kLanes) return widen8<dtype>(element);
+  if (remaining <= 0) return _mm256_setzero_ps();
+  alignas(32) unsigned char tail[kLanes * sizeof(float)] = {};
+  std::memcpy(tail, element, static_cast<std::size_t>(remaining * element_bytes<dtype>()));
+  return widen8<dtype>(tail);
+}
+
+// Lane i: the sum of x[i]'s lanes.
+[[gnu::always_inline]] inline __m256 sum_each(const __m256 (&x)[8]) {
+  const __m256 t0 = _mm256_hadd_ps(x[0], x[1]), t1 = _mm256_hadd_ps(x[2], x[3]);
+  const __m256 t2 = _mm256_hadd_ps(x[4], x[5]), t3 = _mm256_hadd_ps(x[6], x[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// scores[r * score_stride + t] = scale · q[r]·k[t] for four q rows r (q_stride floats apart, zero
+// from head_dim up to a whole vector) and two keys t.
+template <DType dtype>
+[[gnu::always_inline]] inline void score_key_pair(const float* q, std::int64_t q_stride,
+                                                  const char* key0, const char* key1,
+                                                  std::int64_t head_dim, float scale, float* scores,
+                                                  std::int64_t score_stride) {
+  __m256 sums[2 * kTile];  // row r with key t at 2r + t
+#pragma GCC unroll 8
+  for (int i = 0; i < 2 * kTile; ++i) sums[i] = _mm256_setzero_ps();
+  const auto multiply_add = [&](std::int64_t d, __m256 k0, __m256 k1) {
+#pragma GCC unroll 4
+    for (int r = 0; r < kTile; ++r) {
+      const __m256 q_r = _mm256_loadu_ps(q + r * q_stride + d);
+      sums[2 * r] = _mm256_fmadd_ps(q_r, k0, sums[2 * r]);
+      sums[2 * r + 1] = _mm256_fmadd_ps(q_r, k1, sums[2 * r + 1]);
+    }
+  };
+  constexpr std::int64_t kBytes = element_bytes<dtype>();
+  std::int64_t d = 0;
+  for (; d + kLanes <= head_dim; d += kLanes) {
+    multiply_add(d, widen8<dtype>(key0 + d * kBytes), widen8<dtype>(key1 + d * kBytes));
+  }
+  if (d < head_dim) {
+    multiply_add(d, widen8_before_end<dtype>(key0 + d * kBytes, head_dim - d),
+                 widen8_before_end<dtype>(key1 + d * kBytes, head_dim - d));
+  }
+  const __m256 total = _mm256_mul_ps(sum_each(sums), _mm256_set1_ps(scale));
+  const __m128 rows01 = _mm256_castps256_ps128(total), rows23 = _mm256_extractf128_ps(total, 1);
+  _mm_storel_pi(reinterpret_cast<__m64*>(scores), rows01);
+  _mm_storeh_pi(reinterpret_cast<__m64*>(scores + score_stride), rows01);
+  _mm_storel_pi(reinterpret_cast<__m64*>(scores + 2 * score_stride), rows23);
+  _mm_storeh_pi(reinterpret_cast<__m64*>(scores + 3 * score_stride), rows23);
+}
+
+// stream_scores' contract: four rows at a time against every key, two keys at a time (past the
+// last key the pair repeats it: padding columns). The first row tile prefetches ahead.
+template <DType dtype>
+void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
+               std::int64_t head_dim, float scale, float* scores, std::int64_t score_stride,
+               std::int64_t prefetch_distance) {
+  for (std::int64_t r = 0; r < rows; r += kTile) {
+    RowPrefetcher<dtype> prefetcher(keys, r == 0 ? prefetch_distance : 0, head_dim);
+    for (std::int64_t j = 0; j < keys.count; j += 2) {
+      prefetcher.ahead_of(j);
+      prefetcher.ahead_of(j + 1);
+      const auto* key0 = static_cast<const char*>(keys.rows[j]);
+      const auto* key1 = static_cast<const char*>(keys.rows[j + 1 < keys.count ? j + 1 : j]);
+      score_key_pair<dtype>(q + r * q_stride, q_stride, key0, key1, head_dim, scale,
+                            scores + r * score_stride + j, score_stride);
+    }
+  }
+}
+
+// `tile_rows` rows of the p·v update, 16 head dims (two vectors) at a time, each V element widened
+// once. The accumulators past head_dim (up to a whole panel; rows are padded to 32) add zeros.
+template <DType dtype, int tile_rows>
+void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std::int64_t head_dim,
+                const float* correction, float* acc, std::int64_t acc_stride,
+                std::int64_t prefetch_distance) {
+  static_assert(tile_rows >= 1 && tile_rows <= kTile);
+  constexpr std::int64_t kPanel = 2 * kLanes;
+  constexpr std::int64_t kBytes = element_bytes<dtype>();
+  for (std::int64_t d = 0; d < head_dim; d += kPanel) {
+    __m256 sums[tile_rows][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < tile_rows; ++r) {
+      const __m256 c = _mm256_set1_ps(correction[r]);
+      sums[r][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + d), c);
+      sums[r][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + d + kLanes), c);
+    }
+    RowPrefetcher<dtype> prefetcher(values, d == 0 ? prefetch_distance : 0, head_dim);
+    const auto add_keys = [&](auto whole) {
+      for (std::int64_t j = 0; j < values.count; ++j) {
+        prefetcher.ahead_of(j);
+        const char* row = static_cast<const char*>(values.rows[j]) + d * kBytes;
+        __m256 x0, x1;
+        if constexpr (whole.value) {
+          x0 = widen8<dtype>(row);
+          x1 = widen8<dtype>(row + kLanes * kBytes);
+        } else {
+          x0 = widen8_before_end<dtype>(row, head_dim - d);
+          x1 = widen8_before_end<dtype>(row + kLanes * kBytes, head_dim - d - kLanes);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < tile_rows; ++r) {
+          const __m256 p_rj = _mm256_broadcast_ss(p + r * p_stride + j);
+          sums[r][0] = _mm256_fmadd_ps(p_rj, x0, sums[r][0]);
+          sums[r][1] = _mm256_fmadd_ps(p_rj, x1, sums[r][1]);
+        }
+      }
+    };
+    if (d + kPanel <= head_dim) {
+      add_keys(std::true_type{});
+    } else {
+      add_keys(std::false_type{});
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < tile_rows; ++r) {
+      _mm256_storeu_ps(acc + r * acc_stride + d, sums[r][0]);
+      _mm256_storeu_ps(acc + r * acc_stride + d + kLanes, sums[r][1]);
+    }
+  }
+}
+
+// stream_values' contract (fp32 products), in tiles of four rows (the last one smaller).
+template <DType dtype>
+void values_of(const float* p, std::int64_t p_stride, std::int64_t rows, StreamedRows values,
+               std::int64_t head_dim, const float* correction, float* acc, std::int64_t acc_stride,
+               std::int64_t prefetch_distance) {
+  for (std::int64_t r = 0; r < rows; r += kTile) {
+    with_tile_rows(rows - r, [&](auto tile_rows) {
+      value_tile<dtype, tile_rows.value>(p + r * p_stride, p_stride, values, head_dim,
+                                         correction + r, acc + r * acc_stride, acc_stride,
+                                         r == 0 ? prefetch_distance : 0);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace avx2
+
+#pragma GCC pop_options
 #pragma GCC diagnostic pop
 
 namespace {
@@ -946,6 +1157,10 @@ void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::in
                                                score_stride, prefetch_distance);
       }
     }
+    if (!cpu_streams_with_avx512()) {
+      return avx2::scores_of<dtype.value>(q, rows, q_stride, keys, head_dim, scale, scores,
+                                          score_stride, prefetch_distance);
+    }
     scores_of<dtype.value>(q, rows, q_stride, keys, head_dim, scale, scores, score_stride,
                            prefetch_distance);
   });
@@ -964,6 +1179,10 @@ void stream_values(DType cache_dtype, StreamedProducts products, const float* p,
     }
     TILELAB_CHECK(products == StreamedProducts::fp32)
         << "stream_values: bf16 dot products for cache dtype " << dtype_name(cache_dtype);
+    if (!cpu_streams_with_avx512()) {
+      return avx2::values_of<dtype.value>(p, p_stride, rows, values, head_dim, correction, acc,
+                                          acc_stride, prefetch_distance);
+    }
     values_of<dtype.value>(p, p_stride, rows, values, head_dim, correction, acc, acc_stride,
                            prefetch_distance);
   });

@@ -1,7 +1,7 @@
 // The paged kernel's streaming micro-kernels: q·k and p·v over K/V cache rows read in place and
-// widened in registers (AVX-512). They serve items with few rows (decode), where widening a chunk
-// into fp32 scratch first costs more than the products it feeds and doubles the bytes the chunk
-// moves through the caches.
+// widened in registers (AVX-512, or AVX2 on CPUs without it). They serve items with few rows
+// (decode), where widening a chunk into fp32 scratch first costs more than the products it feeds
+// and doubles the bytes the chunk moves through the caches.
 #pragma once
 
 #include <xmmintrin.h>
@@ -17,7 +17,8 @@ constexpr std::int64_t kMaxStreamedHeadDim = 512;
 // stream_scores computes q·k for rows in tiles of this many.
 constexpr std::int64_t kStreamedRowTile = 4;
 
-// True when the CPU runs the streaming micro-kernels (AVX-512 F, BW, VL, DQ, and F16C).
+// True when the CPU runs the streaming micro-kernels: AVX-512 F, BW, VL, DQ and F16C, or AVX2, FMA
+// and F16C.
 bool cpu_streams_cache_rows();
 
 // How stream_values forms p·v.
