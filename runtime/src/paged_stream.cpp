@@ -938,24 +938,31 @@ namespace {
 
 constexpr std::int64_t kLanes = 8;  // fp32 lanes
 
-// 8 fp8 codes (the low 8 bytes of `codes`) widened to fp32 through fp16, exactly: an e5m2 code is
-// the upper byte of the same fp16 value; an e4m3fn magnitude shifted into fp16's fields is its
-// value times 2^-8 (the exponent biases differ by 8), subnormals included, and its NaN code
-// (S.1111.111) is made a fp16 NaN.
+// fp8 codes (zero-extended to 16-bit lanes) as fp16 bits, exactly: an e5m2 code is the upper
+// byte of the same fp16 value; an e4m3fn code's sign and magnitude moved into fp16's fields are
+// its value times 2^-8 (the exponent biases differ by 8; subnormals too), which fp16_to_fp32
+// undoes, and its NaN code (S.1111.111) is made an fp16 NaN.
 template <DType dtype>
-[[gnu::always_inline]] inline __m256 widen_fp8(__m128i codes) {
-  const __m128i x = _mm_cvtepu8_epi16(codes);
+[[gnu::always_inline]] inline __m256i fp8_to_fp16_bits(__m256i codes) {
   if constexpr (dtype == DType::f8e5m2) {
-    return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
+    return _mm256_slli_epi16(codes, 8);
   } else {
     static_assert(dtype == DType::f8e4m3fn);
-    const __m128i magnitude = _mm_and_si128(x, _mm_set1_epi16(0x7f));
-    const __m128i sign = _mm_slli_epi16(_mm_xor_si128(x, magnitude), 8);
-    const __m128i nan =
-        _mm_and_si128(_mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7e00));
-    const __m128i bits = _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16(magnitude, 7)), nan);
-    return _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(256.0f));
+    // S.MMMMMMM.00000000 shifted right arithmetically: S.S.MMMMMMM.0000000, the copy cleared.
+    const __m256i value = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(codes, 8), 1),
+                                           _mm256_set1_epi16(static_cast<short>(0xbfff)));
+    const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(codes, _mm256_set1_epi16(0x7f)),
+                                           _mm256_set1_epi16(0x7f));
+    return _mm256_or_si256(value, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
   }
+}
+
+// Eight fp16 values of fp8_to_fp16_bits as the fp8 values in fp32.
+template <DType dtype>
+[[gnu::always_inline]] inline __m256 fp16_to_fp32(__m128i bits) {
+  const __m256 x = _mm256_cvtph_ps(bits);
+  if constexpr (dtype == DType::f8e4m3fn) return _mm256_mul_ps(x, _mm256_set1_ps(256.0f));
+  return x;
 }
 
 // The 8 cache elements at `element` widened to fp32.
@@ -969,7 +976,24 @@ template <DType dtype>
   } else if constexpr (dtype == DType::f16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(element)));
   } else {
-    return widen_fp8<dtype>(_mm_loadl_epi64(static_cast<const __m128i*>(element)));
+    const __m128i codes = _mm_loadl_epi64(static_cast<const __m128i*>(element));
+    const __m256i bits = fp8_to_fp16_bits<dtype>(_mm256_cvtepu8_epi16(codes));
+    return fp16_to_fp32<dtype>(_mm256_castsi256_si128(bits));
+  }
+}
+
+// The 16 cache elements at `element` widened to fp32: elements 0-7 in low, 8-15 in high. fp8
+// converts all 16 in each integer instruction.
+template <DType dtype>
+[[gnu::always_inline]] inline void widen16(const void* element, __m256& low, __m256& high) {
+  if constexpr (element_bytes<dtype>() == 1) {
+    const __m128i codes = _mm_loadu_si128(static_cast<const __m128i*>(element));
+    const __m256i bits = fp8_to_fp16_bits<dtype>(_mm256_cvtepu8_epi16(codes));
+    low = fp16_to_fp32<dtype>(_mm256_castsi256_si128(bits));
+    high = fp16_to_fp32<dtype>(_mm256_extracti128_si256(bits, 1));
+  } else {
+    low = widen8<dtype>(element);
+    high = widen8<dtype>(static_cast<const char*>(element) + kLanes * element_bytes<dtype>());
   }
 }
 
@@ -1013,10 +1037,14 @@ template <DType dtype>
   };
   constexpr std::int64_t kBytes = element_bytes<dtype>();
   std::int64_t d = 0;
-  for (; d + kLanes <= head_dim; d += kLanes) {
-    multiply_add(d, widen8<dtype>(key0 + d * kBytes), widen8<dtype>(key1 + d * kBytes));
+  for (; d + 2 * kLanes <= head_dim; d += 2 * kLanes) {
+    __m256 k0_low, k0_high, k1_low, k1_high;
+    widen16<dtype>(key0 + d * kBytes, k0_low, k0_high);
+    widen16<dtype>(key1 + d * kBytes, k1_low, k1_high);
+    multiply_add(d, k0_low, k1_low);
+    multiply_add(d + kLanes, k0_high, k1_high);
   }
-  if (d < head_dim) {
+  for (; d < head_dim; d += kLanes) {  // a whole vector, a tail, or both
     multiply_add(d, widen8_before_end<dtype>(key0 + d * kBytes, head_dim - d),
                  widen8_before_end<dtype>(key1 + d * kBytes, head_dim - d));
   }
@@ -1071,8 +1099,7 @@ void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std:
         const char* row = static_cast<const char*>(values.rows[j]) + d * kBytes;
         __m256 x0, x1;
         if constexpr (whole.value) {
-          x0 = widen8<dtype>(row);
-          x1 = widen8<dtype>(row + kLanes * kBytes);
+          widen16<dtype>(row, x0, x1);
         } else {
           x0 = widen8_before_end<dtype>(row, head_dim - d);
           x1 = widen8_before_end<dtype>(row + kLanes * kBytes, head_dim - d - kLanes);
