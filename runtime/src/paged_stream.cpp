@@ -938,10 +938,17 @@ namespace {
 
 constexpr std::int64_t kLanes = 8;  // fp32 lanes
 
+// What the widened elements of a dtype are, as multiples of its values: an e4m3fn element widens
+// to its value times 2^-8 (below), which the products undo once per sum instead of once per
+// element: scores in their scale, p·v in the accumulators as they are loaded and stored. Powers of
+// two, so the results are the same (short of fp32's subnormal range).
+template <DType dtype>
+constexpr float kWidenedUnit = dtype == DType::f8e4m3fn ? 1.0f / 256.0f : 1.0f;
+
 // fp8 codes (zero-extended to 16-bit lanes) as fp16 bits, exactly: an e5m2 code is the upper
 // byte of the same fp16 value; an e4m3fn code's sign and magnitude moved into fp16's fields are
-// its value times 2^-8 (the exponent biases differ by 8; subnormals too), which fp16_to_fp32
-// undoes, and its NaN code (S.1111.111) is made an fp16 NaN.
+// its value times 2^-8 (the exponent biases differ by 8; subnormals too: kWidenedUnit), and its
+// NaN code (S.1111.111) is made an fp16 NaN.
 template <DType dtype>
 [[gnu::always_inline]] inline __m256i fp8_to_fp16_bits(__m256i codes) {
   if constexpr (dtype == DType::f8e5m2) {
@@ -957,15 +964,7 @@ template <DType dtype>
   }
 }
 
-// Eight fp16 values of fp8_to_fp16_bits as the fp8 values in fp32.
-template <DType dtype>
-[[gnu::always_inline]] inline __m256 fp16_to_fp32(__m128i bits) {
-  const __m256 x = _mm256_cvtph_ps(bits);
-  if constexpr (dtype == DType::f8e4m3fn) return _mm256_mul_ps(x, _mm256_set1_ps(256.0f));
-  return x;
-}
-
-// The 8 cache elements at `element` widened to fp32.
+// The 8 cache elements at `element` widened to fp32 (in kWidenedUnit<dtype>).
 template <DType dtype>
 [[gnu::always_inline]] inline __m256 widen8(const void* element) {
   if constexpr (dtype == DType::f32) {
@@ -978,7 +977,7 @@ template <DType dtype>
   } else {
     const __m128i codes = _mm_loadl_epi64(static_cast<const __m128i*>(element));
     const __m256i bits = fp8_to_fp16_bits<dtype>(_mm256_cvtepu8_epi16(codes));
-    return fp16_to_fp32<dtype>(_mm256_castsi256_si128(bits));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(bits));
   }
 }
 
@@ -989,8 +988,8 @@ template <DType dtype>
   if constexpr (element_bytes<dtype>() == 1) {
     const __m128i codes = _mm_loadu_si128(static_cast<const __m128i*>(element));
     const __m256i bits = fp8_to_fp16_bits<dtype>(_mm256_cvtepu8_epi16(codes));
-    low = fp16_to_fp32<dtype>(_mm256_castsi256_si128(bits));
-    high = fp16_to_fp32<dtype>(_mm256_extracti128_si256(bits, 1));
+    low = _mm256_cvtph_ps(_mm256_castsi256_si128(bits));
+    high = _mm256_cvtph_ps(_mm256_extracti128_si256(bits, 1));
   } else {
     low = widen8<dtype>(element);
     high = widen8<dtype>(static_cast<const char*>(element) + kLanes * element_bytes<dtype>());
@@ -1048,7 +1047,7 @@ template <DType dtype>
     multiply_add(d, widen8_before_end<dtype>(key0 + d * kBytes, head_dim - d),
                  widen8_before_end<dtype>(key1 + d * kBytes, head_dim - d));
   }
-  const __m256 total = _mm256_mul_ps(sum_each(sums), _mm256_set1_ps(scale));
+  const __m256 total = _mm256_mul_ps(sum_each(sums), _mm256_set1_ps(scale / kWidenedUnit<dtype>));
   const __m128 rows01 = _mm256_castps256_ps128(total), rows23 = _mm256_extractf128_ps(total, 1);
   _mm_storel_pi(reinterpret_cast<__m64*>(scores), rows01);
   _mm_storeh_pi(reinterpret_cast<__m64*>(scores + score_stride), rows01);
@@ -1088,7 +1087,7 @@ void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std:
     __m256 sums[tile_rows][2];
 #pragma GCC unroll 4
     for (int r = 0; r < tile_rows; ++r) {
-      const __m256 c = _mm256_set1_ps(correction[r]);
+      const __m256 c = _mm256_set1_ps(correction[r] * kWidenedUnit<dtype>);
       sums[r][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + d), c);
       sums[r][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + d + kLanes), c);
     }
@@ -1117,10 +1116,13 @@ void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std:
     } else {
       add_keys(std::false_type{});
     }
+    const __m256 unit = _mm256_set1_ps(1.0f / kWidenedUnit<dtype>);
 #pragma GCC unroll 4
     for (int r = 0; r < tile_rows; ++r) {
-      _mm256_storeu_ps(acc + r * acc_stride + d, sums[r][0]);
-      _mm256_storeu_ps(acc + r * acc_stride + d + kLanes, sums[r][1]);
+      for (int v = 0; v < 2; ++v) {
+        if constexpr (kWidenedUnit<dtype> != 1.0f) sums[r][v] = _mm256_mul_ps(sums[r][v], unit);
+        _mm256_storeu_ps(acc + r * acc_stride + d + v * kLanes, sums[r][v]);
+      }
     }
   }
 }
