@@ -53,13 +53,14 @@ namespace {
 // `f`, indexed (..., d, ..., jb, hk, b), once per call before the query tiles: parallel over
 // (key block, kv head, batch), head dims in vectors (inside `pair`'s lanes when given), and
 // specialized like the merge, so that the fast head dims read without a clamp.
-void at_root_per_key_block(Func f, const FlashAttentionStages& s, const Expr& head_dim, int lanes,
+void at_root_per_key_block(Func f, const FlashAttentionStages& s, const Target& target,
+                           const Expr& head_dim, int lanes,
                            const std::optional<Var>& pair = std::nullopt) {
   Var blocks("blocks");
   f.compute_root().fuse(s.jb, s.hk, blocks).fuse(blocks, s.b, blocks).parallel(blocks);
   if (pair) f.vectorize(*pair);
   f.vectorize(s.d, lanes, TailStrategy::GuardWithIf);
-  for (int dims : flash::kFastHeadDims) f.specialize(head_dim == dims);
+  for (int dims : flash::fast_head_dims(target)) f.specialize(head_dim == dims);
 }
 
 // A bias that varies across a tile's rows, `transposed(rows, keys) = by_row(keys, rows)` for the
@@ -125,7 +126,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   merge.reorder(s.d, s.ii, s.rk, s.io, s.hk, s.b);
   // Head dims are rounded up to the register tile (extra columns read a clamped V and are never
   // stored to out); fast paths for 64 and 128 have no rounding.
-  flash::split_register_tiles(merge, s.d, s.ii, pv_rows, head_dim, VL, dout, pv_vectors);
+  flash::split_register_tiles(merge, target, s.d, s.ii, pv_rows, head_dim, VL, dout, pv_vectors);
 
   if (s.bf16_products) {
     // bf16 operands in pairs: q once per tile, P once per (tile, block); K in place.
@@ -139,7 +140,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
       // V in key pairs once per call, before the tiles: every query tile of a kv head reads the
       // same blocks, and interleaving them per tile cost about 5% of the call. (Specialized like
       // the merge: the fast head dims read V without a clamp.)
-      at_root_per_key_block(s.value_bf16, s, head_dim, VL, s.jp);
+      at_root_per_key_block(s.value_bf16, s, target, head_dim, VL, s.jp);
     } else {
       s.value_bf16.compute_at(s.state, s.rk)
           .bound_extent(s.jb, 1)
@@ -155,8 +156,8 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     // V (and 16-bit K) in fp32 once per call, before the tiles, specialized like the merge: the
     // score options variant's merge loop starts at a window's first block, and converted per
     // (tile, block) or read in place, their clamped head-dim loads became gathers.
-    at_root_per_key_block(s.value_f32, s, head_dim, VL);
-    if (!s.value_is_f32) at_root_per_key_block(s.key_f32, s, head_dim, VL);
+    at_root_per_key_block(s.value_f32, s, target, head_dim, VL);
+    if (!s.value_is_f32) at_root_per_key_block(s.key_f32, s, target, head_dim, VL);
   } else if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile
     // (with 64-row tiles, kPrefillTallTiling, half as often). Decode tiles have 4 rows: there the
@@ -184,8 +185,8 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
       s.score.update().reorder(s.ii, s.jj, s.rd).vectorize(s.ii, VL).unroll(s.ii).unroll(s.jj);
     }
   } else {
-    // Decode: partial sums of (QT rows) × (4 keys; AVX2 2) in head-dim lanes, QT·4 registers;
-    // per lane vector of d, QT query loads and 4 key loads feed QT·4 FMAs. Then one horizontal
+    // Decode: partial sums of (QT rows) × (K keys: 4, AVX2 2) in head-dim lanes, QT·K registers;
+    // per lane vector of d, QT query loads and K key loads feed QT·K FMAs. Then one horizontal
     // sum per score.
     const int lanes = s.decode_lanes, keys = flash::register_tile_extent(target, QT);
     s.query_t.reorder_storage(s.d, s.ii);  // head dim contiguous, for the lane-wise loads

@@ -216,8 +216,8 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
   }
   Stage kv = s.grad_kv.update();
   kv.reorder(s.d, s.jj, s.ro, s.rc, s.rg, s.task);
-  flash::split_register_tiles(kv, s.d, s.jj, flash::register_tile_extent(target, 4), head_dim, VL,
-                              dout);
+  flash::split_register_tiles(kv, target, s.d, s.jj, flash::register_tile_extent(target, 4),
+                              head_dim, VL, dout);
   Stage dq_update = s.dq_partial.update();
   dq_update.reorder(s.d, s.ii, s.ro, s.rc, s.rg, s.task);
   Var dq_out("dq_out");

@@ -87,7 +87,7 @@ void schedule_bf16_products(PagedAttentionStages& s, const Target& target, const
   for (KeyTileStages* t : {&s.context, &s.active}) {
     at_root_per_kv_tile(t->key_rows, s, s.d, VL);
     at_root_per_kv_tile(t->value_pairs, s, s.d, VL).vectorize(s.cp);
-    for (int dims : flash::kFastHeadDims) {
+    for (int dims : flash::fast_head_dims(target)) {
       t->key_rows.specialize(s.head_dim == dims);
       t->value_pairs.specialize(s.head_dim == dims);
     }
