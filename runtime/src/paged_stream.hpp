@@ -37,9 +37,10 @@ enum class StreamedProducts {
 StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities);
 
 // Where stream_values keeps head-dim element d in an accumulator row. fp32 products widen bf16
-// rows 32 elements at a time as their even and their odd elements (one instruction each), so
-// within each group of 32 the row holds the 16 even elements, then the 16 odd ones. Other dtypes
-// and bf16 dots keep d. Accumulator rows must hold round_up(head_dim, 32) floats.
+// rows a group at a time (32 elements with AVX-512, 16 with AVX2) as their even and their odd
+// elements (one instruction each), so within each group the row holds the even elements, then the
+// odd ones. Other dtypes and bf16 dots keep d. Accumulator rows must hold round_up(head_dim, 32)
+// floats.
 std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d);
 
 // Prefetches the 64-byte cache lines of a stream of rows, each line once. Rows need not start on a
