@@ -25,12 +25,33 @@ target_include_directories(tilelab_kernels INTERFACE "${PROJECT_BINARY_DIR}/kern
 # kernel's with `ninja <name>_listings`.
 add_custom_target(kernel_listings)
 
-# tilelab_add_kernel(<name> GENERATOR <generator> FROM <generator target> [PARAMS k=v ...])
+# The targets of TILELAB_HALIDE_TARGETS with bf16 dot products (target_has_bf16_dot_products in
+# schedules/flash/x86.hpp), and the last one, the fallback every multitarget library ends with.
+set(_tilelab_bf16_dot_targets "")
+foreach (target IN LISTS TILELAB_HALIDE_TARGETS)
+  if (target MATCHES "avx512_(zen4|zen5|sapphirerapids)")
+    list(APPEND _tilelab_bf16_dot_targets "${target}")
+  endif ()
+endforeach ()
+list(GET TILELAB_HALIDE_TARGETS -1 _tilelab_last_target)
+list(APPEND _tilelab_bf16_dot_targets "${_tilelab_last_target}")
+list(REMOVE_DUPLICATES _tilelab_bf16_dot_targets)
+
+# tilelab_add_kernel(<name> GENERATOR <generator> FROM <generator target> [BF16_DOT_PRODUCTS]
+#                    [PARAMS k=v ...])
 # adds the kernel <name> (function of the same name, header <name>.h) to tilelab_kernels, and its
 # lowered statement and assembly for the first (best) target as listings/<name>.{stmt,s} (target
 # <name>_listings, not built by default).
+# BF16_DOT_PRODUCTS: the runtime calls the kernel only on CPUs whose bf16 dot products it prefers
+# (rounds_bf16_probabilities), so it is generated for the targets that have them and the fallback
+# alone. On any other target its products would be fp32 FMAs: another kernel's code, compiled
+# again for nothing.
 function(tilelab_add_kernel name)
-  cmake_parse_arguments(ARG "" "GENERATOR;FROM" "PARAMS" ${ARGN})
+  cmake_parse_arguments(ARG "BF16_DOT_PRODUCTS" "GENERATOR;FROM" "PARAMS" ${ARGN})
+  set(targets ${TILELAB_HALIDE_TARGETS})
+  if (ARG_BF16_DOT_PRODUCTS)
+    set(targets ${_tilelab_bf16_dot_targets})
+  endif ()
   if (TILELAB_PREBUILT_KERNELS)
     set(archive "${TILELAB_PREBUILT_KERNELS}/lib${name}.a")
     if (NOT EXISTS "${archive}" OR NOT EXISTS "${TILELAB_PREBUILT_KERNELS}/${name}.h")
@@ -49,14 +70,14 @@ function(tilelab_add_kernel name)
   add_halide_library(${name} FROM ${ARG_FROM}
                      GENERATOR ${ARG_GENERATOR}
                      FUNCTION_NAME ${name}
-                     TARGETS ${TILELAB_HALIDE_TARGETS}
+                     TARGETS ${targets}
                      PARAMS ${ARG_PARAMS}
                      USE_RUNTIME tilelab_halide_runtime)
   target_link_libraries(tilelab_kernels INTERFACE ${name})
 
   # For a multitarget library Halide writes one STMT/ASSEMBLY file per target but declares a
   # single one, which would re-run the generator on every build; the listings get their own rule.
-  list(GET TILELAB_HALIDE_TARGETS 0 best_target)
+  list(GET targets 0 best_target)
   set(listings "${CMAKE_CURRENT_BINARY_DIR}/listings")
   add_custom_command(
     OUTPUT "${listings}/${name}.stmt" "${listings}/${name}.s"

@@ -67,6 +67,36 @@ def test_bias_and_scale(rng, fp32_probabilities):
     assert_lse_close(lse, reference_lse, q.shape[3], k.shape[2])
 
 
+# The kernels on bf16 dot products, built for the targets that have them and the x86-64 baseline
+# fallback only (generators/CMakeLists.txt, BF16_DOT_PRODUCTS): on other CPUs they would run the
+# baseline's code.
+BF16_DOT_PRODUCT_KERNELS = {
+    "flash_fwd_bf16",
+    "flash_fwd_bf16_bias",
+    "flash_fwd_bf16_wide",
+    "flash_fwd_bf16_options",
+}
+
+
+@pytest.mark.parametrize("fp32_probabilities", [False, True])
+@pytest.mark.parametrize("call", ["plain", "causal", "bias", "softcap"])
+def test_bf16_dot_product_kernels_run_only_where_preferred(rng, call, fp32_probabilities):
+    q, k, v = random_qkv(rng, 1, 2, 2, 40, 96, 64, "bfloat16")
+    options = {
+        "plain": {},
+        "causal": {"causal": True},
+        "bias": {"bias": np.zeros((1, 1, 40, 96), np.float32)},
+        "softcap": {"softcap": 30.0},
+    }[call]
+    kernel = tilelab.flash_attention_kernel(
+        q, k, v, fp32_probabilities=fp32_probabilities, **options
+    )
+    assert kernel is not None and kernel.startswith("flash_fwd_bf16")
+    assert (kernel in BF16_DOT_PRODUCT_KERNELS) is rounds_bf16_probabilities(
+        fp32_probabilities=fp32_probabilities
+    )
+
+
 # 16 rows run on the generated prefill kernels, 1 on the paged kernel (decode); fp8 k/v always
 # on the paged kernel.
 @pytest.mark.parametrize("rows,kv_dtype", [(16, "bfloat16"), (1, "bfloat16"), (16, "float8_e4m3fn"),
