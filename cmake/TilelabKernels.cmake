@@ -15,6 +15,12 @@ set(TILELAB_HALIDE_TARGETS
 # Halide work, most of the build's time.
 set(TILELAB_PREBUILT_KERNELS "" CACHE PATH
     "generators/ directory of a build of these sources whose kernels to link instead of generating")
+# Where the kernels' headers, archives and generator side files (footprints) are.
+if (TILELAB_PREBUILT_KERNELS)
+  set(TILELAB_KERNEL_DIR "${TILELAB_PREBUILT_KERNELS}")
+else ()
+  set(TILELAB_KERNEL_DIR "${PROJECT_BINARY_DIR}/generators")
+endif ()
 
 add_halide_runtime(tilelab_halide_runtime TARGETS x86-64-linux)
 add_library(tilelab_kernels INTERFACE)
