@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cpu_features.hpp"
 #include "scratch_memory.hpp"
 #include "tilelab/threading.hpp"
 
@@ -48,6 +49,20 @@ void record_halide_error(void*, const char* message) {
   halide_error_message = message;
 }
 
+// TILELAB_MAX_CPU_ISA=avx2 (cpu_features.hpp): the multitarget kernels skip their AVX-512
+// variants.
+int can_use_target_features_up_to_avx2(int count, const uint64_t* features) {
+  for (const int feature :
+       {halide_target_feature_avx512, halide_target_feature_avx512_knl,
+        halide_target_feature_avx512_skylake, halide_target_feature_avx512_cannonlake,
+        halide_target_feature_avx512_zen4, halide_target_feature_avx512_zen5,
+        halide_target_feature_avx512_sapphirerapids, halide_target_feature_avx10_1}) {
+    const int word = feature / 64;
+    if (word < count && (features[word] >> (feature % 64) & 1) != 0) return 0;
+  }
+  return halide_default_can_use_target_features(count, features);
+}
+
 }  // namespace
 
 void install_halide_hooks() {
@@ -56,6 +71,9 @@ void install_halide_hooks() {
     halide_set_error_handler(record_halide_error);
     halide_set_custom_malloc(scratch_malloc);
     halide_set_custom_free(scratch_free);
+    if (cpu_isa_capped_at_avx2()) {
+      halide_set_custom_can_use_target_features(can_use_target_features_up_to_avx2);
+    }
     return true;
   }();
   (void)installed;

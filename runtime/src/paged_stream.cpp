@@ -22,10 +22,7 @@ namespace {
 
 // The AVX-512 kernels' CPUs; the AVX2 kernels serve the others that stream.
 bool cpu_streams_with_avx512() {
-  static const bool supported =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("f16c");
+  static const bool supported = cpu_runs_avx512() && __builtin_cpu_supports("f16c");
   return supported;
 }
 

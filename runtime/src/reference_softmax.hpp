@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu_features.hpp"
+
 namespace tilelab::detail {
 
 // max that returns NaN when either argument is NaN (std::max returns its first argument then).
@@ -95,7 +97,7 @@ __attribute__((target("avx2,fma"))) inline void exp_shifted_in_place_avx2(float*
 // 4-lane SLEEF entry point (SSE2 is the x86-64 baseline; SLEEF dispatches to SSE4 when present).
 // All are SLEEF's 1-ulp exp.
 inline void exp_shifted_in_place(float* x, std::int64_t count, float shift) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = cpu_runs_avx512();
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx512) {
     exp_shifted_in_place_avx512(x, count, shift);
