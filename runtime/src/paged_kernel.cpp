@@ -38,6 +38,7 @@ constexpr std::int64_t kKeyChunk = 64;
 // 512 gained 4% more. A multiple of kKeyChunk, so split pieces stay whole.
 constexpr std::int64_t kStreamedKeyChunk = 4 * kKeyChunk;
 constexpr std::int64_t kScoreStride = kStreamedKeyChunk;  // floats between rows of the scores
+static_assert(kScoreStride % 8 == 0);  // stream_scores writes up to round_up(keys, 8) columns
 // Streamed items prefetch kStreamedPrefetchKeys rows ahead into L1, and while scoring, the K and V
 // rows kStreamedL2Ahead times further into L2 (paged_stream.hpp): the
 // hardware prefetcher restarts at every scattered block, and a block's rows at a scattered address

@@ -923,9 +923,9 @@ void values_of_bf16_dot(const float* p, std::int64_t p_stride, std::int64_t rows
 // The fp32-product kernels for CPUs that stream without AVX-512 (AVX2, FMA and F16C: Zen 3,
 // Intel's client cores). AVX2 has 16 vector registers, so each tile keeps 8 accumulators where
 // the AVX-512 kernels keep 16, leaving registers for its operands: q·k in tiles of four rows by
-// two keys, p·v in panels of 16 head dims by four rows. Rows widen 16 elements at a time (bf16 as
-// its even and its odd ones); tails are copied into a zeroed buffer, so no row is read past its
-// end.
+// two keys (two rows by four, one by eight for smaller GQA groups), p·v in panels of 16 head dims
+// by four rows (32 by two, 64 by one). Rows widen 16 elements at a time (bf16 as its even and its
+// odd ones); tails are copied into a zeroed buffer, so no row is read past its end.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
@@ -1036,54 +1036,92 @@ void to_even_odd_order(const float* q, std::int64_t q_stride, std::int64_t width
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// scores[r * score_stride + t] = scale · q[r]·k[t] for four q rows r (q_stride floats apart, in
-// widen16's order, zero from head_dim up to a multiple of 16) and two keys t.
-template <DType dtype>
-[[gnu::always_inline]] inline void score_key_pair(const float* q, std::int64_t q_stride,
-                                                  const char* key0, const char* key1,
-                                                  std::int64_t head_dim, float scale, float* scores,
-                                                  std::int64_t score_stride) {
-  __m256 sums[2 * kTile];  // row r with key t at 2r + t
+// Keys per q·k tile of `rows` rows: eight accumulators (six for three rows).
+template <int rows>
+constexpr int kTileKeys = rows == 1   ? 8
+                          : rows == 2 ? 4
+                                      : 2;
+
+// scores[r * score_stride + t] = scale · q[r]·k[t] for `rows` q rows r (q_stride floats apart, in
+// widen16's order, zero from head_dim up to a multiple of 16) and kTileKeys<rows> keys t.
+template <DType dtype, int rows>
+[[gnu::always_inline]] inline void score_tile(const float* q, std::int64_t q_stride,
+                                              const char* const (&key)[kTileKeys<rows>],
+                                              std::int64_t head_dim, float scale, float* scores,
+                                              std::int64_t score_stride) {
+  constexpr int kKeys = kTileKeys<rows>;
+  __m256 sums[8];  // row r with key t at kKeys · r + t; zero past rows · kKeys
 #pragma GCC unroll 8
-  for (int i = 0; i < 2 * kTile; ++i) sums[i] = _mm256_setzero_ps();
-  const auto multiply_add = [&](std::int64_t d, __m256 k0, __m256 k1) {
-#pragma GCC unroll 4
-    for (int r = 0; r < kTile; ++r) {
-      __m256 q_r = _mm256_loadu_ps(q + r * q_stride + d);
-      // One load for both keys: GCC folds it into each FMA otherwise, and those loads outnumber
-      // what the load ports serve in the FMAs' time (Zen 3, keys in cache: 1.08x faster bf16
-      // scores, 1.15x fp32).
-      asm("" : "+x"(q_r));
-      sums[2 * r] = _mm256_fmadd_ps(q_r, k0, sums[2 * r]);
-      sums[2 * r + 1] = _mm256_fmadd_ps(q_r, k1, sums[2 * r + 1]);
-    }
+  for (int i = 0; i < 8; ++i) sums[i] = _mm256_setzero_ps();
+  const auto load_q = [&](int r, std::int64_t d) {
+    __m256 q_r = _mm256_loadu_ps(q + r * q_stride + d);
+    // One load for every key: GCC folds it into each FMA otherwise, and those loads outnumber
+    // what the load ports serve in the FMAs' time (Zen 3, keys in cache: 1.08x faster bf16
+    // scores, 1.15x fp32).
+    asm("" : "+x"(q_r));
+    return q_r;
   };
   constexpr std::int64_t kBytes = element_bytes<dtype>();
   const auto multiply_group = [&](std::int64_t d, auto whole) {
-    __m256 k0_low, k0_high, k1_low, k1_high;
-    if constexpr (whole.value) {
-      widen16<dtype>(key0 + d * kBytes, k0_low, k0_high);
-      widen16<dtype>(key1 + d * kBytes, k1_low, k1_high);
+    const auto widen = [&](int t, __m256& low, __m256& high) {
+      if constexpr (whole.value) {
+        widen16<dtype>(key[t] + d * kBytes, low, high);
+      } else {
+        widen16_before_end<dtype>(key[t] + d * kBytes, head_dim - d, low, high);
+      }
+    };
+    if constexpr (rows <= 2) {
+      // The group's q vectors stay in registers; the keys are widened one at a time.
+      __m256 q_low[rows], q_high[rows];
+#pragma GCC unroll 2
+      for (int r = 0; r < rows; ++r) {
+        q_low[r] = load_q(r, d);
+        q_high[r] = load_q(r, d + kLanes);
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < kKeys; ++t) {
+        __m256 low, high;
+        widen(t, low, high);
+#pragma GCC unroll 2
+        for (int r = 0; r < rows; ++r) {
+          sums[kKeys * r + t] = _mm256_fmadd_ps(q_low[r], low, sums[kKeys * r + t]);
+          sums[kKeys * r + t] = _mm256_fmadd_ps(q_high[r], high, sums[kKeys * r + t]);
+        }
+      }
     } else {
-      widen16_before_end<dtype>(key0 + d * kBytes, head_dim - d, k0_low, k0_high);
-      widen16_before_end<dtype>(key1 + d * kBytes, head_dim - d, k1_low, k1_high);
+      // The keys' vectors stay in registers; each q vector is loaded once.
+      __m256 low[kKeys], high[kKeys];
+#pragma GCC unroll 2
+      for (int t = 0; t < kKeys; ++t) widen(t, low[t], high[t]);
+      const auto multiply_add = [&](std::int64_t at, const __m256(&k)[kKeys]) {
+#pragma GCC unroll 4
+        for (int r = 0; r < rows; ++r) {
+          const __m256 q_r = load_q(r, at);
+#pragma GCC unroll 2
+          for (int t = 0; t < kKeys; ++t) {
+            sums[kKeys * r + t] = _mm256_fmadd_ps(q_r, k[t], sums[kKeys * r + t]);
+          }
+        }
+      };
+      multiply_add(d, low);
+      multiply_add(d + kLanes, high);
     }
-    multiply_add(d, k0_low, k1_low);
-    multiply_add(d + kLanes, k0_high, k1_high);
   };
   std::int64_t d = 0;
   for (; d + 2 * kLanes <= head_dim; d += 2 * kLanes) multiply_group(d, std::true_type{});
   if (d < head_dim) multiply_group(d, std::false_type{});
-  const __m256 total = _mm256_mul_ps(sum_each(sums), _mm256_set1_ps(scale / kWidenedUnit<dtype>));
-  const __m128 rows01 = _mm256_castps256_ps128(total), rows23 = _mm256_extractf128_ps(total, 1);
-  _mm_storel_pi(reinterpret_cast<__m64*>(scores), rows01);
-  _mm_storeh_pi(reinterpret_cast<__m64*>(scores + score_stride), rows01);
-  _mm_storel_pi(reinterpret_cast<__m64*>(scores + 2 * score_stride), rows23);
-  _mm_storeh_pi(reinterpret_cast<__m64*>(scores + 3 * score_stride), rows23);
+  alignas(32) float total[8];
+  _mm256_store_ps(total,
+                  _mm256_mul_ps(sum_each(sums), _mm256_set1_ps(scale / kWidenedUnit<dtype>)));
+#pragma GCC unroll 4
+  for (int r = 0; r < rows; ++r) {
+    std::memcpy(scores + r * score_stride, total + kKeys * r, kKeys * sizeof(float));
+  }
 }
 
-// stream_scores' contract: four rows at a time against every key, two keys at a time (past the
-// last key the pair repeats it: padding columns). The first row tile prefetches ahead.
+// stream_scores' contract: tiles of four rows (the last one smaller) against every key, as many
+// keys at a time as the tile's rows leave accumulators for (past the last key a tile repeats it:
+// padding columns). The first row tile prefetches ahead.
 template <DType dtype>
 void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, StreamedRows keys,
                std::int64_t head_dim, float scale, float* scores, std::int64_t score_stride,
@@ -1100,66 +1138,102 @@ void scores_of(const float* q, std::int64_t rows, std::int64_t q_stride, Streame
       tile_stride = reordered_stride;
     }
     RowPrefetcher<dtype> prefetcher(keys, r == 0 ? prefetch_distance : 0, head_dim);
-    for (std::int64_t j = 0; j < keys.count; j += 2) {
-      prefetcher.ahead_of(j);
-      prefetcher.ahead_of(j + 1);
-      const auto* key0 = static_cast<const char*>(keys.rows[j]);
-      const auto* key1 = static_cast<const char*>(keys.rows[j + 1 < keys.count ? j + 1 : j]);
-      score_key_pair<dtype>(q_tile, tile_stride, key0, key1, head_dim, scale,
-                            scores + r * score_stride + j, score_stride);
-    }
+    with_tile_rows(rows - r, [&](auto tile_rows) {
+      constexpr int kKeys = kTileKeys<tile_rows.value>;
+      for (std::int64_t j = 0; j < keys.count; j += kKeys) {
+        const char* key[kKeys];
+#pragma GCC unroll 8
+        for (int t = 0; t < kKeys; ++t) {
+          prefetcher.ahead_of(j + t);
+          key[t] = static_cast<const char*>(keys.rows[std::min(j + t, keys.count - 1)]);
+        }
+        score_tile<dtype, tile_rows.value>(q_tile, tile_stride, key, head_dim, scale,
+                                           scores + r * score_stride + j, score_stride);
+      }
+    });
   }
 }
 
-// `tile_rows` rows of the p·v update, 16 head dims (two vectors) at a time, each V element widened
-// once. The accumulators past head_dim (up to a whole panel; rows are padded to 32) add zeros.
-template <DType dtype, int tile_rows>
-void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std::int64_t head_dim,
-                const float* correction, float* acc, std::int64_t acc_stride,
-                std::int64_t prefetch_distance) {
+// `tile_rows` rows of the p·v update over `groups` · 16 head dims from d (fewer where the row ends
+// within a single group), each V element widened once. The accumulators past head_dim (up to a
+// whole group; rows are padded to 32) add zeros.
+template <DType dtype, int tile_rows, int groups>
+void value_panel(const float* p, std::int64_t p_stride, StreamedRows values, std::int64_t head_dim,
+                 std::int64_t d, const float* correction, float* acc, std::int64_t acc_stride,
+                 std::int64_t prefetch_distance) {
   static_assert(tile_rows >= 1 && tile_rows <= kTile);
-  constexpr std::int64_t kPanel = 2 * kLanes;
+  constexpr int kVectors = 2 * groups;
   constexpr std::int64_t kBytes = element_bytes<dtype>();
-  for (std::int64_t d = 0; d < head_dim; d += kPanel) {
-    __m256 sums[tile_rows][2];
+  __m256 sums[tile_rows][kVectors];
 #pragma GCC unroll 4
-    for (int r = 0; r < tile_rows; ++r) {
-      const __m256 c = _mm256_set1_ps(correction[r] * kWidenedUnit<dtype>);
-      sums[r][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + d), c);
-      sums[r][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + d + kLanes), c);
+  for (int r = 0; r < tile_rows; ++r) {
+    const __m256 c = _mm256_set1_ps(correction[r] * kWidenedUnit<dtype>);
+#pragma GCC unroll 8
+    for (int v = 0; v < kVectors; ++v) {
+      sums[r][v] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + d + v * kLanes), c);
     }
-    RowPrefetcher<dtype> prefetcher(values, d == 0 ? prefetch_distance : 0, head_dim);
-    const auto add_keys = [&](auto whole) {
-      for (std::int64_t j = 0; j < values.count; ++j) {
-        prefetcher.ahead_of(j);
-        const char* row = static_cast<const char*>(values.rows[j]) + d * kBytes;
+  }
+  RowPrefetcher<dtype> prefetcher(values, prefetch_distance, head_dim);
+  const auto add_keys = [&](auto whole) {
+    for (std::int64_t j = 0; j < values.count; ++j) {
+      prefetcher.ahead_of(j);
+      const char* row = static_cast<const char*>(values.rows[j]) + d * kBytes;
+      __m256 p_j[tile_rows];
+#pragma GCC unroll 4
+      for (int r = 0; r < tile_rows; ++r) p_j[r] = _mm256_broadcast_ss(p + r * p_stride + j);
+#pragma GCC unroll 4
+      for (int g = 0; g < groups; ++g) {
         __m256 x0, x1;
         if constexpr (whole.value) {
-          widen16<dtype>(row, x0, x1);
+          widen16<dtype>(row + g * 2 * kLanes * kBytes, x0, x1);
         } else {
           widen16_before_end<dtype>(row, head_dim - d, x0, x1);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < tile_rows; ++r) {
-          const __m256 p_rj = _mm256_broadcast_ss(p + r * p_stride + j);
-          sums[r][0] = _mm256_fmadd_ps(p_rj, x0, sums[r][0]);
-          sums[r][1] = _mm256_fmadd_ps(p_rj, x1, sums[r][1]);
+          sums[r][2 * g] = _mm256_fmadd_ps(p_j[r], x0, sums[r][2 * g]);
+          sums[r][2 * g + 1] = _mm256_fmadd_ps(p_j[r], x1, sums[r][2 * g + 1]);
         }
       }
-    };
-    if (d + kPanel <= head_dim) {
-      add_keys(std::true_type{});
-    } else {
+    }
+  };
+  if constexpr (groups == 1) {
+    if (d + 2 * kLanes > head_dim) {
       add_keys(std::false_type{});
+    } else {
+      add_keys(std::true_type{});
     }
-    const __m256 unit = _mm256_set1_ps(1.0f / kWidenedUnit<dtype>);
+  } else {
+    add_keys(std::true_type{});  // value_tile's wide panels are whole
+  }
+  const __m256 unit = _mm256_set1_ps(1.0f / kWidenedUnit<dtype>);
 #pragma GCC unroll 4
-    for (int r = 0; r < tile_rows; ++r) {
-      for (int v = 0; v < 2; ++v) {
-        if constexpr (kWidenedUnit<dtype> != 1.0f) sums[r][v] = _mm256_mul_ps(sums[r][v], unit);
-        _mm256_storeu_ps(acc + r * acc_stride + d + v * kLanes, sums[r][v]);
-      }
+  for (int r = 0; r < tile_rows; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < kVectors; ++v) {
+      if constexpr (kWidenedUnit<dtype> != 1.0f) sums[r][v] = _mm256_mul_ps(sums[r][v], unit);
+      _mm256_storeu_ps(acc + r * acc_stride + d + v * kLanes, sums[r][v]);
     }
+  }
+}
+
+// `tile_rows` rows of the p·v update in panels of as many 16-dim groups as eight accumulators
+// hold (four for one row, two for two, one for three or four: a row of 16 dims alone would leave
+// two FMA chains to wait on), the head dims past the last whole panel in single groups.
+template <DType dtype, int tile_rows>
+void value_tile(const float* p, std::int64_t p_stride, StreamedRows values, std::int64_t head_dim,
+                const float* correction, float* acc, std::int64_t acc_stride,
+                std::int64_t prefetch_distance) {
+  constexpr int kGroups = tile_rows == 1 ? 4 : tile_rows == 2 ? 2 : 1;
+  constexpr std::int64_t kPanel = kGroups * 2 * kLanes;
+  std::int64_t d = 0;
+  for (; d + kPanel <= head_dim; d += kPanel) {
+    value_panel<dtype, tile_rows, kGroups>(p, p_stride, values, head_dim, d, correction, acc,
+                                           acc_stride, d == 0 ? prefetch_distance : 0);
+  }
+  for (; d < head_dim; d += 2 * kLanes) {
+    value_panel<dtype, tile_rows, 1>(p, p_stride, values, head_dim, d, correction, acc, acc_stride,
+                                     d == 0 ? prefetch_distance : 0);
   }
 }
 

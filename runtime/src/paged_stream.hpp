@@ -83,8 +83,8 @@ constexpr std::int64_t kStreamedL2Ahead = 3;
 // scores[r * score_stride + j] = scale · (q[r] · k[j]) for r < rows and j < keys.count (the dot
 // product rounded to fp32, then multiplied). The q rows are fp32 values of `query_dtype`, q_stride
 // floats apart, zero from head_dim up to q_stride (a multiple of 32); q and scores must hold
-// round_up(rows, kStreamedRowTile) rows and scores round_up(keys.count, kStreamedRowTile) columns:
-// the padding is computed and written, its values unspecified.
+// round_up(rows, kStreamedRowTile) rows and scores round_up(keys.count, 8) columns: the padding
+// is computed and written, its values unspecified.
 void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::int64_t rows,
                    std::int64_t q_stride, StreamedRows keys, std::int64_t head_dim, float scale,
                    float* scores, std::int64_t score_stride, std::int64_t prefetch_distance);

@@ -508,7 +508,7 @@ STREAMED_LENGTHS = [2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300, 513]
 
 
 @pytest.mark.parametrize("dtypes", STREAMED_DTYPES, ids=lambda d: f"{d[0]}-{d[1]}")
-@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (10, 2), (8, 1)],
+@pytest.mark.parametrize("heads", [(4, 4), (8, 4), (6, 2), (10, 2), (12, 2), (8, 1)],
                          ids=lambda h: f"Hq{h[0]}-Hkv{h[1]}")
 @pytest.mark.parametrize("head_dim", [1, 7, 16, 33, 100, 128, 200, 512])
 def test_decode_matches_the_widening_path(dtypes, heads, head_dim):
