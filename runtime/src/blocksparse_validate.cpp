@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "blocksparse_problem.hpp"
+#include "cpu_features.hpp"
 #include "tilelab/detail/argument_checks.hpp"
 #include "tilelab/error.hpp"
 
@@ -15,6 +16,7 @@ BlockSparseProblem validate_blocksparse_attention(
     const TensorView& q, const TensorView& k, const TensorView& v, const BlockSparseLayout& layout,
     const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
     const BlockSparseAttentionOptions& options) {
+  check_cpu_isa_setting();
   require_rank(q, "q", 3, "[total_q, Hq, D]");
   require_rank(k, "k", 3, "[total_k, Hkv, D]");
   require_rank(v, "v", 3, "[total_k, Hkv, D]");

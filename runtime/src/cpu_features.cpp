@@ -1,7 +1,8 @@
 #include "cpu_features.hpp"
 
 #include <cstdlib>
-#include <string_view>
+#include <optional>
+#include <string>
 
 #include "score_options.hpp"
 #include "tilelab/attention.hpp"
@@ -9,16 +10,28 @@
 
 namespace tilelab::detail {
 
-bool cpu_isa_capped_at_avx2() {
-  static const bool capped = [] {
+namespace {
+
+// TILELAB_MAX_CPU_ISA, read once: nullopt when unset.
+const std::optional<std::string>& cpu_isa_setting() {
+  static const std::optional<std::string> setting = []() -> std::optional<std::string> {
     const char* value = std::getenv("TILELAB_MAX_CPU_ISA");
-    if (value == nullptr) return false;
-    const std::string_view isa(value);
-    TILELAB_REQUIRE(isa == "avx2" || isa == "avx512")
-        << "TILELAB_MAX_CPU_ISA: got '" << isa << "', expected 'avx2' or 'avx512' (or unset)";
-    return isa == "avx2";
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
   }();
-  return capped;
+  return setting;
+}
+
+}  // namespace
+
+bool cpu_isa_capped_at_avx2() {
+  return cpu_isa_setting() == "avx2";
+}
+
+void check_cpu_isa_setting() {
+  const std::optional<std::string>& isa = cpu_isa_setting();
+  TILELAB_REQUIRE(!isa || *isa == "avx2" || *isa == "avx512")
+      << "TILELAB_MAX_CPU_ISA: got '" << *isa << "', expected 'avx2' or 'avx512' (or unset)";
 }
 
 bool cpu_runs_avx512() {
@@ -53,6 +66,7 @@ bool rounds_bf16_probabilities(DType dtype, DType kv_dtype, bool fp32_probabilit
 namespace tilelab {
 
 bool prefers_bf16_dot_products() {
+  detail::check_cpu_isa_setting();
   return detail::cpu_prefers_bf16_dot_products();
 }
 

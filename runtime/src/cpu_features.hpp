@@ -8,9 +8,13 @@ namespace tilelab::detail {
 // Whether the kernels stop at AVX2 (with FMA and F16C) on a CPU that has more: the environment
 // variable TILELAB_MAX_CPU_ISA is "avx2" (unset or "avx512": everything the CPU has). The AVX2
 // code paths, hand-written and generated, then run on AVX-512 CPUs too, to be tested and compared
-// there (as ONEDNN_MAX_CPU_ISA does for oneDNN). Read once per process; any other value is an
-// Error naming the variable at the first call that asks.
+// there (as ONEDNN_MAX_CPU_ISA does for oneDNN). Read once per process. Never throws (kernels ask
+// it inside parallel regions): any other value caps nothing, and check_cpu_isa_setting reports it.
 bool cpu_isa_capped_at_avx2();
+
+// Throws an Error naming TILELAB_MAX_CPU_ISA when its value is neither "avx2" nor "avx512". Every
+// entry point's validation calls it before any work.
+void check_cpu_isa_setting();
 
 // AVX-512 F, BW, VL and DQ, unless capped at AVX2: what the runtime's AVX-512 code needs.
 bool cpu_runs_avx512();

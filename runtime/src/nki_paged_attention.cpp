@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_features.hpp"
 #include "dtype_convert.hpp"
 #include "halide_glue.hpp"
 #include "nki_validate.hpp"
@@ -290,6 +291,7 @@ void flash_paged_attention(const TensorView& query, const TensorView& key, const
                            const TensorView& kv_cache, const TensorView& block_tables,
                            const TensorView& mask, const TensorView& out,
                            const FlashPagedAttentionOptions& options) {
+  detail::check_cpu_isa_setting();
   // Shapes, from query and kv_cache.
   require_shape(query, "query", "[1, n_heads, d, seq_q]", {1, -1, -1, -1});
   require_shape(kv_cache, "kv_cache", "[2, num_blocks, n_kv_heads, block_size, d]",

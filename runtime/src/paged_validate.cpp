@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "cpu_features.hpp"
 #include "paged_problem.hpp"
 #include "score_options.hpp"
 #include "tilelab/detail/argument_checks.hpp"
@@ -57,6 +58,7 @@ PagedProblem validate_paged_attention(const TensorView& query, const TensorView&
                                       const TensorView& value_cache, const TensorView& block_table,
                                       const TensorView& seq_lens, const TensorView& query_start_loc,
                                       const TensorView& out, const PagedAttentionOptions& options) {
+  check_cpu_isa_setting();
   require_rank(query, "query", 3, "[num_tokens, Hq, D]");
   require_rank(key_cache, "key_cache", 4, "[num_blocks, Hkv, block_size, D]");
   require_rank(value_cache, "value_cache", 4, "[num_blocks, Hkv, block_size, D]");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention_problem.hpp"
+#include "cpu_features.hpp"
 #include "tilelab/detail/argument_checks.hpp"
 #include "tilelab/error.hpp"
 
@@ -16,6 +17,7 @@ namespace tilelab::detail {
 AttentionProblem validate_flash_attention(const TensorView& q, const TensorView& k,
                                           const TensorView& v, const TensorView& out,
                                           const FlashAttentionOptions& options) {
+  check_cpu_isa_setting();
   require_rank(q, "q", 4, "[B, Hq, M, D]");
   require_rank(k, "k", 4, "[B, Hkv, N, D]");
   require_rank(v, "v", 4, "[B, Hkv, N, D]");
@@ -165,6 +167,7 @@ AttentionBackwardProblem validate_flash_attention_backward(
     const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
     const TensorView& dv, const FlashAttentionOptions& options,
     const std::optional<TensorView>& dbias, const std::optional<TensorView>& dsinks) {
+  check_cpu_isa_setting();
   TILELAB_REQUIRE(!options.lse)
       << "options.lse: expected no view for the backward (lse is an argument of "
          "flash_attention_backward), got "

@@ -41,15 +41,48 @@ out = tilelab.flash_attention(q, q, q)
 print(tilelab.prefers_bf16_dot_products(), float(out[0, 0, 0, 0]))
 """
 
+# Every entry point whose work depends on the setting reports a bad one, before any parallel work
+# (an error thrown inside a parallel region would end the process). Small valid calls.
+ENTRY_POINTS = {
+    "prefers_bf16_dot_products": "tilelab.prefers_bf16_dot_products()",
+    "flash_attention": "tilelab.flash_attention(q, q, q)",
+    "flash_attention_decode": "tilelab.flash_attention(q[:, :, :1], q, q)",
+    "flash_attention_reference": "tilelab.flash_attention(q, q, q, implementation='reference')",
+    "flash_attention_backward": (
+        "out, lse = tilelab.flash_attention(q, q, q, return_lse=True)\n"
+        "tilelab.flash_attention_backward(q, q, q, q, out, lse)"
+    ),
+    "paged_attention": (
+        "cache = np.ones((2, 2, 4, 8), np.float32)\n"
+        "tilelab.paged_attention(q[0].transpose(1, 0, 2), cache, cache,"
+        " np.array([[0, 1]], np.int32), np.array([7], np.int32), np.array([0, 3], np.int32))"
+    ),
+    "blocksparse_attention": (
+        "layout = tilelab.BlockSparseLayout.from_dense(np.ones((2, 1, 1), bool), 16)\n"
+        "packed = np.ones((3, 2, 8), np.float32)\n"
+        "tilelab.blocksparse_attention(packed, packed, packed, layout,"
+        " cu_seqlens_q=np.array([0, 3], np.int32), cu_seqlens_k=np.array([0, 3], np.int32))"
+    ),
+}
 
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
 @pytest.mark.parametrize("isa", ["sse2", "AVX2", "", "avx2 "])
-def test_other_values_are_an_error_naming_the_variable(isa):
-    result = run_python(CALL, isa)
-    assert result.returncode != 0
+def test_other_values_are_an_error_naming_the_variable(entry, isa):
+    code = "import numpy as np\nimport tilelab\nq = np.ones((1, 2, 3, 8), np.float32)\n"
+    result = run_python(code + ENTRY_POINTS[entry], isa)
+    assert result.returncode == 1, result.stderr
     assert (
         f"ValueError: TILELAB_MAX_CPU_ISA: got '{isa}', expected 'avx2' or 'avx512' (or unset)"
         in result.stderr
     )
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_every_entry_point_runs_capped(entry):
+    code = "import numpy as np\nimport tilelab\nq = np.ones((1, 2, 3, 8), np.float32)\n"
+    result = run_python(code + ENTRY_POINTS[entry], "avx2")
+    assert result.returncode == 0, result.stderr
 
 
 def test_avx512_is_no_limit():
