@@ -24,21 +24,34 @@ const std::optional<std::string>& cpu_isa_setting() {
 
 }  // namespace
 
-bool cpu_isa_capped_at_avx2() {
-  return cpu_isa_setting() == "avx2";
+CpuIsa max_cpu_isa() {
+  static const CpuIsa isa = [] {
+    const std::optional<std::string>& setting = cpu_isa_setting();
+    if (setting == "sse2") return CpuIsa::sse2;
+    if (setting == "avx2") return CpuIsa::avx2;
+    return CpuIsa::avx512;
+  }();
+  return isa;
 }
 
 void check_cpu_isa_setting() {
   const std::optional<std::string>& isa = cpu_isa_setting();
-  TILELAB_REQUIRE(!isa || *isa == "avx2" || *isa == "avx512")
-      << "TILELAB_MAX_CPU_ISA: got '" << *isa << "', expected 'avx2' or 'avx512' (or unset)";
+  TILELAB_REQUIRE(!isa || *isa == "sse2" || *isa == "avx2" || *isa == "avx512")
+      << "TILELAB_MAX_CPU_ISA: got '" << *isa
+      << "', expected 'sse2', 'avx2' or 'avx512' (or unset)";
+}
+
+bool cpu_runs_avx2() {
+  static const bool supported =
+      max_cpu_isa() >= CpuIsa::avx2 && __builtin_cpu_supports("x86-64-v3");
+  return supported;
 }
 
 bool cpu_runs_avx512() {
-  static const bool supported = !cpu_isa_capped_at_avx2() && __builtin_cpu_supports("avx512f") &&
-                                __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512vl") &&
-                                __builtin_cpu_supports("avx512dq");
+  static const bool supported =
+      max_cpu_isa() >= CpuIsa::avx512 && cpu_runs_avx2() && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq");
   return supported;
 }
 

@@ -5,19 +5,50 @@
 
 namespace tilelab::detail {
 
-// Whether the kernels stop at AVX2 (with FMA and F16C) on a CPU that has more: the environment
-// variable TILELAB_MAX_CPU_ISA is "avx2" (unset or "avx512": everything the CPU has). The AVX2
-// code paths, hand-written and generated, then run on AVX-512 CPUs too, to be tested and compared
-// there (as ONEDNN_MAX_CPU_ISA does for oneDNN). Read once per process. Never throws (kernels ask
-// it inside parallel regions): any other value caps nothing, and check_cpu_isa_setting reports it.
-bool cpu_isa_capped_at_avx2();
+// The instruction sets TILELAB_MAX_CPU_ISA can stop the kernels at, lowest first.
+enum class CpuIsa {
+  sse2,    // the x86-64 baseline: the generated kernels' last variant, the baseline loops
+  avx2,    // x86-64-v3: AVX2 with FMA and F16C
+  avx512,  // no limit
+};
 
-// Throws an Error naming TILELAB_MAX_CPU_ISA when its value is neither "avx2" nor "avx512". Every
-// entry point's validation calls it before any work.
+// The highest instruction set the kernels may use: TILELAB_MAX_CPU_ISA, "sse2", "avx2" or
+// "avx512" (unset: avx512, everything the CPU has). The lower code paths, hand-written and
+// generated, then run on CPUs that have more, to be tested and compared there (as
+// ONEDNN_MAX_CPU_ISA does for oneDNN). Read once per process. Never throws (kernels ask it inside
+// parallel regions): any other value caps nothing, and check_cpu_isa_setting reports it.
+CpuIsa max_cpu_isa();
+
+// Throws an Error naming TILELAB_MAX_CPU_ISA when its value is none of "sse2", "avx2" and
+// "avx512". Every entry point's validation calls it before any work.
 void check_cpu_isa_setting();
 
-// AVX-512 F, BW, VL and DQ, unless capped at AVX2: what the runtime's AVX-512 code needs.
+// x86-64-v3 (AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE), unless capped at sse2: what the runtime's
+// AVX2 code needs.
+bool cpu_runs_avx2();
+
+// AVX-512 F, BW, VL and DQ, unless capped below avx512: what the runtime's AVX-512 code needs.
 bool cpu_runs_avx512();
+
+// Runs `body()` compiled for x86-64-v3 where cpu_runs_avx2(), else compiled for the x86-64
+// baseline: the runtime's loops that the compiler vectorizes, in two versions between which
+// TILELAB_MAX_CPU_ISA chooses too (target_clones would choose when the library loads, out of its
+// reach). `body` is an always-inline lambda, `[&]() TILELAB_ALWAYS_INLINE { ... }`, so that each
+// version compiles it anew for its instruction set. (GCC 12 left an `omp simd` loop written in
+// the lambda unvectorized: such a loop goes in an always-inline function the lambda calls.)
+#define TILELAB_ALWAYS_INLINE __attribute__((always_inline))
+template <typename Body>
+__attribute__((target("arch=x86-64-v3"))) auto run_compiled_for_avx2(Body& body) {
+  return body();
+}
+template <typename Body>
+auto run_compiled_for_baseline(Body& body) {
+  return body();
+}
+template <typename Body>
+auto run_compiled_for_cpu(Body&& body) {
+  return cpu_runs_avx2() ? run_compiled_for_avx2(body) : run_compiled_for_baseline(body);
+}
 
 // AVX-512 BF16 (vdpbf16ps) and VBMI (the byte permutes that widen fp8): Zen 4, Sapphire Rapids
 // and later.

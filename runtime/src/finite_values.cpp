@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "cpu_features.hpp"
 #include "tilelab/detail/fp32_classes.hpp"
 #include "tilelab/error.hpp"
 
@@ -11,13 +12,14 @@ namespace {
 
 // Whether every element of `count` values of `dtype` (bf16, fp16 or fp32 bits) is finite.
 template <typename Bits, Bits kExponentBits>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) bool every_value_finite(
-    const Bits* bits, std::int64_t count) {
-  unsigned non_finite = 0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    non_finite |= (bits[i] & kExponentBits) == kExponentBits ? 1u : 0u;
-  }
-  return non_finite == 0;
+bool every_value_finite(const Bits* bits, std::int64_t count) {
+  return run_compiled_for_cpu([&]() TILELAB_ALWAYS_INLINE {
+    unsigned non_finite = 0;
+    for (std::int64_t i = 0; i < count; ++i) {
+      non_finite |= (bits[i] & kExponentBits) == kExponentBits ? 1u : 0u;
+    }
+    return non_finite == 0;
+  });
 }
 
 }  // namespace

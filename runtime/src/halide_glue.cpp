@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <vector>
 
 #include "cpu_features.hpp"
@@ -49,16 +50,27 @@ void record_halide_error(void*, const char* message) {
   halide_error_message = message;
 }
 
-// TILELAB_MAX_CPU_ISA=avx2 (cpu_features.hpp): the multitarget kernels skip their AVX-512
-// variants.
-int can_use_target_features_up_to_avx2(int count, const uint64_t* features) {
-  for (const int feature :
-       {halide_target_feature_avx512, halide_target_feature_avx512_knl,
-        halide_target_feature_avx512_skylake, halide_target_feature_avx512_cannonlake,
-        halide_target_feature_avx512_zen4, halide_target_feature_avx512_zen5,
-        halide_target_feature_avx512_sapphirerapids, halide_target_feature_avx10_1}) {
-    const int word = feature / 64;
-    if (word < count && (features[word] >> (feature % 64) & 1) != 0) return 0;
+// TILELAB_MAX_CPU_ISA below avx512 (cpu_features.hpp): the multitarget kernels skip the variants
+// that need an instruction set above it (avx2: the AVX-512 ones; sse2: all but the baseline).
+int can_use_target_features_up_to_cap(int count, const uint64_t* features) {
+  const auto uses = [&](std::initializer_list<int> listed) {
+    for (const int feature : listed) {
+      const int word = feature / 64;
+      if (word < count && (features[word] >> (feature % 64) & 1) != 0) return true;
+    }
+    return false;
+  };
+  if (uses({halide_target_feature_avx512, halide_target_feature_avx512_knl,
+            halide_target_feature_avx512_skylake, halide_target_feature_avx512_cannonlake,
+            halide_target_feature_avx512_zen4, halide_target_feature_avx512_zen5,
+            halide_target_feature_avx512_sapphirerapids, halide_target_feature_avx10_1,
+            halide_target_feature_avxvnni})) {
+    return 0;
+  }
+  if (max_cpu_isa() == CpuIsa::sse2 &&
+      uses({halide_target_feature_sse41, halide_target_feature_avx, halide_target_feature_avx2,
+            halide_target_feature_fma, halide_target_feature_fma4, halide_target_feature_f16c})) {
+    return 0;
   }
   return halide_default_can_use_target_features(count, features);
 }
@@ -71,8 +83,8 @@ void install_halide_hooks() {
     halide_set_error_handler(record_halide_error);
     halide_set_custom_malloc(scratch_malloc);
     halide_set_custom_free(scratch_free);
-    if (cpu_isa_capped_at_avx2()) {
-      halide_set_custom_can_use_target_features(can_use_target_features_up_to_avx2);
+    if (max_cpu_isa() < CpuIsa::avx512) {
+      halide_set_custom_can_use_target_features(can_use_target_features_up_to_cap);
     }
     return true;
   }();

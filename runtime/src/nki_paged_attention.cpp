@@ -129,8 +129,10 @@ PagedKernel pick_kernel(PagedSchedule schedule, bool mixed_precision) {
 struct RowMagnitudes {
   float sum_squares = 0, largest = 0;
 };
-__attribute__((target_clones("arch=x86-64-v3", "default"))) RowMagnitudes
-bf16_row_magnitudes(const std::uint16_t* row, std::int64_t length) {
+// The loops, inlined into both versions of run_compiled_for_cpu. (Written in its lambda instead,
+// the loop lost its `omp simd` vectorization.)
+TILELAB_ALWAYS_INLINE inline RowMagnitudes bf16_row_magnitudes_of(const std::uint16_t* row,
+                                                                  std::int64_t length) {
   float sum = 0, largest = 0;
 #pragma omp simd reduction(+ : sum) reduction(max : largest)
   for (std::int64_t e = 0; e < length; ++e) {
@@ -140,8 +142,8 @@ bf16_row_magnitudes(const std::uint16_t* row, std::int64_t length) {
   }
   return {sum, largest};
 }
-__attribute__((target_clones("arch=x86-64-v3", "default"))) RowMagnitudes
-f32_row_magnitudes(const float* row, std::int64_t length) {
+TILELAB_ALWAYS_INLINE inline RowMagnitudes f32_row_magnitudes_of(const float* row,
+                                                                 std::int64_t length) {
   float sum = 0, largest = 0;
 #pragma omp simd reduction(+ : sum) reduction(max : largest)
   for (std::int64_t e = 0; e < length; ++e) {
@@ -149,6 +151,14 @@ f32_row_magnitudes(const float* row, std::int64_t length) {
     largest = std::max(largest, std::abs(row[e]));
   }
   return {sum, largest};
+}
+RowMagnitudes bf16_row_magnitudes(const std::uint16_t* row, std::int64_t length) {
+  return detail::run_compiled_for_cpu(
+      [&]() TILELAB_ALWAYS_INLINE { return bf16_row_magnitudes_of(row, length); });
+}
+RowMagnitudes f32_row_magnitudes(const float* row, std::int64_t length) {
+  return detail::run_compiled_for_cpu(
+      [&]() TILELAB_ALWAYS_INLINE { return f32_row_magnitudes_of(row, length); });
 }
 // A bound on the exact sum of `terms` squares whose fp32 sum (in any order) is `sum`: each
 // addition rounds by at most 2^-24 relative, so that error stays below terms · 2^-23 relative,

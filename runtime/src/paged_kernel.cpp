@@ -93,131 +93,133 @@ using Float8 = float __attribute__((vector_size(32)));
 }
 
 // scores[r * score_stride + j] = q[r] · k[j] for r < rows, j < count (rows `dim` floats apart).
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void dot_rows_with_keys(
-    const float* q, std::int64_t rows, const float* k, std::int64_t count, std::int64_t dim,
-    float* scores, std::int64_t score_stride) {
-  std::int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {  // four rows by two keys: 6 loads feed 8 FMAs
-    const float* q0 = q + r * dim;
-    std::int64_t j = 0;
-    for (; j + 2 <= count; j += 2) {
-      const float* key = k + j * dim;
-      Float8 a0{}, a1{}, a2{}, a3{}, b0{}, b1{}, b2{}, b3{};
-      for (std::int64_t d = 0; d < dim; d += kLanes) {
-        const Float8 k0 = load8(key + d), k1 = load8(key + dim + d);
-        const Float8 q0d = load8(q0 + d), q1d = load8(q0 + dim + d);
-        const Float8 q2d = load8(q0 + 2 * dim + d), q3d = load8(q0 + 3 * dim + d);
-        a0 += q0d * k0;
-        b0 += q0d * k1;
-        a1 += q1d * k0;
-        b1 += q1d * k1;
-        a2 += q2d * k0;
-        b2 += q2d * k1;
-        a3 += q3d * k0;
-        b3 += q3d * k1;
+void dot_rows_with_keys(const float* q, std::int64_t rows, const float* k, std::int64_t count,
+                        std::int64_t dim, float* scores, std::int64_t score_stride) {
+  run_compiled_for_cpu([&]() TILELAB_ALWAYS_INLINE {
+    std::int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {  // four rows by two keys: 6 loads feed 8 FMAs
+      const float* q0 = q + r * dim;
+      std::int64_t j = 0;
+      for (; j + 2 <= count; j += 2) {
+        const float* key = k + j * dim;
+        Float8 a0{}, a1{}, a2{}, a3{}, b0{}, b1{}, b2{}, b3{};
+        for (std::int64_t d = 0; d < dim; d += kLanes) {
+          const Float8 k0 = load8(key + d), k1 = load8(key + dim + d);
+          const Float8 q0d = load8(q0 + d), q1d = load8(q0 + dim + d);
+          const Float8 q2d = load8(q0 + 2 * dim + d), q3d = load8(q0 + 3 * dim + d);
+          a0 += q0d * k0;
+          b0 += q0d * k1;
+          a1 += q1d * k0;
+          b1 += q1d * k1;
+          a2 += q2d * k0;
+          b2 += q2d * k1;
+          a3 += q3d * k0;
+          b3 += q3d * k1;
+        }
+        float* out = scores + r * score_stride + j;
+        out[0] = sum8(a0);
+        out[1] = sum8(b0);
+        out[score_stride] = sum8(a1);
+        out[score_stride + 1] = sum8(b1);
+        out[2 * score_stride] = sum8(a2);
+        out[2 * score_stride + 1] = sum8(b2);
+        out[3 * score_stride] = sum8(a3);
+        out[3 * score_stride + 1] = sum8(b3);
       }
-      float* out = scores + r * score_stride + j;
-      out[0] = sum8(a0);
-      out[1] = sum8(b0);
-      out[score_stride] = sum8(a1);
-      out[score_stride + 1] = sum8(b1);
-      out[2 * score_stride] = sum8(a2);
-      out[2 * score_stride + 1] = sum8(b2);
-      out[3 * score_stride] = sum8(a3);
-      out[3 * score_stride + 1] = sum8(b3);
-    }
-    for (; j < count; ++j) {
-      const float* key = k + j * dim;
-      Float8 a0{}, a1{}, a2{}, a3{};
-      for (std::int64_t d = 0; d < dim; d += kLanes) {
-        const Float8 kv = load8(key + d);
-        a0 += load8(q0 + d) * kv;
-        a1 += load8(q0 + dim + d) * kv;
-        a2 += load8(q0 + 2 * dim + d) * kv;
-        a3 += load8(q0 + 3 * dim + d) * kv;
+      for (; j < count; ++j) {
+        const float* key = k + j * dim;
+        Float8 a0{}, a1{}, a2{}, a3{};
+        for (std::int64_t d = 0; d < dim; d += kLanes) {
+          const Float8 kv = load8(key + d);
+          a0 += load8(q0 + d) * kv;
+          a1 += load8(q0 + dim + d) * kv;
+          a2 += load8(q0 + 2 * dim + d) * kv;
+          a3 += load8(q0 + 3 * dim + d) * kv;
+        }
+        scores[r * score_stride + j] = sum8(a0);
+        scores[(r + 1) * score_stride + j] = sum8(a1);
+        scores[(r + 2) * score_stride + j] = sum8(a2);
+        scores[(r + 3) * score_stride + j] = sum8(a3);
       }
-      scores[r * score_stride + j] = sum8(a0);
-      scores[(r + 1) * score_stride + j] = sum8(a1);
-      scores[(r + 2) * score_stride + j] = sum8(a2);
-      scores[(r + 3) * score_stride + j] = sum8(a3);
     }
-  }
-  for (; r < rows; ++r) {
-    for (std::int64_t j = 0; j < count; ++j) {
-      Float8 a{};
-      for (std::int64_t d = 0; d < dim; d += kLanes)
-        a += load8(q + r * dim + d) * load8(k + j * dim + d);
-      scores[r * score_stride + j] = sum8(a);
+    for (; r < rows; ++r) {
+      for (std::int64_t j = 0; j < count; ++j) {
+        Float8 a{};
+        for (std::int64_t d = 0; d < dim; d += kLanes)
+          a += load8(q + r * dim + d) * load8(k + j * dim + d);
+        scores[r * score_stride + j] = sum8(a);
+      }
     }
-  }
+  });
 }
 
 // acc[r] = acc[r] · correction[r] + Σ_j p[r * p_stride + j] · v[j] for r < rows, j < count.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void accumulate_values(
-    const float* p, std::int64_t p_stride, std::int64_t rows, const float* v, std::int64_t count,
-    std::int64_t dim, const float* correction, float* acc) {
-  std::int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    const float* p0 = p + r * p_stride;
-    std::int64_t d = 0;
-    for (; d + 2 * kLanes <= dim; d += 2 * kLanes) {  // four rows by two vectors in registers
-      float* out = acc + r * dim + d;
-      Float8 a0 = load8(out) * correction[r], b0 = load8(out + kLanes) * correction[r];
-      Float8 a1 = load8(out + dim) * correction[r + 1];
-      Float8 b1 = load8(out + dim + kLanes) * correction[r + 1];
-      Float8 a2 = load8(out + 2 * dim) * correction[r + 2];
-      Float8 b2 = load8(out + 2 * dim + kLanes) * correction[r + 2];
-      Float8 a3 = load8(out + 3 * dim) * correction[r + 3];
-      Float8 b3 = load8(out + 3 * dim + kLanes) * correction[r + 3];
-      for (std::int64_t j = 0; j < count; ++j) {
-        const Float8 v0 = load8(v + j * dim + d), v1 = load8(v + j * dim + d + kLanes);
-        const float p_0 = p0[j], p_1 = p0[p_stride + j];
-        const float p_2 = p0[2 * p_stride + j], p_3 = p0[3 * p_stride + j];
-        a0 += p_0 * v0;
-        b0 += p_0 * v1;
-        a1 += p_1 * v0;
-        b1 += p_1 * v1;
-        a2 += p_2 * v0;
-        b2 += p_2 * v1;
-        a3 += p_3 * v0;
-        b3 += p_3 * v1;
+void accumulate_values(const float* p, std::int64_t p_stride, std::int64_t rows, const float* v,
+                       std::int64_t count, std::int64_t dim, const float* correction, float* acc) {
+  run_compiled_for_cpu([&]() TILELAB_ALWAYS_INLINE {
+    std::int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      const float* p0 = p + r * p_stride;
+      std::int64_t d = 0;
+      for (; d + 2 * kLanes <= dim; d += 2 * kLanes) {  // four rows by two vectors in registers
+        float* out = acc + r * dim + d;
+        Float8 a0 = load8(out) * correction[r], b0 = load8(out + kLanes) * correction[r];
+        Float8 a1 = load8(out + dim) * correction[r + 1];
+        Float8 b1 = load8(out + dim + kLanes) * correction[r + 1];
+        Float8 a2 = load8(out + 2 * dim) * correction[r + 2];
+        Float8 b2 = load8(out + 2 * dim + kLanes) * correction[r + 2];
+        Float8 a3 = load8(out + 3 * dim) * correction[r + 3];
+        Float8 b3 = load8(out + 3 * dim + kLanes) * correction[r + 3];
+        for (std::int64_t j = 0; j < count; ++j) {
+          const Float8 v0 = load8(v + j * dim + d), v1 = load8(v + j * dim + d + kLanes);
+          const float p_0 = p0[j], p_1 = p0[p_stride + j];
+          const float p_2 = p0[2 * p_stride + j], p_3 = p0[3 * p_stride + j];
+          a0 += p_0 * v0;
+          b0 += p_0 * v1;
+          a1 += p_1 * v0;
+          b1 += p_1 * v1;
+          a2 += p_2 * v0;
+          b2 += p_2 * v1;
+          a3 += p_3 * v0;
+          b3 += p_3 * v1;
+        }
+        store8(out, a0);
+        store8(out + kLanes, b0);
+        store8(out + dim, a1);
+        store8(out + dim + kLanes, b1);
+        store8(out + 2 * dim, a2);
+        store8(out + 2 * dim + kLanes, b2);
+        store8(out + 3 * dim, a3);
+        store8(out + 3 * dim + kLanes, b3);
       }
-      store8(out, a0);
-      store8(out + kLanes, b0);
-      store8(out + dim, a1);
-      store8(out + dim + kLanes, b1);
-      store8(out + 2 * dim, a2);
-      store8(out + 2 * dim + kLanes, b2);
-      store8(out + 3 * dim, a3);
-      store8(out + 3 * dim + kLanes, b3);
-    }
-    for (; d < dim; d += kLanes) {  // four rows' accumulators stay in registers
-      float* out = acc + r * dim + d;
-      Float8 a0 = load8(out) * correction[r];
-      Float8 a1 = load8(out + dim) * correction[r + 1];
-      Float8 a2 = load8(out + 2 * dim) * correction[r + 2];
-      Float8 a3 = load8(out + 3 * dim) * correction[r + 3];
-      for (std::int64_t j = 0; j < count; ++j) {
-        const Float8 vv = load8(v + j * dim + d);
-        a0 += p0[j] * vv;
-        a1 += p0[p_stride + j] * vv;
-        a2 += p0[2 * p_stride + j] * vv;
-        a3 += p0[3 * p_stride + j] * vv;
+      for (; d < dim; d += kLanes) {  // four rows' accumulators stay in registers
+        float* out = acc + r * dim + d;
+        Float8 a0 = load8(out) * correction[r];
+        Float8 a1 = load8(out + dim) * correction[r + 1];
+        Float8 a2 = load8(out + 2 * dim) * correction[r + 2];
+        Float8 a3 = load8(out + 3 * dim) * correction[r + 3];
+        for (std::int64_t j = 0; j < count; ++j) {
+          const Float8 vv = load8(v + j * dim + d);
+          a0 += p0[j] * vv;
+          a1 += p0[p_stride + j] * vv;
+          a2 += p0[2 * p_stride + j] * vv;
+          a3 += p0[3 * p_stride + j] * vv;
+        }
+        store8(out, a0);
+        store8(out + dim, a1);
+        store8(out + 2 * dim, a2);
+        store8(out + 3 * dim, a3);
       }
-      store8(out, a0);
-      store8(out + dim, a1);
-      store8(out + 2 * dim, a2);
-      store8(out + 3 * dim, a3);
     }
-  }
-  for (; r < rows; ++r) {
-    for (std::int64_t d = 0; d < dim; d += kLanes) {
-      float* out = acc + r * dim + d;
-      Float8 a = load8(out) * correction[r];
-      for (std::int64_t j = 0; j < count; ++j) a += p[r * p_stride + j] * load8(v + j * dim + d);
-      store8(out, a);
+    for (; r < rows; ++r) {
+      for (std::int64_t d = 0; d < dim; d += kLanes) {
+        float* out = acc + r * dim + d;
+        Float8 a = load8(out) * correction[r];
+        for (std::int64_t j = 0; j < count; ++j) a += p[r * p_stride + j] * load8(v + j * dim + d);
+        store8(out, a);
+      }
     }
-  }
+  });
 }
 #pragma GCC diagnostic pop
 

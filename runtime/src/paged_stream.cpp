@@ -22,17 +22,13 @@ namespace {
 
 // The AVX-512 kernels' CPUs; the AVX2 kernels serve the others that stream.
 bool cpu_streams_with_avx512() {
-  static const bool supported = cpu_runs_avx512() && __builtin_cpu_supports("f16c");
-  return supported;
+  return cpu_runs_avx512();  // F16C included (x86-64-v3)
 }
 
 }  // namespace
 
 bool cpu_streams_cache_rows() {
-  static const bool supported = cpu_streams_with_avx512() ||
-                                (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                                 __builtin_cpu_supports("f16c"));
-  return supported;
+  return cpu_streams_with_avx512() || cpu_runs_avx2();
 }
 
 std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d) {

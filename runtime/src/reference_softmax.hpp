@@ -98,7 +98,7 @@ __attribute__((target("avx2,fma"))) inline void exp_shifted_in_place_avx2(float*
 // All are SLEEF's 1-ulp exp.
 inline void exp_shifted_in_place(float* x, std::int64_t count, float shift) {
   static const bool avx512 = cpu_runs_avx512();
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool avx2 = cpu_runs_avx2();
   if (avx512) {
     exp_shifted_in_place_avx512(x, count, shift);
     return;

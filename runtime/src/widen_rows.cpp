@@ -3,11 +3,13 @@
 
 #include <immintrin.h>
 
+#include "cpu_features.hpp"
+
 namespace tilelab::detail {
 
 namespace {
 
-// Widening of contiguous cache rows to fp32, vectorized in both clones (bit operations only).
+// Widening of contiguous cache rows to fp32, vectorized in both versions (bit operations only).
 template <DType dtype>
 void widen_elements(const typename ElementTraits<dtype>::Storage* src, std::int64_t count,
                     float* dst) {
@@ -56,49 +58,41 @@ __attribute__((target("arch=x86-64-v3"))) void widen_f8e4m3fn_f16c(const std::ui
   for (; d < count; ++d) dst[d] = f8e4m3fn_bits_to_float(src[d]);
 }
 
-bool cpu_has_f16c_avx2() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return supported;
-}
-
 }  // namespace
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void widen_bf16(
-    const std::uint16_t* src, std::int64_t count, float* dst) {
-  widen_elements<DType::bf16>(src, count, dst);
+void widen_bf16(const std::uint16_t* src, std::int64_t count, float* dst) {
+  auto widen = [&]() TILELAB_ALWAYS_INLINE { widen_elements<DType::bf16>(src, count, dst); };
+  run_compiled_for_cpu(widen);
 }
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void widen_f16(const std::uint16_t* src,
-                                                                           std::int64_t count,
-                                                                           float* dst) {
-  widen_elements<DType::f16>(src, count, dst);
+void widen_f16(const std::uint16_t* src, std::int64_t count, float* dst) {
+  auto widen = [&]() TILELAB_ALWAYS_INLINE { widen_elements<DType::f16>(src, count, dst); };
+  run_compiled_for_cpu(widen);
 }
 void widen_f8e4m3fn(const std::uint8_t* src, std::int64_t count, float* dst) {
-  if (cpu_has_f16c_avx2()) {
+  if (cpu_runs_avx2()) {
     widen_f8e4m3fn_f16c(src, count, dst);
   } else {
     widen_elements<DType::f8e4m3fn>(src, count, dst);
   }
 }
 void widen_f8e5m2(const std::uint8_t* src, std::int64_t count, float* dst) {
-  if (cpu_has_f16c_avx2()) {
+  if (cpu_runs_avx2()) {
     widen_f8e5m2_f16c(src, count, dst);
   } else {
     widen_elements<DType::f8e5m2>(src, count, dst);
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void scale_to_bf16(const float* src,
-                                                                               std::int64_t count,
-                                                                               float scale,
-                                                                               std::uint16_t* dst) {
-  for (std::int64_t d = 0; d < count; ++d) dst[d] = float_to_bf16_bits(src[d] * scale);
+void scale_to_bf16(const float* src, std::int64_t count, float scale, std::uint16_t* dst) {
+  run_compiled_for_cpu([&]() TILELAB_ALWAYS_INLINE {
+    for (std::int64_t d = 0; d < count; ++d) dst[d] = float_to_bf16_bits(src[d] * scale);
+  });
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void scale_to_f32(const float* src,
-                                                                              std::int64_t count,
-                                                                              float scale,
-                                                                              float* dst) {
-  for (std::int64_t d = 0; d < count; ++d) dst[d] = src[d] * scale;
+void scale_to_f32(const float* src, std::int64_t count, float scale, float* dst) {
+  run_compiled_for_cpu([&]() TILELAB_ALWAYS_INLINE {
+    for (std::int64_t d = 0; d < count; ++d) dst[d] = src[d] * scale;
+  });
 }
 
 }  // namespace tilelab::detail

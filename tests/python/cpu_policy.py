@@ -23,15 +23,16 @@ def cpu_vendor_and_flags():
     return vendor, flags
 
 
-def cpu_isa_capped_at_avx2():
-    """TILELAB_MAX_CPU_ISA=avx2: the kernels stop at AVX2 (README, "Instruction sets")."""
-    return os.environ.get("TILELAB_MAX_CPU_ISA") == "avx2"
+def cpu_isa_capped_below_avx512():
+    """TILELAB_MAX_CPU_ISA=avx2 or sse2: the kernels stop below AVX-512 (README, "Instruction
+    sets")."""
+    return os.environ.get("TILELAB_MAX_CPU_ISA") in ("avx2", "sse2")
 
 
 def cpu_has_bf16_dot_products():
     """AVX-512 BF16 (vdpbf16ps) and VBMI (the fp8 widening), as the kernels require."""
     flags = cpu_vendor_and_flags()[1]
-    return not cpu_isa_capped_at_avx2() and {"avx512_bf16", "avx512vbmi"} <= flags
+    return not cpu_isa_capped_below_avx512() and {"avx512_bf16", "avx512vbmi"} <= flags
 
 
 def cpu_prefers_bf16_dot_products():

@@ -1,10 +1,11 @@
-// TILELAB_MAX_CPU_ISA=avx2 (cpu_features.hpp) as the runtime's own checks and the generated
-// kernels' multitarget dispatch see it.
+// TILELAB_MAX_CPU_ISA=avx2 and sse2 (cpu_features.hpp) as the runtime's own checks and the
+// generated kernels' multitarget dispatch see them.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <iterator>
 
 #include "HalideRuntime.h"
 #include "cpu_features.hpp"
@@ -19,13 +20,18 @@ int can_use(std::initializer_list<int> features) {
   return halide_can_use_target_features(static_cast<int>(std::size(words)), words);
 }
 
+// What the AVX2 variants of TILELAB_HALIDE_TARGETS need.
+constexpr std::initializer_list<int> kAvx2Target = {
+    halide_target_feature_avx, halide_target_feature_avx2, halide_target_feature_fma,
+    halide_target_feature_f16c, halide_target_feature_sse41};
+
 }  // namespace
 
 TEST_CASE("cpu isa: capped at avx2, nothing runs AVX-512") {
   // The variable is read once per process: ctest runs this case in its own. (Run among the other
   // cases in one process, it may come after the first read.)
   setenv("TILELAB_MAX_CPU_ISA", "avx2", 1);
-  if (!tilelab::detail::cpu_isa_capped_at_avx2()) {
+  if (tilelab::detail::max_cpu_isa() != tilelab::detail::CpuIsa::avx2) {
     WARN("TILELAB_MAX_CPU_ISA was read before this case set it; run it alone");
     return;
   }
@@ -36,8 +42,39 @@ TEST_CASE("cpu isa: capped at avx2, nothing runs AVX-512") {
   CHECK(can_use({halide_target_feature_avx512_zen4}) == 0);
   CHECK(can_use({halide_target_feature_avx512_sapphirerapids}) == 0);
   CHECK(can_use({}) == 1);
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c") && __builtin_cpu_supports("sse4.1");
-  CHECK(can_use({halide_target_feature_avx, halide_target_feature_avx2, halide_target_feature_fma,
-                 halide_target_feature_f16c, halide_target_feature_sse41}) == (avx2 ? 1 : 0));
+  const bool avx2 = __builtin_cpu_supports("x86-64-v3");
+  CHECK(tilelab::detail::cpu_runs_avx2() == avx2);
+  CHECK(can_use(kAvx2Target) == (avx2 ? 1 : 0));
+}
+
+TEST_CASE("cpu isa: capped at sse2, only the baseline runs") {
+  setenv("TILELAB_MAX_CPU_ISA", "sse2", 1);
+  if (tilelab::detail::max_cpu_isa() != tilelab::detail::CpuIsa::sse2) {
+    WARN("TILELAB_MAX_CPU_ISA was read before this case set it; run it alone");
+    return;
+  }
+  tilelab::detail::install_halide_hooks();
+  CHECK_FALSE(tilelab::detail::cpu_runs_avx2());
+  CHECK_FALSE(tilelab::detail::cpu_runs_avx512());
+  CHECK_FALSE(tilelab::detail::cpu_has_bf16_dot_products());
+  CHECK(can_use({halide_target_feature_avx512_zen4}) == 0);
+  CHECK(can_use(kAvx2Target) == 0);
+  CHECK(can_use({halide_target_feature_sse41}) == 0);
+  CHECK(can_use({}) == 1);
+}
+
+TEST_CASE("cpu isa: both versions of run_compiled_for_cpu compute the body") {
+  float values[37];
+  for (int i = 0; i < 37; ++i) values[i] = 0.5f * static_cast<float>(i) - 3.0f;
+  auto sum_of_squares = [&]() TILELAB_ALWAYS_INLINE {
+    double sum = 0;
+    for (const float x : values) sum += double(x) * double(x);
+    return sum;
+  };
+  const double expected = tilelab::detail::run_compiled_for_baseline(sum_of_squares);
+  CHECK(expected > 0);
+  if (__builtin_cpu_supports("x86-64-v3")) {
+    CHECK(tilelab::detail::run_compiled_for_avx2(sum_of_squares) == expected);
+  }
+  CHECK(tilelab::detail::run_compiled_for_cpu(sum_of_squares) == expected);
 }
