@@ -25,17 +25,23 @@ constexpr std::initializer_list<int> kAvx2Target = {
     halide_target_feature_avx, halide_target_feature_avx2, halide_target_feature_fma,
     halide_target_feature_f16c, halide_target_feature_sse41};
 
+// Sets TILELAB_MAX_CPU_ISA to `value` and installs the Halide hooks; false (with a warning) when
+// the process read the variable before. It is read once per process: ctest runs each case in its
+// own. (Run among the other cases in one process, a case may come after the first read.)
+bool cap_cpu_isa(const char* value, tilelab::detail::CpuIsa expected) {
+  setenv("TILELAB_MAX_CPU_ISA", value, 1);
+  if (tilelab::detail::max_cpu_isa() != expected) {
+    WARN("TILELAB_MAX_CPU_ISA was read before this case set it; run it alone");
+    return false;
+  }
+  tilelab::detail::install_halide_hooks();
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("cpu isa: capped at avx2, nothing runs AVX-512") {
-  // The variable is read once per process: ctest runs this case in its own. (Run among the other
-  // cases in one process, it may come after the first read.)
-  setenv("TILELAB_MAX_CPU_ISA", "avx2", 1);
-  if (tilelab::detail::max_cpu_isa() != tilelab::detail::CpuIsa::avx2) {
-    WARN("TILELAB_MAX_CPU_ISA was read before this case set it; run it alone");
-    return;
-  }
-  tilelab::detail::install_halide_hooks();
+  if (!cap_cpu_isa("avx2", tilelab::detail::CpuIsa::avx2)) return;
   CHECK_FALSE(tilelab::detail::cpu_runs_avx512());
   CHECK_FALSE(tilelab::detail::cpu_has_bf16_dot_products());
   CHECK(can_use({halide_target_feature_avx512, halide_target_feature_avx512_skylake}) == 0);
@@ -48,12 +54,7 @@ TEST_CASE("cpu isa: capped at avx2, nothing runs AVX-512") {
 }
 
 TEST_CASE("cpu isa: capped at sse2, only the baseline runs") {
-  setenv("TILELAB_MAX_CPU_ISA", "sse2", 1);
-  if (tilelab::detail::max_cpu_isa() != tilelab::detail::CpuIsa::sse2) {
-    WARN("TILELAB_MAX_CPU_ISA was read before this case set it; run it alone");
-    return;
-  }
-  tilelab::detail::install_halide_hooks();
+  if (!cap_cpu_isa("sse2", tilelab::detail::CpuIsa::sse2)) return;
   CHECK_FALSE(tilelab::detail::cpu_runs_avx2());
   CHECK_FALSE(tilelab::detail::cpu_runs_avx512());
   CHECK_FALSE(tilelab::detail::cpu_has_bf16_dot_products());
