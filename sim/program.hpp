@@ -289,6 +289,8 @@ class ProgramBuilder {
   void append(Opcode opcode, Engine engine, Fill&& fill);
   Instruction& append_blank(Opcode opcode, Engine engine);
   void check_appended();
+  // check_appended's failure: discards the instruction and throws, naming what disagrees.
+  [[gnu::cold, gnu::noinline]] void report_disagreeing_append();
   // Counts `elements` more buffer elements against the limit before a buffer is added.
   void reserve_buffer_elements(const std::string& name, uint64_t elements);
 
