@@ -419,12 +419,20 @@ HbmPattern ProgramBuilder::hbm_pattern(Tensor tensor, int64_t offset, int64_t pa
 
 namespace {
 
+// Partition start rule of the engines' access (the compiler's allocator enforces it).
+bool allowed_partition_start(int partitions, int start) {
+  return partitions > 64   ? start == 0
+         : partitions > 32 ? (start == 0 || start == 64)
+                           : start % 32 == 0;
+}
+
+}  // namespace
+
 // The error paths of the per-operand checks, out of line: building an error message inlined into
 // the checks would make every instruction pay for its stack frame.
-[[noreturn, gnu::cold, gnu::noinline]] void operand_is_not_a_tile(const Program& p,
-                                                                  const TileRef& ref,
-                                                                  const char* instruction,
-                                                                  const char* operand) {
+void ProgramBuilder::operand_is_not_a_tile(const TileRef& ref, const char* instruction,
+                                           const char* operand) const {
+  const Program& p = program_;
   const bool tile =
       ref.valid() && ref.tile < p.buffers.size() && p.buffers[ref.tile].memory != Memory::hbm;
   TILELAB_REQUIRE(tile) << instruction << ": operand '" << operand << "' is not a tile view";
@@ -433,20 +441,24 @@ namespace {
   std::abort();  // unreachable: the second check always throws
 }
 
-}  // namespace
-
-const Buffer& ProgramBuilder::buffer_of(const TileRef& ref, const char* instruction,
-                                        const char* operand) const {
-  if (ref.tile < program_.buffers.size()) [[likely]] {  // kNone is out of range too
-    const Buffer& b = program_.buffers[ref.tile];
-    if (b.memory != Memory::hbm && !b.released) [[likely]]
-      return b;
-  }
-  operand_is_not_a_tile(program_, ref, instruction, operand);
-}
-
 void ProgramBuilder::check_compute_operand(const TileRef& ref, const char* instruction,
                                            const char* operand, Engine engine) const {
+  // The checks of report_bad_compute_operand, without building messages on the path every
+  // operand takes.
+  const Buffer& b = buffer_of(ref, instruction, operand);
+  const Machine& m = program_.machine;
+  const int n = ref.partition_count;
+  const int p0 = ref.partition_start;
+  const int64_t limit =
+      b.memory == Memory::psum ? m.engine_max_free_elements_psum : m.engine_max_free_elements_sbuf;
+  if ((engine != Engine::gpsimd || b.memory == Memory::sbuf) && allowed_partition_start(n, p0) &&
+      ref.free_count <= limit) [[likely]]
+    return;
+  report_bad_compute_operand(ref, instruction, operand, engine);
+}
+
+void ProgramBuilder::report_bad_compute_operand(const TileRef& ref, const char* instruction,
+                                                const char* operand, Engine engine) const {
   const Buffer& b = buffer_of(ref, instruction, operand);
   const Machine& m = program_.machine;
   if (engine == Engine::gpsimd) {
@@ -454,14 +466,12 @@ void ProgramBuilder::check_compute_operand(const TileRef& ref, const char* instr
         << instruction << ": operand '" << operand << "' (" << program_.describe(ref)
         << ") is in PSUM; GpSimd cannot access PSUM";
   }
-  // Partition start rule of the engines' access (the compiler's allocator enforces it).
   const int n = ref.partition_count;
   const int p0 = ref.partition_start;
-  const bool ok = n > 64 ? p0 == 0 : n > 32 ? (p0 == 0 || p0 == 64) : p0 % 32 == 0;
-  TILELAB_REQUIRE(ok) << instruction << ": operand '" << operand << "' starts at partition " << p0
-                      << " with " << n
-                      << " partitions; allowed starts: 0 (65-128 partitions), 0 or 64 (33-64), "
-                      << "0/32/64/96 (1-32)";
+  TILELAB_REQUIRE(allowed_partition_start(n, p0))
+      << instruction << ": operand '" << operand << "' starts at partition " << p0 << " with " << n
+      << " partitions; allowed starts: 0 (65-128 partitions), 0 or 64 (33-64), "
+      << "0/32/64/96 (1-32)";
   const int64_t limit =
       b.memory == Memory::psum ? m.engine_max_free_elements_psum : m.engine_max_free_elements_sbuf;
   TILELAB_REQUIRE(ref.free_count <= limit)
@@ -469,6 +479,9 @@ void ProgramBuilder::check_compute_operand(const TileRef& ref, const char* instr
       << " free elements; the limit in " << memory_name(b.memory) << " is " << limit
       << (b.memory == Memory::psum ? " (engine_max_free_elements_psum)"
                                    : " (engine_max_free_elements_sbuf)");
+  TILELAB_CHECK(false) << "report_bad_compute_operand: " << instruction << " operand '" << operand
+                       << "' passes every check";
+  std::abort();  // unreachable: the check above always throws
 }
 
 void ProgramBuilder::check_same_partitions(const TileRef& a, const TileRef& b,

@@ -259,9 +259,23 @@ class ProgramBuilder {
   // required = false: returns Tile{kNone} instead of throwing when the memory is full.
   Tile allocate_tile(const std::string& name, Memory memory, int partitions, int64_t free_elements,
                      DType dtype, bool required = true);
-  const Buffer& buffer_of(const TileRef& ref, const char* instruction, const char* operand) const;
+  const Buffer& buffer_of(const TileRef& ref, const char* instruction, const char* operand) const {
+    if (ref.tile < program_.buffers.size()) [[likely]] {  // kNone is out of range too
+      const Buffer& b = program_.buffers[ref.tile];
+      if (b.memory != Memory::hbm && !b.released) [[likely]]
+        return b;
+    }
+    operand_is_not_a_tile(ref, instruction, operand);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void operand_is_not_a_tile(const TileRef& ref,
+                                                                    const char* instruction,
+                                                                    const char* operand) const;
   void check_compute_operand(const TileRef& ref, const char* instruction, const char* operand,
                              Engine engine) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void report_bad_compute_operand(const TileRef& ref,
+                                                                         const char* instruction,
+                                                                         const char* operand,
+                                                                         Engine engine) const;
   void check_same_partitions(const TileRef& a, const TileRef& b, const char* instruction,
                              const char* a_name, const char* b_name) const;
   void check_elements(const TileRef& dst, const TileRef& src, const char* instruction) const;
