@@ -132,6 +132,11 @@ TEST_CASE("builder: vector/scalar/gpsimd operand rules", "[sim][builder]") {
   CHECK_THAT(
       error_of([&] { b.tensor_copy(b.view(s, 16, 40, 0, 512), b.view(half, 0, 40, 0, 512)); }),
       Contains("starts at partition 16 with 40 partitions"));
+  const Tile wide = b.sbuf_tile("wide", 128, 70000, DType::bf16);
+  CHECK_THAT(error_of([&] { b.tensor_copy(b.view(wide), b.view(wide)); }),
+             Contains("has 70000 free elements; the limit in sbuf is 65536") &&
+                 Contains("engine_max_free_elements_sbuf"));
+  b.release(wide);
   CHECK_THAT(error_of([&] { b.tensor_reduce(b.view(s, 0, 128, 0, 2), b.view(s), AluOp::max); }),
              Contains("dst must be [P, 1]"));
   CHECK_THAT(error_of([&] { b.tensor_reduce(b.view(s, 0, 128, 0, 1), b.view(s), AluOp::divide); }),
@@ -159,16 +164,13 @@ TEST_CASE("builder: views and HBM access patterns are bounds-checked", "[sim][bu
   CHECK_THAT(error_of([&] { b.hbm_rows(x, 200, 64, 0, 16); }),
              Contains("'x'") && Contains("rows [200, 264)"));
   CHECK_THAT(error_of([&] { b.hbm_rows(x, 0, 64, 1000, 32); }), Contains("columns [1000, 1032)"));
-  CHECK_THAT(error_of([&] {
-               b.hbm_pattern(x, 0, 1024, 64, {{2, 1024 * 200}});
-             }),
+  CHECK_THAT(error_of([&] { b.hbm_pattern(x, 0, 1024, 64, {{2, 1024 * 200}}); }),
              Contains("reaches element"));
   CHECK_THAT(error_of([&] { b.dma_copy(b.view(s), b.hbm_rows(x, 0, 64, 0, 256)); }),
              Contains("256 elements per partition") && Contains("512"));
-  CHECK_THAT(error_of([&] {
-               b.dma_copy(b.view(s), b.hbm_rows(x, 0, 64, 0, 512), {Engine::sync, 16});
-             }),
-             Contains("queue 16"));
+  CHECK_THAT(
+      error_of([&] { b.dma_copy(b.view(s), b.hbm_rows(x, 0, 64, 0, 512), {Engine::sync, 16}); }),
+      Contains("queue 16"));
   CHECK_THAT(error_of([&] {
                b.dma_copy(b.view(s), b.hbm_rows(x, 0, 64, 0, 512), {Engine::sync, -1, 100});
              }),
