@@ -18,23 +18,16 @@
 
 namespace tilelab::detail {
 
-namespace {
-
-// The AVX-512 kernels' CPUs; the AVX2 kernels serve the others that stream.
-bool cpu_streams_with_avx512() {
-  return cpu_runs_avx512();  // F16C included (x86-64-v3)
-}
-
-}  // namespace
-
+// The AVX-512 kernels run where cpu_runs_avx512(), the AVX2 kernels on the other CPUs that
+// cpu_runs_avx2() (which every AVX-512 CPU does).
 bool cpu_streams_cache_rows() {
-  return cpu_streams_with_avx512() || cpu_runs_avx2();
+  return cpu_runs_avx2();
 }
 
 std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d) {
   if (cache_dtype != DType::bf16 || products == StreamedProducts::bf16_dots) return d;
   // bf16 widens as the even and the odd elements of a vector's worth of 32-bit lanes.
-  const std::int64_t group = cpu_streams_with_avx512() ? 32 : 16;
+  const std::int64_t group = cpu_runs_avx512() ? 32 : 16;
   return d / group * group + d % 2 * (group / 2) + d % group / 2;
 }
 
@@ -109,7 +102,7 @@ class RowPrefetcher {
 StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities) {
   // The bf16 dot-product kernels are AVX-512 kernels.
   return rounds_bf16_probabilities(query_dtype, cache_dtype, fp32_probabilities) &&
-                 holds_bf16_values(cache_dtype) && cpu_streams_with_avx512()
+                 holds_bf16_values(cache_dtype) && cpu_runs_avx512()
              ? StreamedProducts::bf16_dots
              : StreamedProducts::fp32;
 }
@@ -1323,7 +1316,7 @@ void stream_scores(DType query_dtype, DType cache_dtype, const float* q, std::in
                                                score_stride, prefetch_distance);
       }
     }
-    if (!cpu_streams_with_avx512()) {
+    if (!cpu_runs_avx512()) {
       return avx2::scores_of<dtype.value>(q, rows, q_stride, keys, head_dim, scale, scores,
                                           score_stride, prefetch_distance);
     }
@@ -1345,7 +1338,7 @@ void stream_values(DType cache_dtype, StreamedProducts products, const float* p,
     }
     TILELAB_CHECK(products == StreamedProducts::fp32)
         << "stream_values: bf16 dot products for cache dtype " << dtype_name(cache_dtype);
-    if (!cpu_streams_with_avx512()) {
+    if (!cpu_runs_avx512()) {
       return avx2::values_of<dtype.value>(p, p_stride, rows, values, head_dim, correction, acc,
                                           acc_stride, prefetch_distance);
     }

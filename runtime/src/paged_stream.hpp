@@ -17,8 +17,8 @@ constexpr std::int64_t kMaxStreamedHeadDim = 512;
 // stream_scores computes q·k for rows in tiles of this many.
 constexpr std::int64_t kStreamedRowTile = 4;
 
-// True when the CPU runs the streaming micro-kernels: AVX-512 F, BW, VL, DQ and F16C, or AVX2, FMA
-// and F16C.
+// True when the CPU runs the streaming micro-kernels: x86-64-v3 (AVX2, FMA, F16C), unless
+// TILELAB_MAX_CPU_ISA is sse2 (cpu_runs_avx2).
 bool cpu_streams_cache_rows();
 
 // How stream_values forms p·v.
