@@ -1,7 +1,8 @@
 // tilelab_machine_peak: this machine's fp32 FMA peak and, where the CPU has AVX-512 BF16, its bf16
 // dot-product peak (GFLOP/s), STREAM triad bandwidth and the bandwidth of reading short blocks in a
 // random order (GB/s), with N OpenMP threads, as JSON; the benchmarks divide their figures by
-// these.
+// these. --bandwidth-only leaves out the compute peaks (null): the benchmarks run it between the
+// calls of a bandwidth-bound workload, whose rate they judge against the bandwidth of that moment.
 #include <omp.h>
 
 #include <algorithm>
@@ -259,9 +260,10 @@ constexpr std::int64_t kReadBlockBytes[] = {2048, 4096};
 void usage() {
   std::fprintf(stderr,
                "usage: tilelab_machine_peak [--threads N] [--fma-iterations K] "
-               "[--triad-mib MIB] [--trials T]\n"
-               "  prints JSON: fp32 FMA and bf16 dot peaks (GFLOP/s), STREAM triad bandwidth and\n"
-               "  random-order, prefetched reads of 2 and 4 KiB blocks of two arrays (GB/s)\n");
+               "[--triad-mib MIB] [--trials T] [--bandwidth-only]\n"
+               "  prints JSON: fp32 FMA and bf16 dot peaks (GFLOP/s; null with --bandwidth-only),\n"
+               "  STREAM triad bandwidth and random-order, prefetched reads of 2 and 4 KiB blocks\n"
+               "  of two arrays (GB/s)\n");
 }
 
 }  // namespace
@@ -271,6 +273,7 @@ int main(int argc, char** argv) {
   std::int64_t fma_iterations = 20'000'000;  // ~0.1 s per trial at 4 GHz
   std::int64_t triad_mib = 256;              // per array: far beyond any L3 on this class of CPU
   int trials = 5;
+  bool bandwidth_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
@@ -282,6 +285,8 @@ int main(int argc, char** argv) {
       triad_mib = std::atoll(argv[++i]);
     } else if (arg == "--trials" && has_value) {
       trials = std::atoi(argv[++i]);
+    } else if (arg == "--bandwidth-only") {
+      bandwidth_only = true;
     } else {
       usage();
       return arg == "--help" || arg == "-h" ? 0 : 2;
@@ -293,19 +298,23 @@ int main(int argc, char** argv) {
   }
 
   const FmaKernel kernel = best_fma_kernel();
-  const double fma_gflops = measure_fma_gflops(kernel, threads, fma_iterations, trials);
-  const std::int64_t triad_elements = triad_mib * 1024 * 1024 / 8;
-  const double triad_gb_per_s = measure_triad_gb_per_s(threads, triad_elements, trials);
-  // The same number of instructions as the FMA probe: one bf16 dot product does two multiply-adds
-  // per fp32 lane.
-  const FmaKernel bf16_kernel = bf16_dot_kernel();
-  std::string bf16_peak = "null";
-  if (bf16_kernel.run) {
+  std::string fma_peak = "null", bf16_peak = "null";
+  if (!bandwidth_only) {
     char text[32];
     std::snprintf(text, sizeof text, "%.2f",
-                  measure_fma_gflops(bf16_kernel, threads, fma_iterations, trials));
-    bf16_peak = text;
+                  measure_fma_gflops(kernel, threads, fma_iterations, trials));
+    fma_peak = text;
+    // The same number of instructions as the FMA probe: one bf16 dot product does two
+    // multiply-adds per fp32 lane.
+    const FmaKernel bf16_kernel = bf16_dot_kernel();
+    if (bf16_kernel.run) {
+      std::snprintf(text, sizeof text, "%.2f",
+                    measure_fma_gflops(bf16_kernel, threads, fma_iterations, trials));
+      bf16_peak = text;
+    }
   }
+  const std::int64_t triad_elements = triad_mib * 1024 * 1024 / 8;
+  const double triad_gb_per_s = measure_triad_gb_per_s(threads, triad_elements, trials);
 
   std::string block_reads;
   for (const std::int64_t block_bytes : kReadBlockBytes) {
@@ -319,18 +328,19 @@ int main(int argc, char** argv) {
   std::printf(
       "{\n"
       "  \"schema\": \"tilelab.machine_peak\",\n"
-      "  \"schema_version\": 4,\n"
+      "  \"schema_version\": 5,\n"
       "  \"threads\": %d,\n"
       "  \"fma_isa\": \"%s\",\n"
       "  \"fma_chains_per_thread\": %d,\n"
-      "  \"fma_peak_fp32_gflop_per_s\": %.2f,\n"
+      "  \"fma_peak_fp32_gflop_per_s\": %s,\n"
       "  \"bf16_dot_peak_gflop_per_s\": %s,\n"
       "  \"triad_array_bytes\": %lld,\n"
       "  \"triad_bandwidth_gb_per_s\": %.2f,\n"
       "  \"random_block_read_gb_per_s\": {%s},\n"
-      "  \"statistic\": \"best of %d trials\"\n"
+      "  \"statistic\": \"best of %d trial%s\"\n"
       "}\n",
-      threads, kernel.isa, kChains, fma_gflops, bf16_peak.c_str(),
-      static_cast<long long>(triad_elements * 8), triad_gb_per_s, block_reads.c_str(), trials);
+      threads, kernel.isa, kChains, fma_peak.c_str(), bf16_peak.c_str(),
+      static_cast<long long>(triad_elements * 8), triad_gb_per_s, block_reads.c_str(), trials,
+      trials == 1 ? "" : "s");
   return 0;
 }
