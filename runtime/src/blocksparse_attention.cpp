@@ -1,4 +1,5 @@
-// blocksparse_attention: validate, then dispatch to the generated kernels or the reference.
+// blocksparse_attention: validate, then dispatch to the paged kernel (decode), the generated
+// kernels or the reference.
 #include "blocksparse_problem.hpp"
 #include "tilelab/error.hpp"
 
@@ -21,6 +22,10 @@ void blocksparse_attention(const TensorView& q, const TensorView& k, const Tenso
              "'automatic' or 'reference'";
       return;
     case Implementation::automatic:
+      if (const auto paged = detail::blocksparse_decode_as_paged(problem)) {
+        detail::paged_kernel_attention(*paged);
+        return;
+      }
       if (!detail::generated_blocksparse_attention(problem)) {
         detail::reference_blocksparse_attention(problem);
       }
@@ -32,8 +37,13 @@ std::vector<std::string> blocksparse_attention_kernels(
     const TensorView& q, const TensorView& k, const TensorView& v, const BlockSparseLayout& layout,
     const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
     const BlockSparseAttentionOptions& options) {
-  return detail::generated_blocksparse_kernels(detail::validate_blocksparse_attention(
-      q, k, v, layout, cu_seqlens_q, cu_seqlens_k, out, options));
+  const detail::BlockSparseProblem problem = detail::validate_blocksparse_attention(
+      q, k, v, layout, cu_seqlens_q, cu_seqlens_k, out, options);
+  if (options.implementation == Implementation::automatic &&
+      detail::blocksparse_decode_as_paged(problem)) {
+    return {"paged"};
+  }
+  return detail::generated_blocksparse_kernels(problem);
 }
 
 }  // namespace tilelab

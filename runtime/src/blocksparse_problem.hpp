@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "paged_problem.hpp"
 #include "tilelab/blocksparse.hpp"
 
 namespace tilelab::detail {
@@ -48,6 +50,11 @@ void reference_blocksparse_attention(const BlockSparseProblem& problem);
 // Runs the generated Halide kernel; false when the problem is outside what the generated kernels
 // cover or none were built (then nothing is written).
 bool generated_blocksparse_attention(const BlockSparseProblem& problem);
+
+// Decode (every sequence's q_len <= 1) whose query heads keep the same blocks, on a CPU that runs
+// the streamed micro-kernels, as a paged problem for paged_kernel_attention: the sequences' blocks
+// as block tables over K and V in place. Nothing for any other problem (blocksparse_paged.cpp).
+std::optional<PagedProblem> blocksparse_decode_as_paged(const BlockSparseProblem& problem);
 
 // The names of the generated kernels generated_blocksparse_attention runs for the problem, sorted;
 // none when it would return false.

@@ -49,3 +49,11 @@ def rounds_bf16_probabilities(kv_dtype="bfloat16", fp32_probabilities=False):
     if kv_dtype == "bfloat16":
         return cpu_prefers_bf16_dot_products()
     return cpu_has_bf16_dot_products()
+
+
+def cpu_streams_cache_rows():
+    """x86-64-v3 (AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE) unless TILELAB_MAX_CPU_ISA=sse2: the CPUs
+    whose decode runs on the paged kernel's streamed micro-kernels (docs/paged_attention.md)."""
+    flags = cpu_vendor_and_flags()[1]
+    x86_64_v3 = {"avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"}
+    return os.environ.get("TILELAB_MAX_CPU_ISA") != "sse2" and x86_64_v3 <= flags

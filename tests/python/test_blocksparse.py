@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from attention_reference import DTYPES, assert_attention_close, reference_attention
+from cpu_policy import cpu_streams_cache_rows
 
 import tilelab
 
@@ -582,6 +583,125 @@ def test_kernels_name_one_kernel_per_kind_of_task(rng, restore_num_threads, dtyp
     # A head dim read with a stride runs on the reference: no kernel.
     q2, k2, v2 = (np.repeat(a, 2, axis=2)[:, :, ::2] for a in (q, k, v))
     assert tilelab.blocksparse_attention_kernels(q2, k2, v2, layout, **arguments) == []
+
+
+# Decode (one query per sequence) whose query heads all keep the same blocks runs on the paged
+# kernel's streamed micro-kernels, K and V read in place through block tables of those blocks
+# (on CPUs that run them); other decode on the generated decode kernels.
+def decode_on_the_paged_kernel(layout, q_heads, kv_heads, k_lens):
+    """What blocksparse_attention_kernels should answer "paged" for: every query head's layout
+    head keeps the same blocks in each sequence's last row block."""
+    group = q_heads // kv_heads
+    heads = [{q_heads: h, kv_heads: h // group, 1: 0}[layout.n_heads] for h in range(q_heads)]
+    dense = layout.to_dense()
+    rows = [(k_len - 1) // layout.block_size for k_len in k_lens]
+    return cpu_streams_cache_rows() and all(
+        (dense[heads[h], row] == dense[heads[0], row]).all() for h in heads for row in rows
+    )
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES)
+def test_decode_matches_sparse_reference(rng, restore_num_threads, case, dtype_name):
+    q_heads, kv_heads, head_dim, layout_args, _, k_lens = CASES[case]
+    layout = tilelab.BlockSparseLayout.local_strided(**layout_args)
+    # Block ends, a block's first key, a 1-key sequence and the case's own lengths.
+    block = layout_args["block_size"]
+    k_lens = [*k_lens, 1, block, block + 1, 2 * block - 1]
+    q_lens = [1] * len(k_lens)
+    q, k, v = random_packed(rng, q_lens, k_lens, q_heads, kv_heads, head_dim, dtype_name)
+    arguments = dict(cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=cu_seqlens(k_lens))
+    paged = decode_on_the_paged_kernel(layout, q_heads, kv_heads, k_lens)
+    kernels = tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments)
+    if paged:
+        assert kernels == ["paged"]
+    elif kernels_built(rng):
+        assert kernels == [decode_kernel(dtype_name)]
+    results = []
+    for threads in (1, 2):
+        tilelab.set_num_threads(threads)
+        results.append(check(q, k, v, layout, q_lens, k_lens, dtype_name))
+    # Without split-KV, the threads do not change a result.
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_decode_cases_include_both_paths():
+    on_paged = [
+        decode_on_the_paged_kernel(
+            tilelab.BlockSparseLayout.local_strided(**layout_args), q_heads, kv_heads, k_lens
+        )
+        for q_heads, kv_heads, _, layout_args, _, k_lens in CASES.values()
+    ]
+    assert any(on_paged) == cpu_streams_cache_rows()
+    assert not all(on_paged)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_decode_on_the_paged_kernel_agrees_with_the_generated_kernel(rng, dtype_name):
+    layout = tilelab.BlockSparseLayout.local_strided(8, 1024, 64, 4, 3, homo_head=True)
+    k_lens = [1000, 64, 65, 700, 1]
+    q_lens = [1] * len(k_lens)
+    q, k, v = random_packed(rng, q_lens, k_lens, 8, 2, 128, dtype_name)
+    arguments = dict(
+        cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=cu_seqlens(k_lens), fp32_probabilities=True
+    )
+    if not kernels_built(rng) or not cpu_streams_cache_rows():
+        pytest.skip("needs the generated kernels and the streamed micro-kernels")
+    assert tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments) == ["paged"]
+    paged = tilelab.blocksparse_attention(q, k, v, layout, **arguments)
+    generated = tilelab.blocksparse_attention(q, k, v, layout, implementation="generated",
+                                              **arguments)
+    # fp32 P on both: the two differ by fp32 summation order (and bf16 rounding of out).
+    expected = reference_blocksparse(q, k, v, layout, arguments["cu_seqlens_q"],
+                                     arguments["cu_seqlens_k"])
+    assert_attention_close(paged, expected, dtype_name, v, max(k_lens))
+    assert_attention_close(generated, expected, dtype_name, v, max(k_lens))
+    tolerance = 1e-5 if dtype_name == "float32" else 1e-2
+    np.testing.assert_allclose(paged.astype(np.float32), generated.astype(np.float32),
+                               atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_decode_on_the_paged_kernel_rows_without_keys_and_absent_blocks(rng, causal):
+    # Row block 2 keeps nothing (its queries give 0); NaN in every key no query sees.
+    blocks = 5
+    block_mask = rng.random((1, blocks, blocks)) < 0.5
+    if causal:
+        block_mask &= np.tril(np.ones((blocks, blocks), dtype=bool))
+    block_mask[0, 2] = False
+    block_mask[0, 4, 0] = True
+    layout = tilelab.BlockSparseLayout.from_dense(block_mask, 16, causal=causal)
+    k_lens = [80, 40, 47, 33, 75, 17]
+    q_lens = [1] * len(k_lens)
+    q, k, v = random_packed(rng, q_lens, k_lens, 4, 2, 24, "float32")
+    arguments = dict(cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=cu_seqlens(k_lens))
+    if cpu_streams_cache_rows():
+        assert tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments) == ["paged"]
+    seen = keys_some_query_sees(layout, q_lens, k_lens)
+    clean_k, clean_v = k.copy(), v.copy()
+    k[~seen] = np.nan
+    v[~seen] = np.nan
+    out = tilelab.blocksparse_attention(q, k, v, layout, **arguments)
+    expected = reference_blocksparse(q, clean_k, clean_v, layout, arguments["cu_seqlens_q"],
+                                     arguments["cu_seqlens_k"])
+    assert np.isfinite(out).all()
+    assert_attention_close(out, expected, "float32", clean_v, max(k_lens))
+    # Sequences of 33 to 47 keys decode in row block 2.
+    assert (out[1:4] == 0).all()
+
+
+def test_decode_on_the_paged_kernel_non_finite_scores(rng):
+    layout = tilelab.BlockSparseLayout.local_strided(1, 64, 16, 2, 2)
+    q, k, v = random_packed(rng, [1, 1, 1], [64, 40, 30], 2, 1, 8, "float32")
+    k[64 + 35, 0, 3] = np.nan  # visible to the second sequence's query (position 39)
+    q[2] = 1e30  # q·k overflows to -inf for every key of the third: 0 / 0
+    k[104:] = -1e30
+    arguments = dict(cu_seqlens_q=cu_seqlens([1, 1, 1]), cu_seqlens_k=cu_seqlens([64, 40, 30]))
+    if cpu_streams_cache_rows():
+        assert tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments) == ["paged"]
+    out = tilelab.blocksparse_attention(q, k, v, layout, **arguments)
+    assert np.isfinite(out[0]).all()
+    assert np.isnan(out[1]).all() and np.isnan(out[2]).all()
 
 
 def test_kernels_validates_like_the_call(rng):
