@@ -18,13 +18,15 @@ namespace tilelab::detail {
 namespace {
 
 // The key blocks every query head keeps in layout row `row_block`, or nothing when the heads keep
-// different ones (the paged kernel folds a GQA group over one block table per sequence).
+// different ones (the paged kernel folds a GQA group over one block table per sequence). Every
+// layout head is some query head's (BlockSparseProblem::layout_head), so comparing the layout's
+// heads compares the query heads'.
 std::optional<std::span<const std::int32_t>> blocks_every_head_keeps(const BlockSparseProblem& p,
                                                                      std::int64_t row_block) {
   const BlockSparseLayout& layout = *p.layout;
-  const std::span<const std::int32_t> first = layout.columns(p.layout_head(0), row_block);
-  for (std::int64_t h = 1; h < p.q_heads; ++h) {
-    const std::span<const std::int32_t> other = layout.columns(p.layout_head(h), row_block);
+  const std::span<const std::int32_t> first = layout.columns(0, row_block);
+  for (std::int64_t head = 1; head < layout.n_heads(); ++head) {
+    const std::span<const std::int32_t> other = layout.columns(head, row_block);
     if (!std::equal(first.begin(), first.end(), other.begin(), other.end())) return std::nullopt;
   }
   return first;
