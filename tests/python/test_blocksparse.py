@@ -588,16 +588,12 @@ def test_kernels_name_one_kernel_per_kind_of_task(rng, restore_num_threads, dtyp
 # Decode (one query per sequence) whose query heads all keep the same blocks runs on the paged
 # kernel's streamed micro-kernels, K and V read in place through block tables of those blocks
 # (on CPUs that run them); other decode on the generated decode kernels.
-def decode_on_the_paged_kernel(layout, q_heads, kv_heads, k_lens):
-    """What blocksparse_attention_kernels should answer "paged" for: every query head's layout
-    head keeps the same blocks in each sequence's last row block."""
-    group = q_heads // kv_heads
-    heads = [{q_heads: h, kv_heads: h // group, 1: 0}[layout.n_heads] for h in range(q_heads)]
+def decode_on_the_paged_kernel(layout, k_lens):
+    """What blocksparse_attention_kernels should answer "paged" for: every query head keeps the
+    same blocks in each sequence's last row block (each layout head is some query head's)."""
     dense = layout.to_dense()
     rows = [(k_len - 1) // layout.block_size for k_len in k_lens]
-    return cpu_streams_cache_rows() and all(
-        (dense[heads[h], row] == dense[heads[0], row]).all() for h in heads for row in rows
-    )
+    return cpu_streams_cache_rows() and all((dense[:, row] == dense[0, row]).all() for row in rows)
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
@@ -611,7 +607,7 @@ def test_decode_matches_sparse_reference(rng, restore_num_threads, case, dtype_n
     q_lens = [1] * len(k_lens)
     q, k, v = random_packed(rng, q_lens, k_lens, q_heads, kv_heads, head_dim, dtype_name)
     arguments = dict(cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=cu_seqlens(k_lens))
-    paged = decode_on_the_paged_kernel(layout, q_heads, kv_heads, k_lens)
+    paged = decode_on_the_paged_kernel(layout, k_lens)
     kernels = tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments)
     if paged:
         assert kernels == ["paged"]
@@ -627,10 +623,8 @@ def test_decode_matches_sparse_reference(rng, restore_num_threads, case, dtype_n
 
 def test_decode_cases_include_both_paths():
     on_paged = [
-        decode_on_the_paged_kernel(
-            tilelab.BlockSparseLayout.local_strided(**layout_args), q_heads, kv_heads, k_lens
-        )
-        for q_heads, kv_heads, _, layout_args, _, k_lens in CASES.values()
+        decode_on_the_paged_kernel(tilelab.BlockSparseLayout.local_strided(**layout_args), k_lens)
+        for _, _, _, layout_args, _, k_lens in CASES.values()
     ]
     assert any(on_paged) == cpu_streams_cache_rows()
     assert not all(on_paged)
