@@ -448,7 +448,8 @@ class PagedKernel {
     std::vector<std::int32_t> order(head_dim);
     bool identity = true;
     for (std::int64_t d = 0; d < head_dim; ++d) {
-      order[d] = static_cast<std::int32_t>(streamed_acc_index(cache_dtype, streamed_products_, d));
+      order[d] = static_cast<std::int32_t>(
+          streamed_acc_index(cache_dtype, streamed_products_, d, head_dim));
       identity = identity && order[d] == d;
     }
     if (!streams_ || identity) order.clear();

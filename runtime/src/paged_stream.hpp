@@ -36,12 +36,15 @@ enum class StreamedProducts {
 // PagedAttentionOptions::fp32_probabilities off).
 StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities);
 
-// Where stream_values keeps head-dim element d in an accumulator row. fp32 products widen bf16
-// rows a group at a time (32 elements with AVX-512, 16 with AVX2) as their even and their odd
-// elements (one instruction each), so within each group the row holds the even elements, then the
-// odd ones. Other dtypes and bf16 dots keep d. Accumulator rows must hold round_up(head_dim, 32)
-// floats.
-std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d);
+// Where stream_values keeps head-dim element d (of head_dim) in an accumulator row. fp32 products
+// widen bf16 rows a group at a time (32 elements with AVX-512, 16 with AVX2) as their even and
+// their odd elements (one instruction each), so within each group the row holds the even elements,
+// then the odd ones. bf16 dots on fp8 rows pair two keys' elements within 128-bit lanes
+// (vpunpck{l,h}bw), 64 elements at a time: there position 16·k + 4·l + m holds element
+// 16·l + 4·k + m (k, l < 4, m < 4), except in a last group of 32 or fewer. Other dtypes and bf16
+// dots on bf16 rows keep d. Accumulator rows must hold round_up(head_dim, 32) floats.
+std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d,
+                                std::int64_t head_dim);
 
 // Prefetches the 64-byte cache lines of a stream of rows, each line once. Rows need not start on a
 // line (numpy aligns arrays to 16 bytes, so a 256-byte row spans five), and a row that starts in

@@ -362,14 +362,15 @@ def test_fp8_cache(fp8_name, dtype):
 
 
 @pytest.mark.parametrize("fp8_name", list(FP8))
-@pytest.mark.parametrize("head_dim", [256, 263])
+@pytest.mark.parametrize("head_dim", [100, 256, 263])
 @pytest.mark.parametrize("query_dtype", ["float32", "bfloat16"])
 def test_every_fp8_code_widens_exactly(fp8_name, head_dim, query_dtype):
     """With one visible key, out = v_scale * v exactly: a value row holding all 256 codes (the
     vector path takes 16 at a time, the scalar tail the rest) gives each code's ml_dtypes value,
     subnormals, zeros, the largest values, inf (e5m2) and NaN included. bf16 queries take P·V on
-    bf16 dot products with the codes widened through byte tables; every fp8 value is a bf16
-    value and P = 1, so that is exact too."""
+    bf16 dot products with the codes widened through byte tables, 64 elements at a time in an
+    order of their own (100: the last 36 masked); every fp8 value is a bf16 value and P = 1, so
+    that is exact too."""
     codes = np.arange(head_dim, dtype=np.uint32).astype(np.uint8)  # 263: codes 0-6 twice
     value_cache = codes.view(FP8[fp8_name]).reshape(1, 1, 1, head_dim)
     key_cache = np.zeros_like(value_cache)
@@ -385,12 +386,14 @@ def test_every_fp8_code_widens_exactly(fp8_name, head_dim, query_dtype):
 
 @pytest.mark.parametrize("fp8_name", list(FP8))
 @pytest.mark.parametrize("query_dtype", ["bfloat16", "float32", "float16"])
-def test_every_fp8_key_code_scores_exactly(fp8_name, query_dtype):
-    """One key, 128 one-hot query heads: head h's lse is its score k_scale * k[h] exactly, for
+@pytest.mark.parametrize("dim", [96, 128, 160])
+def test_every_fp8_key_code_scores_exactly(fp8_name, query_dtype, dim):
+    """One key, `dim` one-hot query heads: head h's lse is its score k_scale * k[h] exactly, for
     every finite code (the bf16 dot-product path of bf16 queries reads fp8 keys through a lookup
-    table); a NaN or inf code in the key makes every head's score, lse and output NaN."""
+    table, 64 elements at a time in an order of their own, a last 32 in order: 96 and 160 end with
+    one; 160 also takes the kernel for long rows); a NaN or inf code in the key makes every head's
+    score, lse and output NaN."""
     fp8 = FP8[fp8_name]
-    dim = 128
     query = np.eye(dim, dtype=np.float32).astype(DTYPES[query_dtype]).reshape(1, dim, 1, dim)
     for first in (0, 128):
         codes = np.arange(first, first + dim).astype(np.uint8)
