@@ -27,7 +27,10 @@ bool cpu_streams_cache_rows() {
 std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d,
                                 std::int64_t head_dim) {
   if (products == StreamedProducts::bf16_dots) {
-    if (cache_dtype == DType::bf16) return d;
+    if (cache_dtype == DType::bf16) {  // every 32: position 16·k + 4·l + m holds 8·l + 4·k + m
+      const std::int64_t group = d / 32 * 32, e = d - group;
+      return group + e % 8 / 4 * 16 + e / 8 * 4 + e % 4;
+    }
     constexpr std::int64_t kPanel = 64;
     const std::int64_t panel = d / kPanel * kPanel, e = d - panel;
     if (head_dim - panel <= kPanel / 2) return d;  // a lone last group
@@ -609,18 +612,10 @@ constexpr ByteVector pairs_index(int first) {
   }
   return index;
 }
-// Word w of the result: 2 × w interleaves element i of a with element i of b (vpermt2w).
+// 32 indices of 16-bit words (vpermt2w).
 struct WordVector {
   std::uint16_t words[32];
 };
-constexpr WordVector word_pairs_index(int first) {
-  WordVector index{};
-  for (int i = 0; i < 16; ++i) {
-    index.words[2 * i] = static_cast<std::uint16_t>(first + i);
-    index.words[2 * i + 1] = static_cast<std::uint16_t>(32 + first + i);
-  }
-  return index;
-}
 
 [[gnu::always_inline]] inline __m512i load_vector(const void* p) {
   return _mm512_loadu_si512(p);
@@ -794,21 +789,23 @@ void scores_of_bf16_dot(const float* q, std::int64_t rows, std::int64_t q_stride
   }
 }
 
-// The value pairs of two keys for the 32 head-dim elements at row_a and row_b: lane i of `first`
-// holds (a[i], b[i]) for i < 16, lane i of `second` (a[16 + i], b[16 + i]). Without `partner`, b
-// is zero and row_b is not read; `masked`: elements outside `mask` are zero and not read.
+// The value pairs of two keys for the 32 head-dim elements at row_a and row_b. bf16: paired
+// within 128-bit lanes (vpunpck{l,h}wd, cheaper than cross-lane permutes): lane 4·l + m of `first`
+// holds (a[e], b[e]) for e = 8·l + m, of `second` for e = 8·l + 4 + m (l, m < 4), the order
+// streamed_acc_index gives. fp8: lane i of `first` holds (a[i], b[i]) for i < 16, lane i of
+// `second` (a[16 + i], b[16 + i]). Without `partner`, b is zero and row_b is not read; `masked`:
+// elements outside `mask` are zero and not read.
 template <DType dtype, bool masked, bool partner>
 [[gnu::always_inline]] inline void value_pairs(const char* row_a, const char* row_b, __mmask32 mask,
                                                __m512i& first, __m512i& second) {
   if constexpr (dtype == DType::bf16) {
-    static constexpr WordVector kFirst = word_pairs_index(0), kSecond = word_pairs_index(16);
     const auto load = [&](const char* row) {
       return masked ? _mm512_maskz_loadu_epi16(mask, row) : load_vector(row);
     };
     const __m512i a = load(row_a);
     const __m512i b = partner ? load(row_b) : _mm512_setzero_si512();
-    first = _mm512_permutex2var_epi16(a, load_vector(kFirst.words), b);
-    second = _mm512_permutex2var_epi16(a, load_vector(kSecond.words), b);
+    first = _mm512_unpacklo_epi16(a, b);
+    second = _mm512_unpackhi_epi16(a, b);
   } else {
     static constexpr ByteVector kFirst = pairs_index(0), kSecond = pairs_index(16);
     const auto load = [&](const char* row) {
@@ -946,7 +943,7 @@ void value_rows_bf16_dot(const std::uint32_t* p_pairs, std::int64_t pair_stride,
 }
 
 // values_of with StreamedProducts::bf16_dots: P rounded to bf16 per four-row tile and run of
-// kPairedKeys keys. Accumulators keep head-dim order.
+// kPairedKeys keys. Accumulators in streamed_acc_index order.
 template <DType dtype>
 void values_of_bf16_dot(const float* p, std::int64_t p_stride, std::int64_t rows,
                         StreamedRows values, std::int64_t head_dim, const float* correction,

@@ -39,10 +39,11 @@ StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp
 // Where stream_values keeps head-dim element d (of head_dim) in an accumulator row. fp32 products
 // widen bf16 rows a group at a time (32 elements with AVX-512, 16 with AVX2) as their even and
 // their odd elements (one instruction each), so within each group the row holds the even elements,
-// then the odd ones. bf16 dots on fp8 rows pair two keys' elements within 128-bit lanes
-// (vpunpck{l,h}bw), 64 elements at a time: there position 16·k + 4·l + m holds element
-// 16·l + 4·k + m (k, l < 4, m < 4), except in a last group of 32 or fewer. Other dtypes and bf16
-// dots on bf16 rows keep d. Accumulator rows must hold round_up(head_dim, 32) floats.
+// then the odd ones. bf16 dots pair two keys' elements within 128-bit lanes (vpunpck*): on bf16
+// rows 32 elements at a time, position 16·k + 4·l + m holding element 8·l + 4·k + m (k < 2,
+// l, m < 4); on fp8 rows 64 at a time, position 16·k + 4·l + m holding element 16·l + 4·k + m
+// (k, l, m < 4), except in a last group of 32 or fewer, which keeps d. Other dtypes keep d.
+// Accumulator rows must hold round_up(head_dim, 32) floats.
 std::int64_t streamed_acc_index(DType cache_dtype, StreamedProducts products, std::int64_t d,
                                 std::int64_t head_dim);
 
