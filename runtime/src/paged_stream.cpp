@@ -85,30 +85,46 @@ class RowPrefetcher {
       : rows_(rows),
         distance_(distance),
         available_(rows.count + rows.lookahead),
+        far_per_key_(rows.count > 0 ? (rows.far_count + rows.count - 1) / rows.count : 0),
         bytes_(head_dim * element_bytes<dtype>()) {}
 
   // Called for every key j in order.
   [[gnu::always_inline]] void ahead_of(std::int64_t j) {
-    if (distance_ == 0 || j + distance_ >= available_) return;
-    rows_near_.prefetch(rows_.rows[j + distance_], bytes_);
-    // The companion rows (the V rows of the keys scored) are used after the scores: into L2, at
-    // the far distance only (a second request at the near one measured no faster on Emerald
-    // Rapids, and costs instructions where scoring is compute-bound).
-    if (rows_.companion == nullptr) return;
-    const std::int64_t far = j + kStreamedL2Ahead * distance_;
-    if (far >= available_) return;
-    rows_far_.prefetch(rows_.rows[far], bytes_);
-    companion_far_.prefetch(rows_.companion[far], bytes_);
+    if (distance_ == 0) return;
+    if (j + distance_ < available_) rows_near_.prefetch(rows_.rows[j + distance_], bytes_);
+    // The far stream goes into L2 only (a second request at the near distance measured no faster
+    // on Emerald Rapids, and costs instructions where scoring is compute-bound).
+    const std::int64_t end = std::min(far_next_ + far_per_key_, rows_.far_count);
+    for (; far_next_ < end; ++far_next_) {
+      rows_far_.prefetch(rows_.far_rows[far_next_], bytes_);
+      if (rows_.far_companion != nullptr) {
+        companion_far_.prefetch(rows_.far_companion[far_next_], bytes_);
+      }
+    }
   }
 
  private:
   StreamedRows rows_;
-  std::int64_t distance_, available_, bytes_;
+  std::int64_t distance_, available_, far_per_key_, bytes_;
+  std::int64_t far_next_ = 0;
   LineStream<_MM_HINT_T0> rows_near_;
   LineStream<_MM_HINT_T1> rows_far_, companion_far_;
 };
 
 }  // namespace
+
+StreamedRows stream_far_ahead(const void* const* rows, const void* const* companion,
+                              std::int64_t count, std::int64_t lookahead,
+                              std::int64_t prefetch_distance) {
+  const std::int64_t far = kStreamedL2Ahead * prefetch_distance;
+  const std::int64_t far_count = std::max<std::int64_t>(0, count + lookahead - far);
+  return {rows,
+          count,
+          lookahead,
+          far_count > 0 ? rows + far : nullptr,
+          far_count > 0 && companion != nullptr ? companion + far : nullptr,
+          far_count};
+}
 
 StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities) {
   // The bf16 dot-product kernels are AVX-512 kernels.

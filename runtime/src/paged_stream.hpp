@@ -67,22 +67,32 @@ struct LineStream {
 };
 
 // The K or V rows of a run of keys: rows[j] is key j's row, head_dim contiguous elements of the
-// cache dtype. Optional companion rows (the V rows of scored keys) are prefetched along with rows,
-// so that p·v finds them in L2. rows (and companion) hold `lookahead` more entries past count:
-// keys that are only prefetched (the next chunk's).
+// cache dtype. rows holds `lookahead` more entries past count: keys that are only prefetched (the
+// next chunk's). Optionally, rows to bring into L2 while these are read (stream_scores only): the
+// far stream, far_count entries of far_rows and of far_companion (if not null), spread evenly over
+// the keys, entry by entry. A caller names what it reads next: the same rows further on
+// (stream_far_ahead), or the next chunk's rows in address order.
 struct StreamedRows {
   const void* const* rows;
   std::int64_t count;
-  const void* const* companion = nullptr;
   std::int64_t lookahead = 0;
+  const void* const* far_rows = nullptr;
+  const void* const* far_companion = nullptr;
+  std::int64_t far_count = 0;
 };
 
 // Both kernels read key j's row while prefetching the row of key j + prefetch_distance into L1
-// (0: none); stream_scores also prefetches both rows (the key's and its companion) of key
-// j + kStreamedL2Ahead · prefetch_distance into L2. Rows at scattered addresses
-// (short cache blocks) need it most, as the hardware prefetcher restarts at every block; long runs
-// of rows measured faster with it too.
+// (0: none, and no far stream either); stream_scores also prefetches the far stream into L2. Rows
+// at scattered addresses (short cache blocks) need it most, as the hardware prefetcher restarts at
+// every block; long runs of rows measured faster with it too.
 constexpr std::int64_t kStreamedL2Ahead = 3;
+
+// The far stream of the rows themselves and their companions (the V rows of the keys scored, used
+// after the scores), kStreamedL2Ahead · prefetch_distance keys ahead: `rows` and `companion` hold
+// count + lookahead entries.
+StreamedRows stream_far_ahead(const void* const* rows, const void* const* companion,
+                              std::int64_t count, std::int64_t lookahead,
+                              std::int64_t prefetch_distance);
 
 // scores[r * score_stride + j] = scale · (q[r] · k[j]) for r < rows and j < keys.count (the dot
 // product rounded to fp32, then multiplied). The q rows are fp32 values of `query_dtype`, q_stride

@@ -633,6 +633,52 @@ def test_split_kv_matches_unsplit(split_kv):
     check(batch, split_kv=split_kv)
 
 
+def token_major(batch):
+    """The batch with its caches stored token-major ([num_blocks, block_size, Hkv, D]) and passed
+    as [num_blocks, Hkv, block_size, D] views: a key's rows of all kv heads side by side."""
+    stored = dict(batch)
+    for name in ("key_cache", "value_cache"):
+        rows = np.ascontiguousarray(batch[name].transpose(0, 2, 1, 3))
+        stored[name] = rows.transpose(0, 2, 1, 3)
+    return stored
+
+
+TOKEN_MAJOR_DECODE = [(1, n) for n in (1, 37, 300, 129, 2000, 16, 17, 700, 5000, 64, 65, 999)]
+
+
+@pytest.mark.parametrize("case", ["options", "fp8", "split", "two_items_a_sequence"])
+def test_token_major_cache_decode(restore_num_threads, case):
+    """Decode over a token-major cache runs items that span several kv heads (all of a sequence's,
+    or several items a sequence where the rows or their bytes would not fit one), each chunk's rows
+    of every head prefetched in address order: as the reference, with score options, fp8 caches,
+    split-KV, and a decode too small to keep the threads busy that falls back to one-head items."""
+    tilelab.set_num_threads(2)  # enough sequences for multi-head items on two threads
+    rng = np.random.default_rng(41)
+    heads = dict(q_heads=8, kv_heads=4, head_dim=64) if case != "two_items_a_sequence" else \
+        dict(q_heads=32, kv_heads=16, head_dim=64)  # fp32 rows: 8 kv heads an item
+    dtype = "bfloat16" if case == "fp8" else "float32"
+    # (fp8: no spare blocks, whose huge values would not quantize.)
+    batch = make_batch(rng, TOKEN_MAJOR_DECODE, **heads, block_size=16, dtype=dtype,
+                       spare_blocks=0 if case == "fp8" else 3)
+    if case == "fp8":
+        batch = quantized_copy(batch, "float8_e4m3fn", 0.1, 0.1)
+    stored = token_major(batch)
+    options = {
+        "options": dict(softcap=3.0, sliding_window=(900, -1), sinks=np.ones(8, np.float32),
+                        alibi_slopes=(2.0 ** -np.arange(1, 9)).astype(np.float32)),
+        "fp8": dict(k_scale=0.1, v_scale=0.1, softcap=3.0),
+        "split": dict(split_kv=3),
+        "two_items_a_sequence": dict(sinks=rng.standard_normal(32).astype(np.float32)),
+    }[case]
+    check(stored, dtype, **options)
+    np.testing.assert_allclose(tilelab.paged_attention(*arguments(stored), **options),
+                               tilelab.paged_attention(*arguments(batch), **options),
+                               atol=tolerance(dtype, batch, options.get("v_scale", 1.0)))
+    # One short sequence: too few items for multi-head ones.
+    short = make_batch(rng, [(1, 300)], **heads, block_size=16, dtype="float32")
+    check(token_major(short), sinks=np.ones(heads["q_heads"], np.float32))
+
+
 def test_split_kv_is_deterministic_and_thread_independent():
     """A forced split gives bit-identical results run to run and for 1 or 2 threads; the
     automatic choice differs from the unsplit result by fp32 summation order only."""
