@@ -560,22 +560,19 @@ class PagedKernel {
   }
 
   // Lists the K and V rows of keys [key, end) of all the item's heads in address order (the
-  // cache is token-major, decode_layout: key by key, its heads side by side). Returns how many.
+  // cache is token-major, decode_layout: key by key, its heads side by side), walking the first
+  // head's rows through the block table. Returns how many.
   std::int64_t collect_in_address_order(const WorkItem& item, std::int64_t key, std::int64_t end) {
+    const std::int64_t key_head_stride = p_.key_cache.stride(1);
+    const std::int64_t value_head_stride = p_.value_cache.stride(1);
     std::int64_t count = 0;
-    while (key < end) {
-      const std::int64_t logical_block = key / p_.block_size;
-      const std::int64_t offset = key - logical_block * p_.block_size;
-      const std::int64_t keys = std::min(end - key, p_.block_size - offset);
-      const std::int64_t block = p_.physical_block(item.seq, logical_block);
-      for (std::int64_t at = offset; at < offset + keys; ++at) {
-        for (std::int64_t head = item.kv_head; head < item.kv_head + item.kv_head_count; ++head) {
-          far_key_rows_[count] = cache_row(p_.key_cache, head, block, at);
-          far_value_rows_[count] = cache_row(p_.value_cache, head, block, at);
-          ++count;
-        }
+    for (CacheRows rows = cache_rows(item, item.kv_head, key, end); rows.key < rows.end;
+         advance(item, rows)) {
+      for (std::int64_t h = 0; h < item.kv_head_count; ++h) {
+        far_key_rows_[count] = rows.key_row + h * key_head_stride;
+        far_value_rows_[count] = rows.value_row + h * value_head_stride;
+        ++count;
       }
-      key += keys;
     }
     return count;
   }
