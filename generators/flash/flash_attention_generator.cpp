@@ -3,7 +3,8 @@
 //
 // The query heads that share a kv head (the GQA group) are folded into one row dimension per kv
 // head, row = (h mod group) · M + i, so one pass over a K/V block serves the whole group; for
-// decode (M = 1) this is what fills a query tile.
+// decode (M = 1) this is what fills a query tile. The outputs are indexed by that row too, so that
+// each query tile is written where it is computed (the runtime passes views in that layout).
 #include <string>
 
 #include "Halide.h"
@@ -45,14 +46,14 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
   // Key j is visible to query i iff j <= i + causal_offset (non-causal: pass N).
   Input<int> causal_offset{"causal_offset"};
 
-  Output<Buffer<void, 4>> out{"out"};   // indexed by d, i, h, b
-  Output<Buffer<float, 3>> lse{"lse"};  // indexed by i, h, b
+  // Indexed by d, row, hk, b: out (io_type), and lse (fp32), whose buffer's d dim has stride 0 (a
+  // Tuple's buffers share their dims; one value per row).
+  Output<Func> out{"out", 4};
 
   void configure() {
     q.set_type(io_type);
     k.set_type(io_type);
     v.set_type(io_type);
-    out.set_type(io_type);
     if (score_options) {
       // 0 turns soft-capping off.
       softcap = add_input<float>("softcap");
@@ -71,7 +72,6 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     // Algorithm
     tilelab::generators::FlashAttentionStages s;
     Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
-    Var &i = s.i, &h = s.h;
     const tilelab::schedules::flash::FlashAttentionTiling tiling =
         tilelab::schedules::flash::tiling_of_variant(std::string(variant));
     const bool decode = tiling.decode;
@@ -187,15 +187,10 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
           tilelab::generators::normalized_out(state[0], state[1], state[2], finished_row[1]),
           finished_row[0]};
     }
-    // Back from rows to (i, h).
-    Expr out_row = (h % group) * q_len + i;
-    auto rows_at = [&](const Expr& dd) {
-      return s.out_rows(dd, out_row % QT, out_row / QT, h / group, b);
-    };
-    s.out(d, i, h, b) = cast(io_type, rows_at(d)[0]);
-    s.lse(i, h, b) = rows_at(0)[1];
+    Tuple finished = s.out_rows(d, s.row % QT, s.row / QT, hk, b);
+    s.out(d, s.row, hk, b) = {cast(io_type, finished[0]), finished[1]};
     out = s.out;
-    lse = s.lse;
+    s.out.output_buffers()[1].dim(0).set_stride(0);
 
     // Schedule
     tilelab::schedules::schedule_flash_attention_x86(s, get_target(), head_dim);

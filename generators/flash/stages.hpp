@@ -51,14 +51,13 @@ struct FlashAttentionStages {
   Halide::Func block_pv{"block_pv"};    // (d, ii, jb, io, hk, b) Σ prob · v
   Halide::Func state{
       "state"};  // (d, ii, io, hk, b) Tuple(running max, running sum, unnormalized out)
-  // (d, ii, io, hk, b) Tuple(out, lse) of finished rows in the state's layout: the dense
-  // forward computes each tile's state inside its loop over tiles.
+  // (d, ii, io, hk, b) Tuple(out, lse) of finished rows in the state's layout.
   Halide::Func out_rows{"out_rows"};
   Halide::Func row_lse_and_scale{
       "row_lse_and_scale"};  // (ii, io, hk, b) Tuple(lse, 1 / l) of a finished row
-  Halide::Func out{"out"};   // (d, i, h, b)
-  Halide::Func lse{"lse"};   // (i, h, b)
-  Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, i{"i"}, h{"h"};
+  // (d, row, hk, b) Tuple(out, lse), row = (h mod group) · M + i (the dense forward's outputs).
+  Halide::Func out{"out"};
+  Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, row{"row"};
   Halide::RVar rk;       // key blocks, reduced by `state`
   Halide::RVar rd;       // head dim, reduced by `score`
   Halide::RVar rj;       // keys of a block, reduced by block_max / block_sum / block_pv

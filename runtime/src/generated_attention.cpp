@@ -1,8 +1,11 @@
 // The generated flash attention kernels behind detail::generated_flash_attention: the variant is
 // picked by dtype, bias and rows per kv head; TensorViews become halide_buffer_t (halide_glue).
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "attention_problem.hpp"
@@ -32,6 +35,7 @@
 #include "flash_fwd_f32_wide.h"
 #include "halide_glue.hpp"
 #include "schedules/flash/tiling.hpp"
+#include "scratch_memory.hpp"
 #include "tilelab/error.hpp"
 #include "tilelab/threading.hpp"
 
@@ -120,6 +124,94 @@ Kernel pick_kernel(const AttentionProblem& p) {
 
 #undef TILELAB_NAMED
 
+// The kernels index out and lse by row = (h mod group) · M + i within a kv head (the GQA group
+// folded into rows, as their tiles are): out (d, row, kv head, batch), and lse the same dims with
+// a stride-0 head dim (the two are one Tuple output, whose buffers share dims). A [B, Hq, M, ...]
+// view has that layout when a kv head's query heads sit M rows apart, or a row is a query alone
+// (no group) or a head alone (M = 1): the row stride then, else nothing.
+std::optional<std::int64_t> row_layout_stride(const TensorView& view, std::int64_t group) {
+  if (group == 1) return view.stride(2);
+  if (view.dim(2) == 1) return view.stride(1);
+  if (view.stride(1) == view.dim(2) * view.stride(2)) return view.stride(2);
+  return std::nullopt;
+}
+
+// `view` ([B, Hq, M, D] out or [B, Hq, M] lse) as the kernels' row layout, of `head_dim` head
+// dims; `row_stride` from row_layout_stride.
+TensorView row_layout_view(const TensorView& view, const AttentionProblem& p,
+                           std::int64_t row_stride) {
+  const std::int64_t group = p.q_heads / p.kv_heads;
+  const std::int64_t head_dim_stride = view.rank() == 4 ? view.stride(3) : 0;
+  return TensorView(view.data(), view.dtype(),
+                    {p.batch, p.kv_heads, p.rows_per_kv_head(), p.head_dim},
+                    {view.stride(0), group * view.stride(1), row_stride, head_dim_stride});
+}
+
+// Copies `from` (contiguous) to `to` (the same dims and dtype, any strides), a row of the
+// innermost dim at a time, in parallel.
+void copy_to_view(const TensorView& from, const TensorView& to) {
+  const int rank = to.rank();
+  const std::int64_t inner = to.dim(rank - 1), inner_stride = to.stride(rank - 1);
+  std::int64_t rows = 1;
+  for (int i = 0; i < rank - 1; ++i) rows *= to.dim(i);
+  const auto element = static_cast<std::int64_t>(dtype_size(to.dtype()));
+  const auto* source = static_cast<const std::byte*>(from.data());
+  auto* target = static_cast<std::byte*>(to.data());
+#pragma omp parallel for schedule(static) num_threads(num_threads())
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t offset = 0;
+    for (std::int64_t i = rank - 2, rest = r; i >= 0; --i) {
+      offset += rest % to.dim(static_cast<int>(i)) * to.stride(static_cast<int>(i));
+      rest /= to.dim(static_cast<int>(i));
+    }
+    const std::byte* row = source + r * inner * element;
+    std::byte* destination = target + offset * element;
+    if (inner_stride == 1) {
+      std::memcpy(destination, row, static_cast<std::size_t>(inner * element));
+      continue;
+    }
+    for (std::int64_t j = 0; j < inner; ++j) {
+      std::memcpy(destination + j * inner_stride * element, row + j * element,
+                  static_cast<std::size_t>(element));
+    }
+  }
+}
+
+// A contiguous stand-in for an output whose layout the kernels cannot write (row_layout_stride),
+// from the scratch cache, copied to the caller's view afterwards.
+class RowLayoutOutput {
+ public:
+  RowLayoutOutput(const TensorView& view, const AttentionProblem& p) : target_(view) {
+    const std::int64_t group = p.q_heads / p.kv_heads;
+    if (const std::optional<std::int64_t> stride = row_layout_stride(view, group)) {
+      kernel_view_ = row_layout_view(view, p, *stride);
+      return;
+    }
+    std::int64_t elements = 1;
+    for (int i = 0; i < view.rank(); ++i) elements *= view.dim(i);
+    storage_.emplace(static_cast<std::size_t>(elements) * dtype_size(view.dtype()));
+    const TensorView contiguous =
+        view.rank() == 4
+            ? TensorView(storage_->data(), view.dtype(),
+                         {view.dim(0), view.dim(1), view.dim(2), view.dim(3)})
+            : TensorView(storage_->data(), view.dtype(), {view.dim(0), view.dim(1), view.dim(2)});
+    kernel_view_ = row_layout_view(contiguous, p, *row_layout_stride(contiguous, group));
+    staged_ = contiguous;
+  }
+  RowLayoutOutput(const RowLayoutOutput&) = delete;
+  RowLayoutOutput& operator=(const RowLayoutOutput&) = delete;
+
+  const TensorView& kernel_view() const { return kernel_view_; }
+  // Copies the stand-in, if any, to the caller's view.
+  void finish() const {
+    if (storage_) copy_to_view(staged_, target_);
+  }
+
+ private:
+  TensorView target_, kernel_view_, staged_;
+  std::optional<ScratchBuffer> storage_;
+};
+
 }  // namespace
 
 const char* generated_flash_attention_kernel(const AttentionProblem& p) {
@@ -142,7 +234,7 @@ bool generated_flash_attention(const AttentionProblem& p) {
   if (!generated_flash_attention_covers(p)) return false;
   install_halide_hooks();
 
-  HalideView q(p.q), k(p.k), v(p.v), out(p.out);
+  HalideView q(p.q), k(p.k), v(p.v);
   // Without bias the variant ignores its bias input; it still needs a valid buffer.
   float unused_bias = 0.0f;
   TensorView no_bias(&unused_bias, DType::f32, {1, 1, 1, 1});
@@ -157,7 +249,8 @@ bool generated_flash_attention(const AttentionProblem& p) {
     lse_scratch.resize(static_cast<std::size_t>(p.batch * p.q_heads * p.q_len));
     lse_view = TensorView(lse_scratch.data(), DType::f32, {p.batch, p.q_heads, p.q_len});
   }
-  HalideView lse(lse_view);
+  const RowLayoutOutput out_rows(p.out, p), lse_rows(lse_view, p);
+  HalideView out(out_rows.kernel_view()), lse(lse_rows.kernel_view());
 
   halide_error_message_of_thread().clear();
   int status = 0;
@@ -181,6 +274,8 @@ bool generated_flash_attention(const AttentionProblem& p) {
   }
   TILELAB_CHECK(status == 0) << "generated flash attention kernel failed (status " << status
                              << "): " << halide_error_message_of_thread();
+  out_rows.finish();
+  lse_rows.finish();
   return true;
 }
 

@@ -45,9 +45,11 @@ struct Case {
   std::int64_t batch = 1;
   std::optional<float> scale;  // default 1/sqrt(D)
   bool with_lse = true;
-  // Memory layouts: q stored as [B, M, H, D] (the usual projection output); out, bias and lse
-  // with padded rows; k/v with their head dim spaced out (not unit stride).
+  // Memory layouts: q stored as [B, M, H, D] (the usual projection output); out and lse stored
+  // as [B, M, H, D] and [B, M, H]; out, bias and lse with padded rows; k/v with their head dim
+  // spaced out (not unit stride).
   bool q_transposed = false;
+  bool out_transposed = false;
   bool out_padded = false;
   bool kv_inner_strided = false;
   bool fp32_probabilities = false;  // bf16: P kept in fp32 instead of bf16 dot products
@@ -91,7 +93,8 @@ std::string describe(const Case& c) {
        << " Hkv=" << c.heads.kv_heads << " M=" << c.lengths.q_len << " N=" << c.lengths.kv_len
        << " D=" << c.head_dim << " mask=" << mask_label(c.mask) << " bias=" << bias_label(c.bias)
        << " scale=" << (c.scale ? std::to_string(*c.scale) : std::string("default"))
-       << (c.q_transposed ? " q[B,M,H,D]" : "") << (c.out_padded ? " out/bias/lse padded" : "")
+       << (c.q_transposed ? " q[B,M,H,D]" : "") << (c.out_transposed ? " out[B,M,H,D]" : "")
+       << (c.out_padded ? " out/bias/lse padded" : "")
        << (c.kv_inner_strided ? " k/v inner stride 2" : "")
        << (c.fp32_probabilities ? " fp32 probabilities" : "");
   return text.str();
@@ -152,7 +155,9 @@ struct Inputs {
         v(c.dtype, {c.batch, c.heads.kv_heads, c.lengths.kv_len, c.head_dim},
           c.kv_inner_strided ? Layout{{}, 0, 2} : Layout{}),
         out(c.dtype, {c.batch, c.heads.q_heads, c.lengths.q_len, c.head_dim},
-            c.out_padded ? Layout{{}, 5, 1} : Layout{}) {
+            c.out_transposed ? Layout{{0, 2, 1, 3}}
+            : c.out_padded   ? Layout{{}, 5, 1}
+                             : Layout{}) {
     Random random(0x5eed0000u + static_cast<std::uint64_t>(c.head_dim * 131 + c.lengths.kv_len));
     // Scores of standard deviation ~1.5 after the 1/sqrt(D) scale: peaked enough that the running
     // maximum matters, flat enough that many keys contribute.
@@ -167,7 +172,9 @@ struct Inputs {
     }
     if (c.with_lse) {
       lse.emplace(DType::f32, std::vector<std::int64_t>{c.batch, c.heads.q_heads, c.lengths.q_len},
-                  c.out_padded ? Layout{{}, 3, 1} : Layout{});
+                  c.out_transposed ? Layout{{0, 2, 1}}
+                  : c.out_padded   ? Layout{{}, 3, 1}
+                                   : Layout{});
       options.lse = lse->view();
     }
     options.causal = c.mask != Mask::none;
@@ -428,6 +435,17 @@ TEST_CASE("flash_attention: strided and transposed views match through automatic
     c.mask = Mask::top_left;
     cases.push_back(c);
     c.out_padded = false;
+    // The generated kernels write out and lse by rows of a kv head's query heads: with a GQA
+    // group, [B, M, H, D] goes through a contiguous copy; without, it is written in place.
+    c.out_transposed = true;
+    c.mask = Mask::bottom_right;
+    cases.push_back(c);
+    c.heads = {3, 3};
+    c.lengths = {41, 70};
+    cases.push_back(c);
+    c.out_transposed = false;
+    c.heads = {4, 2};
+    c.lengths = {113, 203};
     c.kv_inner_strided = true;
     c.mask = Mask::none;
     c.bias = BiasShape::b_m_n;
