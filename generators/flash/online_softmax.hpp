@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <span>
 
 #include "Halide.h"
 #include "generators/flash/stages.hpp"
@@ -75,22 +76,35 @@ inline Halide::Expr softcapped(const Halide::Expr& score, const Halide::Expr& ca
   return reinterpret<float>(select(detail::fp32_bits_is_nan(bits), bits, capped_bits));
 }
 
-// e^x for x in [-80, 0] (finite, not NaN) within about 4e-6 relative error, for probabilities
-// that are rounded to bf16 next (relative step 2^-8): x·log2(e) = n + f with n its integer part
-// (truncated, so f is in (-1, 0]), 2^f by a degree-4 polynomial (a relative least-squares fit on
-// [-1, 0], 2.7e-6 in fp32), and n added to the exponent bits (2^f >= 1/2 and n >= -116: the
-// result stays normal). About half the vector ops of Halide's exp, whose rounding to integers took
-// ymm halves on AVX-512 targets. A common relative error in every P cancels in P·V / Σ P.
-inline Halide::Expr exp_nonpositive(const Halide::Expr& x) {
+// e^x for x in [-87, 0] (the callers clamp; NaN and inf are classified before), in about half
+// the vector ops of Halide's exp, whose rounding to integers ran on ymm halves on AVX-512
+// targets: x = n·ln2 + r with n the integer part of x·log2(e) (truncated, so r is in (-ln2, 0]),
+// e^r by a polynomial (relative least-squares fits on [-ln2, 0]), and n added to the exponent
+// bits (e^r >= 1/2 and n >= -125: the result stays normal). The most error measured over
+// [-87, 0] in fp32: 1.23 ulp, from a degree-6 polynomial and ln2 in two parts (Cody and Waite,
+// kept apart by strict_float); `for_bf16` (probabilities rounded to bf16 next, relative step
+// 2^-8): 6.6e-6 relative, from a degree-4 polynomial and ln2 in one part.
+inline Halide::Expr exp_nonpositive(const Halide::Expr& x, bool for_bf16) {
   using namespace Halide;
-  Expr t = x * 1.44269504088896341f;
-  Expr n = cast<int32_t>(t);
-  Expr f = t - cast<float>(n);
-  Expr p = 0.006767007056623697f;
-  for (float c :
-       {0.053073685616254807f, 0.2393406182527542f, 0.6930299997329712f, 0.9999973773956299f}) {
-    p = p * f + c;
-  }
+  // Highest degree first.
+  static constexpr float kDegree6[] = {0.0009784227004274726f,
+                                       0.007956468500196934f,
+                                       0.04148856922984123f,
+                                       0.1666225790977478f,
+                                       0.4999947249889374f,
+                                       0.9999997615814209f,
+                                       1.0f};
+  static constexpr float kDegree4[] = {0.029315797612071037f, 0.15936991572380066f,
+                                       0.4981571137905121f, 0.9998312592506409f,
+                                       0.9999973773956299f};
+  Expr n = cast<int32_t>(x * 1.44269504088896341f);
+  Expr whole = cast<float>(n);
+  Expr r = for_bf16 ? x - whole * 0.693147180559945309f
+                    : strict_float((x - whole * 0.693359375f) - whole * -2.12194440e-4f);
+  const std::span<const float> coefficients =
+      for_bf16 ? std::span<const float>(kDegree4) : std::span<const float>(kDegree6);
+  Expr p = coefficients[0];
+  for (float c : coefficients.subspan(1)) p = p * r + c;
   return reinterpret<float>(reinterpret<int32_t>(p) + (n << 23));
 }
 
@@ -211,13 +225,11 @@ inline void define_online_softmax(
   // m(jb-1) is a max over no block, kMasked, and the state it rescales is still 0).
   s.rescale(ii, jb, io, hk, b) =
       select(jb == 0, 1.0f, exp(s.running_max(ii, max(jb - 1, 0), io, hk, b) - m_now));
-  // exp's argument is <= 0; the clamp keeps the polynomial away from denormals. Probabilities
-  // rounded to bf16 for their products take the cheaper exp.
+  // exp's argument is <= 0; the clamp keeps the polynomial away from denormals.
   Expr masked = s.masked(ii, jj, jb, io, hk, b);
-  Expr shifted = max(masked - m_now, -80.0f);
   s.prob(ii, jj, jb, io, hk, b) =
       select(masked > S::minus_infinity(),
-             s.bf16_products ? exp_nonpositive(shifted) : exp(shifted), 0.0f);
+             exp_nonpositive(max(masked - m_now, -80.0f), s.bf16_products), 0.0f);
   s.block_sum_in_block(ii, jb, io, hk, b) = 0.0f;
   s.block_sum_in_block(ii, jb, io, hk, b) += s.prob(ii, rj, jb, io, hk, b);
   s.block_sum(ii, jb, io, hk, b) = s.block_sum_in_block(ii, jb, io, hk, b);

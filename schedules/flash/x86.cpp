@@ -24,10 +24,11 @@
 // per (d, row, block), about a third of the FMA work at D = 128, KB = 64. Keeping the running
 // max as its own Func (recomputed from stored block maxima) moves the exps to per-row work.
 // Key blocks: 64 for causal calls, 128 without a causal mask (kPrefillWideTiling: 4-8% faster in
-// fp32 and bf16, measured side by side on Zen 4; 32 was slower). bf16 products take a cheaper exp
-// (online_softmax.hpp, exp_nonpositive): P is rounded to bf16 anyway, and the exps were 13% of a
-// one-thread call (B1 H16 S512 D128; 1.02-1.05x faster with it, Zen 4). Tried, no gain: Halide's
-// fast_exp in fp32 (within noise); software prefetch of the next K/V block in decode (0-10% slower
+// fp32 and bf16, measured side by side on Zen 4; 32 was slower). The probabilities' exps are
+// exp_nonpositive (online_softmax.hpp): 1.23 ulp in half the vector ops of Halide's exp (13-20
+// against about 30 per 16 scores); Halide's took 13% of a one-thread bf16 call (B1 H16 S512 D128).
+// Same-process A/B on Zen 4: fp32 1.01x faster, bf16 (at bf16 accuracy) 1.04-1.05x. Tried, no gain:
+// Halide's fast_exp (within noise); software prefetch of the next K/V block in decode (0-10% slower
 // on Zen 3: the hardware prefetchers already follow the two streams; Halide prefetch two blocks
 // ahead, no change on Zen 4); (m, l) in their own Func fused with compute_with (bounds become
 // unions over both stages' loops: 300x slower); no initialization pass for the state (undef, block
