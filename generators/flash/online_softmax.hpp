@@ -80,7 +80,7 @@ inline Halide::Expr softcapped(const Halide::Expr& score, const Halide::Expr& ca
 // the vector ops of Halide's exp, whose rounding to integers ran on ymm halves on AVX-512
 // targets: x = n·ln2 + r with n the integer part of x·log2(e) (truncated, so r is in (-ln2, 0]),
 // e^r by a polynomial (relative least-squares fits on [-ln2, 0]), and n added to the exponent
-// bits (e^r >= 1/2 and n >= -125: the result stays normal). The most error measured over
+// bits (e^r >= 1/2 and n >= -125: the result stays normal). The largest error measured over
 // [-87, 0] in fp32: 1.23 ulp, from a degree-6 polynomial and ln2 in two parts (Cody and Waite,
 // kept apart by strict_float); `for_bf16` (probabilities rounded to bf16 next, relative step
 // 2^-8): 6.6e-6 relative, from a degree-4 polynomial and ln2 in one part.

@@ -136,8 +136,8 @@ std::optional<std::int64_t> row_layout_stride(const TensorView& view, std::int64
   return std::nullopt;
 }
 
-// `view` ([B, Hq, M, D] out or [B, Hq, M] lse) as the kernels' row layout, of `head_dim` head
-// dims; `row_stride` from row_layout_stride.
+// `view` ([B, Hq, M, D] out or [B, Hq, M] lse) in the kernels' row layout, [B, Hkv, rows, D]
+// (lse: a stride-0 D); `row_stride` from row_layout_stride.
 TensorView row_layout_view(const TensorView& view, const AttentionProblem& p,
                            std::int64_t row_stride) {
   const std::int64_t group = p.q_heads / p.kv_heads;
