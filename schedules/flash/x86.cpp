@@ -25,18 +25,19 @@
 // max as its own Func (recomputed from stored block maxima) moves the exps to per-row work.
 // Key blocks: 64 for causal calls, 128 without a causal mask (kPrefillWideTiling: 4-8% faster in
 // fp32 and bf16, measured side by side on Zen 4; 32 was slower). The probabilities' exps are
-// exp_nonpositive (online_softmax.hpp): 1.23 ulp in half the vector ops of Halide's exp (13-20
-// against about 30 per 16 scores); Halide's took 13% of a one-thread bf16 call (B1 H16 S512 D128).
-// Same-process A/B on Zen 4: fp32 1.01x faster, bf16 (at bf16 accuracy) 1.04-1.05x. Tried, no gain:
-// Halide's fast_exp (within noise); software prefetch of the next K/V block in decode (0-10% slower
-// on Zen 3: the hardware prefetchers already follow the two streams; Halide prefetch two blocks
-// ahead, no change on Zen 4); (m, l) in their own Func fused with compute_with (bounds become
-// unions over both stages' loops: 300x slower); no initialization pass for the state (undef, block
-// 0 writes): the select per merged element cost what the pass did; 64-row query tiles for bf16
-// products (Zen 4: full no faster, causal slower; the tiles that widen K and V gain:
-// kPrefillTallTiling); trimming a diagonal block's masked end with an RDom where-clause on the
-// block's keys (rj <= the tile's last visible key): bounds inference then widened block_pv to a
-// range of blocks and kept the clause as an if in the innermost loop, 1.5x slower everywhere.
+// exp_nonpositive (online_softmax.hpp): 1.23 ulp, and the loop over 16 scores (loads, mask and
+// store included) 25 instructions, or 20 at bf16 accuracy, against 33 with Halide's exp; Halide's
+// took 13% of a one-thread bf16 call (B1 H16 S512 D128). Same-process A/B on Zen 4: fp32 1.01x
+// faster, bf16 (at bf16 accuracy) 1.04-1.05x. Tried, no gain: Halide's fast_exp (within noise);
+// software prefetch of the next K/V block in decode (0-10% slower on Zen 3: the hardware
+// prefetchers already follow the two streams; Halide prefetch two blocks ahead, no change on Zen
+// 4); (m, l) in their own Func fused with compute_with (bounds become unions over both stages'
+// loops: 300x slower); no initialization pass for the state (undef, block 0 writes): the select per
+// merged element cost what the pass did; 64-row query tiles for bf16 products (Zen 4: full no
+// faster, causal slower; the tiles that widen K and V gain: kPrefillTallTiling); trimming a
+// diagonal block's masked end with an RDom where-clause on the block's keys (rj <= the tile's last
+// visible key): bounds inference then widened block_pv to a range of blocks and kept the clause as
+// an if in the innermost loop, 1.5x slower everywhere.
 //
 // bf16 with bf16 products (AVX-512 BF16 targets): the same nest on paired operands. q·k: 2 row
 // vectors of (head-dim pair) × 16 rows and 8 key-pair broadcasts read from K in place → 16
