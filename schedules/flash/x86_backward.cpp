@@ -4,13 +4,13 @@
 // Target assumptions as the forward's (schedules/flash/x86.cpp): AVX-512 (16 lanes, 32 zmm), then
 // AVX2+FMA (8 lanes, 16 ymm), then SSE (4 lanes).
 //
-// Before the pass: each row's query and query head (row_query, row_member), and query_t, dout_t
-// (QT×D per row tile, transposed so rows are contiguous), lse and delta of every row, computed
-// once (the pass visits every row tile once per key block).
+// Before the pass: each row's query and query head (row_query, row_member), and delta of every row.
 // The pass, per task (key chunk of chunk_blocks key blocks, kv head, batch), parallel over tasks:
 //  for each group rg of kBackwardGroupTiles row tiles (their rows stay in cache across the blocks)
 //   dout_f32, query_f32   the group's q and dout rows as they are, in fp32 (once per group: per
 //                         row tile and key block, the copies took 5% of the fp32 pass)
+//   query_t, dout_t       the same rows transposed per row tile (rows contiguous), and each
+//                         row's lse and delta
 //   for each key block rc of the chunk
 //     key_f32, value_f32    the block's K and V in fp32
 //     for each row tile ro of the group that sees the block (causal: the others are skipped)
@@ -125,7 +125,7 @@ void schedule_pairs(FlashBackwardStages& s, generators::FlashBackwardTileStages&
   }
 }
 
-// Per-row inputs of a tile, computed once per row tile.
+// Per-row inputs of the row tiles: transposed q and dout (or their pairs), lse, delta and slope.
 void schedule_rows(FlashBackwardStages& s, generators::FlashBackwardTileStages& t,
                    const LoopLevel& level, int VL) {
   if (s.bf16_products) {
@@ -138,36 +138,6 @@ void schedule_rows(FlashBackwardStages& s, generators::FlashBackwardTileStages& 
   }
   for (Func* f : {&t.row_lse, &t.row_delta, &t.row_slope}) {
     if (f->defined()) f->compute_at(level).vectorize(s.ii, VL);
-  }
-}
-
-// A Func of whole row tiles computed once for the whole call, parallel over (kv head, batch) and,
-// within, over row tiles. The row tile stays a loop of its own: derived from one loop fused with
-// the heads, bounds inference took it for its whole range, and the row transposes allocated room
-// for every tile on the heap, once per tile and 8 head dims.
-Func& at_root_per_row_tile(FlashBackwardStages& s, Func& f) {
-  Var hb("hb");
-  f.compute_root().fuse(s.hk, s.b, hb).parallel(hb).parallel(s.io);
-  return f;
-}
-
-// The per-row inputs of schedule_rows, computed once for the whole call: pass 1 visits every row
-// tile once per key block.
-void schedule_rows_at_root(FlashBackwardStages& s, generators::FlashBackwardTileStages& t, int VL) {
-  std::vector<Func*> rows_in_lanes = {&t.row_lse, &t.row_delta};
-  if (t.row_slope.defined()) rows_in_lanes.push_back(&t.row_slope);
-  if (s.bf16_products) {
-    schedule_pairs(s, t, LoopLevel::root());
-    for (Func* f : {&t.query_pairs, &t.dout_pairs}) at_root_per_row_tile(s, *f);
-  } else {
-    for (auto [transposed, by_row] :
-         {std::pair(t.query_t, t.query_rows), {t.dout_t, t.dout_rows}}) {
-      flash::schedule_row_transpose(at_root_per_row_tile(s, transposed), by_row, s.ii, s.d,
-                                    s.query_tile);
-    }
-  }
-  for (Func* f : rows_in_lanes) {
-    at_root_per_row_tile(s, *f).vectorize(s.ii, VL, TailStrategy::GuardWithIf);
   }
 }
 
@@ -233,15 +203,19 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
     flash::schedule_tile_product(f, s.d, s.jj, s.ri, LoopLevel(s.grad_kv, dout), VL, row_pair);
   }
   schedule_tile(s, s.key_pass, LoopLevel(fused_parent, row_tile), target, "kpass");
-  schedule_rows_at_root(s, s.key_pass, VL);
+  // The rows of a group, per task, while its key blocks pass: computed for the whole call instead,
+  // the row tiles' transposes and pairs went to memory and back (4 MB each at B1 H16 S512 D128).
+  // A task of a key chunk computes its own, once per chunk: in cache, cheaper than a second read.
+  const LoopLevel group_level(fused_parent, s.rg);
+  schedule_rows(s, s.key_pass, group_level, VL);
   if (s.bf16_probabilities) {
     // P and dS of the tile rounded to bf16 (32 rows, the fp32 tiles' layout, per key); dout and
-    // q rows interleaved in pairs once per call.
+    // q rows interleaved in pairs once per group.
     for (Func f : {s.prob_row_pairs, s.dscore_row_pairs}) {
       f.compute_at(fused_parent, row_tile).vectorize(s.pair).vectorize(s.half, VL);
     }
     for (Func* f : {&s.dout_row_pairs, &s.query_row_pairs}) {
-      at_root_per_row_tile(s, *f).vectorize(s.pair).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+      f->compute_at(group_level).vectorize(s.pair).vectorize(s.d, VL, TailStrategy::GuardWithIf);
     }
   } else {
     for (Func f : {s.dout_f32, s.query_f32}) {
@@ -262,9 +236,14 @@ void schedule_flash_attention_backward_x86(FlashBackwardStages& s, const Target&
   }
   // Buffers sized by the head dim (a run-time value) are allocated once per task, not per
   // block or tile: each allocation inside the loops was a call to the allocator.
-  for (Func f : {s.key_pass.key_f32, s.key_pass.value_f32, s.key_pairs, s.dout_f32, s.query_f32}) {
-    f.hoist_storage(s.task_grads, s.task);
+  std::vector<Func> per_task_storage = {s.key_pass.key_f32, s.key_pass.value_f32, s.key_pairs,
+                                        s.dout_f32, s.query_f32};
+  for (Func f : {s.key_pass.query_t, s.key_pass.dout_t, s.key_pass.query_pairs,
+                 s.key_pass.dout_pairs, s.key_pass.row_lse, s.key_pass.row_delta,
+                 s.key_pass.row_slope, s.dout_row_pairs, s.query_row_pairs}) {
+    if (f.defined()) per_task_storage.push_back(f);
   }
+  for (Func f : per_task_storage) f.hoist_storage(s.task_grads, s.task);
   // The tiles of a (row tile, key block) pair and their register-tile products cover one key
   // block, row tile, kv head and batch. Bounds inference cannot always prove these single values
   // (they derive from the task), and a size it cannot prove constant is a heap allocation per
