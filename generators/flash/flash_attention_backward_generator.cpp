@@ -20,7 +20,7 @@
 #include "Halide.h"
 #include "generators/flash/backward_stages.hpp"
 #include "generators/flash/online_softmax.hpp"
-#include "schedules/flash/tiling.hpp"
+#include "schedules/flash/backward_tiling.hpp"
 #include "schedules/flash/x86.hpp"
 #include "schedules/flash/x86_backward.hpp"
 #include "tilelab/detail/fp32_classes.hpp"

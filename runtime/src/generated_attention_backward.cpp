@@ -20,7 +20,7 @@
 #include "flash_bwd_f32.h"
 #include "flash_bwd_f32_options.h"
 #include "halide_glue.hpp"
-#include "schedules/flash/tiling.hpp"
+#include "schedules/flash/backward_tiling.hpp"
 #include "tilelab/error.hpp"
 
 namespace tilelab::detail {

@@ -33,10 +33,6 @@ inline constexpr FlashAttentionTiling kPrefillTallTiling{64, 64, false};
 inline constexpr FlashAttentionTiling kPrefillWideTallTiling{128, 64, false};
 // Decode: 4-row tiles, e.g. one token of a GQA group of 4.
 inline constexpr FlashAttentionTiling kDecodeTiling{64, 4, true};
-// Backward: a 32-row × 64-key tile of P and dS.
-inline constexpr FlashAttentionTiling kBackwardTiling{64, 32, false};
-// Backward: row tiles per group, the rows a task keeps in cache while its key blocks pass.
-inline constexpr int kBackwardGroupTiles = 8;
 
 // Rows per kv head (query rows × GQA group) up to which the runtime runs the decode kernels: up to
 // 8 rows two 4-row passes over K/V still beat one 32-row prefill tile, whose rows would be mostly
