@@ -332,14 +332,16 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
             cast(BFloat(16), t.prob(2 * half + pair, jj, jb, io, hk, b));
         s.dscore_row_pairs(pair, half, jj, jb, io, hk, b) =
             cast(BFloat(16), t.dscore(2 * half + pair, jj, jb, io, hk, b));
-        Expr paired_row = io * QT + 2 * half + pair;
-        Expr pair_query = query_of_row(2 * half + pair);
-        Expr pair_head = head_of_row(2 * half + pair);
+        // Each from two whole rows (as key_pairs): indexed by the pair's own row, every lane of a
+        // vector over (pair, d) was a load of its own (no 16-bit gathers).
         Expr zero = cast(BFloat(16), 0.0f);
-        s.dout_row_pairs(pair, d, half, io, hk, b) =
-            select(paired_row < rows, dout(dim_c, pair_query, pair_head, b), zero);
-        s.query_row_pairs(pair, d, half, io, hk, b) =
-            select(paired_row < rows, q(dim_c, pair_query, pair_head, b), zero);
+        Func dout_rows("dout_rows_bf16"), query_rows("query_rows_bf16");
+        dout_rows(d, ii, io, hk, b) = select(row < rows, dout(dim_c, row_query, row_head, b), zero);
+        query_rows(d, ii, io, hk, b) = select(row < rows, q(dim_c, row_query, row_head, b), zero);
+        s.dout_row_pairs(pair, d, half, io, hk, b) = select(
+            pair == 0, dout_rows(d, 2 * half, io, hk, b), dout_rows(d, 2 * half + 1, io, hk, b));
+        s.query_row_pairs(pair, d, half, io, hk, b) = select(
+            pair == 0, query_rows(d, 2 * half, io, hk, b), query_rows(d, 2 * half + 1, io, hk, b));
         RDom ri(0, 2, 0, QT / 2, "ri");
         s.ri_pair = ri.x;
         s.ri = ri.y;
