@@ -21,6 +21,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 
 # Before numpy loads: its OpenBLAS threads would spin on the cores the kernels run on.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -201,7 +202,8 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
+def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Callable]:
+    """The workload's result, and our call (for print_ratios)."""
     q, k, v = make_inputs(workload, rng)
     options = dict(causal=workload.causal)
     if workload.fp32_probabilities:
@@ -260,7 +262,7 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
             result["torch_kv_gb_per_s"] = result["kv_bytes"] / result["torch_median_s"] * 1e-9
         else:
             result["torch_gflop_per_s"] = workload.flops / result["torch_median_s"] * 1e-9
-    return result
+    return result, ours_call
 
 
 def uses_bf16_dot_products(workload: Workload, peak: dict) -> bool:
@@ -373,46 +375,55 @@ def main() -> None:
           "(median)\n")
 
     rng = np.random.default_rng(0)
-    results, rows = [], []
+    results, rows, ours_calls = [], [], []
     for workload in WORKLOADS:
         if args.filter not in workload.name:
             continue
-        result = run_workload(workload, tilelab, torch, peak, args, rng)
+        result, ours_call = run_workload(workload, tilelab, torch, peak, args, rng)
         results.append(result)
+        ours_calls.append(ours_call)
         rows.append(format_row(result))
     header = ["workload", "dtype", "mask", "tilelab kernel", "ours ms", "torch ms",
               "torch/ours", "ours rate", "of peak", "torch rate"]
     print_table(header, rows, left_aligned=4)
-    print_ratios(results)
+    print_ratios(results, ours_calls, args)
 
     write_json_report(args, "tilelab.bench_flash", tilelab, torch, peak, results)
 
 
-def print_ratios(results: list[dict]) -> None:
+def print_ratios(results: list[dict], ours_calls: list[Callable],
+                 args: argparse.Namespace) -> None:
     """Ratios between our own workloads of this run: bf16 against fp32 at the same shape, causal
-    against full, bf16 dot products against fp32 probabilities."""
-    by_name = {(r["workload"], r["shape"]["dtype"], r["shape"]["causal"]): r["ours_median_s"]
-               for r in results}
-    lines = []
-    for (name, dtype, causal), seconds in by_name.items():
+    against full, bf16 dot products against fp32 probabilities. Each pair is timed again side by
+    side, its two calls alternating: taken from the table, whose workloads ran minutes apart, a
+    ratio would carry the machine's drift between them."""
+    index = {(r["workload"], r["shape"]["dtype"], r["shape"]["causal"]): i
+             for i, r in enumerate(results)}
+    pairs = []  # (what the ratio says, with {ratio}; the faster call's index; the baseline's)
+    for (name, dtype, causal), i in index.items():
         mask = "causal" if causal else "full"
-        fp32 = by_name.get((name, "float32", causal))
+        fp32 = index.get((name, "float32", causal))
         if dtype == "bfloat16" and fp32 is not None:
-            lines.append(f"{name} {mask}: bf16 {fp32 / seconds:.2f}x faster than fp32")
-        full = by_name.get((name, dtype, False))
+            pairs.append((f"{name} {mask}: bf16 {{ratio:.2f}}x faster than fp32", i, fp32))
+        full = index.get((name, dtype, False))
         if causal and full is not None:
-            lines.append(f"{name} {dtype}: causal {full / seconds:.2f}x faster than full")
-        exact = by_name.get((f"{name} fp32 P", dtype, causal))
+            pairs.append((f"{name} {dtype}: causal {{ratio:.2f}}x faster than full", i, full))
+        exact = index.get((f"{name} fp32 P", dtype, causal))
         if exact is not None:
-            lines.append(f"{name} {dtype} {mask}: bf16 P {exact / seconds:.2f}x faster than "
-                         "fp32 P")
+            pairs.append((f"{name} {dtype} {mask}: bf16 P {{ratio:.2f}}x faster than fp32 P", i,
+                          exact))
+    lines = []
+    for text, faster, baseline in pairs:
+        baseline_s, faster_s = alternating_medians(
+            [ours_calls[baseline], ours_calls[faster]], args.warmup, args.repeats)
+        lines.append(text.format(ratio=baseline_s / faster_s))
     print_ours_against_ours(lines)
 
 
 def print_ours_against_ours(lines: list[str]) -> None:
     """Ratios between our own workloads measured in this run, one per line."""
     if lines:
-        print("\nours against ours, same run:")
+        print("\nours against ours, each pair timed side by side (alternating):")
         for line in lines:
             print(f"  {line}")
 

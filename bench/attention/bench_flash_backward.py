@@ -29,6 +29,7 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -67,7 +68,8 @@ OPTION_WORKLOADS = [
 ]
 
 
-def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
+def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Callable]:
+    """The workload's result, and our call (for print_ratios)."""
     q, k, v = make_inputs(workload, rng)
     causal = workload.causal
     out, lse = tilelab.flash_attention(q, k, v, causal=causal, return_lse=True)
@@ -114,7 +116,7 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> dict:
         result["max_abs_difference_from_torch"] = max(
             float(np.max(np.abs(a.astype(np.float32) - b)))
             for a, b in zip(ours, theirs, strict=True))
-    return result
+    return result, ours_call
 
 
 def torch_options_attention(torch, q, k, v, sinks, softcap, window_left):
@@ -196,17 +198,18 @@ def main() -> None:
     print("backward GFLOP/s = 2.5 x 4·B·Hq·M·N·D (half for square causal) / time\n")
 
     rng = np.random.default_rng(0)
-    results, rows = [], []
+    results, rows, ours_calls = [], [], []
     for workload in WORKLOADS:
         if args.filter not in f"{workload.name} {workload.dtype}":
             continue
-        result = run_workload(workload, tilelab, torch, peak, args, rng)
+        result, ours_call = run_workload(workload, tilelab, torch, peak, args, rng)
         results.append(result)
+        ours_calls.append(ours_call)
         rows.append(format_row(result))
     header = ["workload", "dtype", "mask", "ours ms", "torch ms", "torch/ours", "ours rate",
               "of peak", "torch rate", "max |ours - torch|"]
     print_table(header, rows, left_aligned=3)
-    print_ratios(results)
+    print_ratios(results, ours_calls, args)
 
     option_rows = []
     for workload, options in OPTION_WORKLOADS:
