@@ -9,8 +9,8 @@
 //  for each group rg of kBackwardGroupTiles row tiles (their rows stay in cache across the blocks)
 //   dout_f32, query_f32   the group's q and dout rows as they are, in fp32 (once per group: per
 //                         row tile and key block, the copies took 5% of the fp32 pass)
-//   query_t, dout_t       the same rows transposed per row tile (rows contiguous), and each
-//                         row's lse and delta
+//   query_t, dout_t       the same rows transposed per row tile (rows contiguous; bf16
+//                         products: in pairs of head dims), and each row's lse and delta
 //   for each key block rc of the chunk
 //     key_f32, value_f32    the block's K and V in fp32
 //     for each row tile ro of the group that sees the block (causal: the others are skipped)
