@@ -152,20 +152,14 @@ TensorView row_layout_view(const TensorView& view, const AttentionProblem& p,
 void copy_to_view(const TensorView& from, const TensorView& to) {
   const int rank = to.rank();
   const std::int64_t inner = to.dim(rank - 1), inner_stride = to.stride(rank - 1);
-  std::int64_t rows = 1;
-  for (int i = 0; i < rank - 1; ++i) rows *= to.dim(i);
+  const std::int64_t rows = to.numel() / std::max<std::int64_t>(inner, 1);
   const auto element = static_cast<std::int64_t>(dtype_size(to.dtype()));
   const auto* source = static_cast<const std::byte*>(from.data());
   auto* target = static_cast<std::byte*>(to.data());
 #pragma omp parallel for schedule(static) num_threads(num_threads())
   for (std::int64_t r = 0; r < rows; ++r) {
-    std::int64_t offset = 0;
-    for (std::int64_t i = rank - 2, rest = r; i >= 0; --i) {
-      offset += rest % to.dim(static_cast<int>(i)) * to.stride(static_cast<int>(i));
-      rest /= to.dim(static_cast<int>(i));
-    }
     const std::byte* row = source + r * inner * element;
-    std::byte* destination = target + offset * element;
+    std::byte* destination = target + to.element_offset(r * inner) * element;
     if (inner_stride == 1) {
       std::memcpy(destination, row, static_cast<std::size_t>(inner * element));
       continue;
@@ -187,9 +181,7 @@ class RowLayoutOutput {
       kernel_view_ = row_layout_view(view, p, *stride);
       return;
     }
-    std::int64_t elements = 1;
-    for (int i = 0; i < view.rank(); ++i) elements *= view.dim(i);
-    storage_.emplace(static_cast<std::size_t>(elements) * dtype_size(view.dtype()));
+    storage_.emplace(static_cast<std::size_t>(view.numel()) * dtype_size(view.dtype()));
     const TensorView contiguous =
         view.rank() == 4
             ? TensorView(storage_->data(), view.dtype(),

@@ -67,16 +67,6 @@ void store(const TensorView& view, std::int64_t offset, float value) {
   }
 }
 
-// Offset of the element at row-major linear index `linear` of `view`.
-std::int64_t offset_of(const TensorView& view, std::int64_t linear) {
-  std::int64_t offset = 0;
-  for (int d = view.rank() - 1; d >= 0; --d) {
-    offset += (linear % view.dim(d)) * view.stride(d);
-    linear /= view.dim(d);
-  }
-  return offset;
-}
-
 // A contiguous tensor owned here, for inputs converted to the kernel's dtype.
 struct OwnedTensor {
   std::vector<std::uint32_t> storage;  // 4-byte units keep every dtype aligned
@@ -106,7 +96,7 @@ void convert(const TensorView& from, const TensorView& to) {
   const std::int64_t count = from.numel();
 #pragma omp parallel for schedule(static)
   for (std::int64_t linear = 0; linear < count; ++linear) {
-    store(to, offset_of(to, linear), load(from, offset_of(from, linear)));
+    store(to, to.element_offset(linear), load(from, from.element_offset(linear)));
   }
 }
 

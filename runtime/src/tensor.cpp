@@ -101,6 +101,15 @@ std::int64_t TensorView::numel() const {
   return count;
 }
 
+std::int64_t TensorView::element_offset(std::int64_t linear) const {
+  std::int64_t offset = 0;
+  for (int i = rank_ - 1; i >= 0; --i) {
+    offset += linear % shape_[i] * strides_[i];
+    linear /= shape_[i];
+  }
+  return offset;
+}
+
 bool TensorView::is_contiguous() const {
   if (numel() == 0) return true;  // nothing to address, so every layout is as good as row-major
   std::int64_t expected_stride = 1;

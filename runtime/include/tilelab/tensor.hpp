@@ -44,6 +44,8 @@ class TensorView {
   std::int64_t dim(int i) const { return shape_.at(i); }
   std::int64_t stride(int i) const { return strides_.at(i); }
   std::int64_t numel() const;
+  // The offset, in elements from data(), of the element at row-major index `linear`.
+  std::int64_t element_offset(std::int64_t linear) const;
   // True when strides are exactly row-major for the shape (dims of extent 1 are ignored).
   bool is_contiguous() const;
   // [lowest, highest) byte addresses the view can touch; empty views give an empty range.
