@@ -787,10 +787,14 @@ template <DType query_dtype, DType cache_dtype>
 void run_paged_kernel(const PagedProblem& problem) {
   const std::int64_t group = problem.q_heads / problem.kv_heads;
   const std::int64_t folded_rows = std::max(kMaxFoldedRows / group * group, group);
-  // Multi-head decode items, unless one-head items would keep more threads busy.
+  // Multi-head decode items, unless one-head items would keep more threads busy. An item's heads
+  // set its chunks' bounds, and so the summation order: with a forced split, whose result must
+  // not depend on the thread count, the choice follows the processors instead.
+  const std::int64_t threads =
+      problem.split_kv >= 1 ? max_num_threads() / kMaxThreadsPerProcessor : num_threads();
   DecodeLayout decode = decode_layout(problem);
   WorkPlan plan = plan_work(problem, folded_rows, decode.kv_heads);
-  if (decode.kv_heads > 1 && num_threads() > 1 && plan.pieces() < kItemsPerThread * num_threads()) {
+  if (decode.kv_heads > 1 && threads > 1 && plan.pieces() < kItemsPerThread * threads) {
     decode = {};
     plan = plan_work(problem, folded_rows, 1);
   }
