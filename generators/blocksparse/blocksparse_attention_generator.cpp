@@ -13,8 +13,8 @@
 // The stages' dimensions are the dense forward's with b = task; io and hk have extent 1. A task's
 // rows (ii) are (head of the group, query) pairs: the runtime folds a GQA group of F = Hq / Hkv
 // query heads into a task, so one pass over a K/V tile serves the group (decode: a tile of F
-// rows), when its heads share their blocks or, for decode, over the union of their blocks with a
-// per-head mask; otherwise F = 1.
+// rows), when its heads share their blocks; otherwise F = 1. (Over the union of different blocks,
+// a row's masked keys would still meet its p·v as 0 · v, NaN where v is not finite.)
 #include <string>
 
 #include "Halide.h"
@@ -43,9 +43,6 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
   Input<Buffer<int32_t, 2>> tasks{"tasks"};  // (field, task)
   // The key blocks each task visits, sorted: task t's start at its column_begin field.
   Input<Buffer<int32_t, 1>> columns{"columns"};
-  // (head of the group, column entry): whether that query head's layout keeps the block; all 1
-  // when the group's heads share their blocks.
-  Input<Buffer<int32_t, 2>> column_keeps{"column_keeps"};
   Input<int> block_size{"block_size"};
   Input<int> live_tiles{"live_tiles"};      // key tiles every task of this call visits
   Input<int> folded_heads{"folded_heads"};  // F: query heads per task (1 or Hq / Hkv)
@@ -100,15 +97,10 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
         select(causal, min(field(Field::query_position) + row, k_len - 1), k_len - 1);
 
     // Key tile jb of the task: tile jb % tiles_per_block of block columns(column_begin + jb /
-    // tiles_per_block); masked past the block's end, past the row's last key, and where the row's
-    // head does not keep the block.
+    // tiles_per_block); masked past the block's end and past the row's last key.
     Expr column_entry =
         clamp(field(Field::column_begin) + jb / tiles_per_block, 0, columns.dim(0).extent() - 1);
     Expr column = columns(column_entry);
-    Func row_keeps("row_keeps");
-    row_keeps(ii, jb, b) =
-        column_keeps(clamp(row_in_task / rows, 0, column_keeps.dim(0).extent() - 1),
-                     column_entry) != 0;
     tile_first_key(jb, b) = column * block_size + (jb % tiles_per_block) * KT;
     Expr key_in_block = (jb % tiles_per_block) * KT + jj;
     Expr key = tile_first_key(jb, b) + jj;
@@ -139,7 +131,7 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     } else {
       tilelab::generators::define_scores(s, head_dim);
     }
-    Expr visible = is_key && key <= row_key_limit(ii, b) && row_keeps(ii, jb, b);
+    Expr visible = is_key && key <= row_key_limit(ii, b);
     s.masked(ii, jj, jb, io, hk, b) =
         tilelab::generators::classify_score(s.score(ii, jj, jb, io, hk, b), visible);
     tilelab::generators::define_online_softmax(s, live_tiles, {});
@@ -160,7 +152,6 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
     row_head.compute_at(task);
     row_key_limit.compute_at(task);
     tile_first_key.compute_at(s.state, s.rk);
-    row_keeps.compute_at(s.state, s.rk);
     out_f.parallel(b).vectorize(d, VL, TailStrategy::GuardWithIf);
   }
 };

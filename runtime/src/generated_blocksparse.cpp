@@ -37,7 +37,7 @@ namespace tilelab::detail {
 namespace {
 
 using KernelFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
-                         halide_buffer_t*, halide_buffer_t*, int32_t, int32_t, int32_t, bool, float,
+                         halide_buffer_t*, int32_t, int32_t, int32_t, bool, float,
                          halide_buffer_t*);
 
 using schedules::flash::BlockSparseTaskField;
@@ -110,11 +110,12 @@ struct VariantPlan {
   bool tall() const { return tiling.query_tile == kBlockSparsePrefillTallTiling.query_tile; }
 };
 
-// Decode, bound by reading K and V, folds a GQA group whenever the group fits the tile, over the
-// union of the heads' blocks, so each K/V tile is read once per group.
-VariantPlan plan_decode(std::int64_t group) {
+// Decode folds a GQA group when its heads share their blocks and the group fits the tile, so each
+// K/V tile is read once per group. (Over the union of heads' different blocks, a row's masked
+// keys would still meet its p·v as 0 · v, NaN where v is not finite.)
+VariantPlan plan_decode(std::int64_t group, bool shared) {
   VariantPlan plan{kBlockSparseDecodeTiling, 1};
-  if (group <= plan.tiling.query_tile) plan.folded_heads = group;
+  if (shared && group <= plan.tiling.query_tile) plan.folded_heads = group;
   return plan;
 }
 
@@ -185,30 +186,10 @@ struct TaskBatch {
   std::int32_t live_tiles = 0;
   std::vector<std::int32_t> tasks;    // [num_tasks, kBlockSparseTaskFields]
   std::vector<std::int32_t> columns;  // the tasks' key blocks, each task's run sorted
-  std::vector<std::int32_t> keeps;    // [columns, folded heads]: 1 where the head keeps the block
   std::int64_t size() const {
     return static_cast<std::int64_t>(tasks.size()) / kBlockSparseTaskFields;
   }
 };
-
-// Appends a task's key blocks to `batch`: the union of its heads' layout rows, each block marked
-// with the heads that keep it.
-void append_task_columns(const std::vector<std::span<const std::int32_t>>& head_columns,
-                         TaskBatch& batch) {
-  std::vector<std::int32_t> blocks(head_columns.front().begin(), head_columns.front().end());
-  for (std::size_t m = 1; m < head_columns.size(); ++m) {
-    std::vector<std::int32_t> merged;
-    std::set_union(blocks.begin(), blocks.end(), head_columns[m].begin(), head_columns[m].end(),
-                   std::back_inserter(merged));
-    blocks = std::move(merged);
-  }
-  for (const std::int32_t block : blocks) {
-    batch.columns.push_back(block);
-    for (const std::span<const std::int32_t> columns : head_columns) {
-      batch.keeps.push_back(std::binary_search(columns.begin(), columns.end(), block) ? 1 : 0);
-    }
-  }
-}
 
 // Splits each sequence's query rows at layout row-block boundaries and into tasks of
 // rows_per_task() rows of the sequence's variant, for each group of folded query heads; batches
@@ -236,22 +217,17 @@ std::vector<TaskBatch> build_task_batches(const BlockSparseProblem& p, const Var
           set(BlockSparseTaskField::key_token, p.k_starts[seq]);
           set(BlockSparseTaskField::key_count, k_len);
           set(BlockSparseTaskField::head_group, group);
-          std::vector<std::span<const std::int32_t>> head_columns;
-          for (std::int64_t m = 0; m < plan.folded_heads; ++m) {
-            head_columns.push_back(
-                layout.columns(p.layout_head(group * plan.folded_heads + m), row_block));
-          }
-          TaskBatch scratch;
-          append_task_columns(head_columns, scratch);
+          // Folded heads share their blocks (groups_share_blocks).
+          const std::span<const std::int32_t> columns =
+              layout.columns(p.layout_head(group * plan.folded_heads), row_block);
           const std::int32_t live =
-              live_key_tiles(scratch.columns, block_size, plan.tiling.key_block, key_limit);
+              live_key_tiles(columns, block_size, plan.tiling.key_block, key_limit);
           TaskBatch& batch = batches[{is_decode, live}];
           batch.decode = is_decode;
           batch.live_tiles = live;
           set(BlockSparseTaskField::column_begin, static_cast<std::int64_t>(batch.columns.size()));
           batch.tasks.insert(batch.tasks.end(), task.begin(), task.end());
-          batch.columns.insert(batch.columns.end(), scratch.columns.begin(), scratch.columns.end());
-          batch.keeps.insert(batch.keeps.end(), scratch.keeps.begin(), scratch.keeps.end());
+          batch.columns.insert(batch.columns.end(), columns.begin(), columns.end());
         }
       });
   std::vector<TaskBatch> list;
@@ -329,12 +305,13 @@ std::optional<KernelCalls> plan_kernel_calls(const BlockSparseProblem& p) {
     return std::nullopt;
   }
   KernelCalls calls;
-  calls.decode = plan_decode(p.q_heads / p.kv_heads);
-  calls.prefill = plan_prefill(p, groups_share_blocks(p), calls.decode);
+  const bool shared = groups_share_blocks(p);
+  calls.decode = plan_decode(p.q_heads / p.kv_heads, shared);
+  calls.prefill = plan_prefill(p, shared, calls.decode);
   calls.batches = build_task_batches(p, calls.prefill, calls.decode);
   // The kernels index each batch's column list with int32.
   for (const TaskBatch& batch : calls.batches) {
-    if (!fits_int32(static_cast<std::int64_t>(batch.keeps.size()))) return std::nullopt;
+    if (!fits_int32(static_cast<std::int64_t>(batch.columns.size()))) return std::nullopt;
   }
   return calls;
 }
@@ -382,21 +359,16 @@ bool generated_blocksparse_attention(const BlockSparseProblem& p) {
     TensorView tasks(const_cast<std::int32_t*>(batch.tasks.data()), DType::i32,
                      {batch.size(), kBlockSparseTaskFields});
     TensorView task_out_view(task_out.data(), p.dtype, {batch.size(), tile_rows, p.head_dim});
-    // Tasks that keep no block leave the lists empty: the kernel still needs one (unread) entry.
-    std::vector<std::int32_t> columns = batch.columns, keeps = batch.keeps;
-    if (columns.empty()) {
-      columns.assign(1, 0);
-      keeps.assign(static_cast<std::size_t>(plan.folded_heads), 0);
-    }
+    // Tasks that keep no block leave the list empty: the kernel still needs one (unread) entry.
+    std::vector<std::int32_t> columns = batch.columns;
+    if (columns.empty()) columns.assign(1, 0);
     TensorView columns_view(columns.data(), DType::i32,
                             {static_cast<std::int64_t>(columns.size())});
-    TensorView keeps_view(keeps.data(), DType::i32,
-                          {static_cast<std::int64_t>(columns.size()), plan.folded_heads});
     HalideView q(p.q), k(k_view), v(v_view), tasks_h(tasks), columns_h(columns_view),
-        keeps_h(keeps_view), out(task_out_view);
+        out(task_out_view);
     halide_error_message_of_thread().clear();
     const int status = calls->kernel_of(p, batch).run(
-        q.get(), k.get(), v.get(), tasks_h.get(), columns_h.get(), keeps_h.get(),
+        q.get(), k.get(), v.get(), tasks_h.get(), columns_h.get(),
         static_cast<int32_t>(layout.block_size()), batch.live_tiles,
         static_cast<int32_t>(plan.folded_heads), layout.causal(), p.scale, out.get());
     TILELAB_CHECK(status == 0) << "generated block-sparse attention kernel failed (status "

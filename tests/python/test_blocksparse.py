@@ -698,6 +698,37 @@ def test_decode_on_the_paged_kernel_non_finite_scores(rng):
     assert np.isnan(out[1]).all() and np.isnan(out[2]).all()
 
 
+@pytest.mark.parametrize("by_head", [False, True], ids=["token_major", "head_major"])
+def test_generated_decode_with_heads_keeping_different_blocks_non_finite_values(rng, by_head):
+    if not kernels_built(rng):
+        pytest.skip("built without the generated kernels")
+    # One kv head, a group of 4 query heads; in the last row block head 0 keeps blocks 0 and 2,
+    # head 1 block 1, head 2 blocks 0-2 and head 3 block 3.
+    block_mask = np.tril(np.ones((4, 4, 4), dtype=bool))
+    block_mask[:, 3] = [[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 1]]
+    layout = tilelab.BlockSparseLayout.from_dense(block_mask, 16)
+    q, k, v = random_packed(rng, [1], [64], 4, 1, 32, "float32")
+    clean = (q.copy(), k.copy(), v.copy())
+    v[20, 0, 5] = np.nan  # block 1: heads 1 and 2 see it
+    k[40, 0, :] = -1e30  # block 2: heads 0 and 2 see it
+    q[0, 3] = 1e30  # head 3 sees only block 3, its scores overflow to -inf: 0 / 0
+    k[48:, 0, :] = -1e30
+    if by_head:
+        k, v = (np.ascontiguousarray(a.transpose(1, 0, 2)).transpose(1, 0, 2) for a in (k, v))
+    arguments = dict(cu_seqlens_q=cu_seqlens([1]), cu_seqlens_k=cu_seqlens([64]))
+    out = tilelab.blocksparse_attention(q, k, v, layout, implementation="generated", **arguments)
+    # Heads 1 and 2 see value 20's NaN in element 5 (that column only); head 3's sum is 0.
+    for head in (1, 2):
+        assert np.isnan(out[0, head]).tolist() == [d == 5 for d in range(32)]
+    assert np.isnan(out[0, 3]).all()
+    # Head 0 never sees key 20's NaN, and key 40's -inf score weighs 0 in its softmax.
+    expected_k = clean[1].copy()
+    expected_k[40, 0, :] = -1e30
+    expected = reference_blocksparse(clean[0], expected_k, clean[2], layout, *arguments.values())
+    assert np.isfinite(out[0, 0]).all()
+    np.testing.assert_allclose(out[0, 0], expected[0, 0], rtol=1e-5, atol=1e-6)
+
+
 def test_kernels_validates_like_the_call(rng):
     arguments = _valid_call(rng)
     arguments["cu_seqlens_q"] = np.array([1, 10, 11], np.int32)
