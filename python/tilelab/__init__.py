@@ -488,10 +488,10 @@ def blocksparse_attention_kernels(
     ``["blocksparse_bf16_decode", "blocksparse_bf16_prefill_fp32_probabilities_tall"]``. ``ninja
     <name>_listings`` writes a kernel's lowered statement and assembly to ``listings/<name>.stmt``
     and ``.s`` in the build's ``generators`` directory. ``["paged"]`` when the call is decode
-    (one query per sequence) whose query heads keep the same blocks, which runs on the paged
-    kernel's streamed micro-kernels on CPUs with AVX2, FMA and F16C (docs/blocksparse.md). Empty
-    when the call runs on the reference. The choice may depend on :func:`num_threads`. Validates
-    like :func:`blocksparse_attention` and raises the same errors; computes nothing."""
+    (one query per sequence), which runs on the paged kernel's streamed micro-kernels on CPUs
+    with AVX2, FMA and F16C (docs/blocksparse.md). Empty when the call runs on the reference.
+    The choice may depend on :func:`num_threads`. Validates like :func:`blocksparse_attention`
+    and raises the same errors; computes nothing."""
     return _core.blocksparse_attention_kernels(
         q,
         k,

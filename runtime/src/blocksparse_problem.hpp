@@ -51,9 +51,10 @@ void reference_blocksparse_attention(const BlockSparseProblem& problem);
 // cover or none were built (then nothing is written).
 bool generated_blocksparse_attention(const BlockSparseProblem& problem);
 
-// Decode (every sequence's q_len <= 1) whose query heads keep the same blocks, on a CPU that runs
-// the streamed micro-kernels, as a paged problem for paged_kernel_attention: the sequences' blocks
-// as block tables over K and V in place. Nothing for any other problem (blocksparse_paged.cpp).
+// Decode (every sequence's q_len <= 1) on a CPU that runs the streamed micro-kernels, as a paged
+// problem for paged_kernel_attention: the blocks some query head keeps as block tables over K and
+// V in place, and which heads keep which of them where heads differ (PagedProblem::
+// head_sees_block). Nothing for any other problem (blocksparse_paged.cpp).
 std::optional<PagedProblem> blocksparse_decode_as_paged(const BlockSparseProblem& problem);
 
 // The names of the generated kernels generated_blocksparse_attention runs for the problem, sorted;

@@ -12,6 +12,9 @@
 // all those heads are read from memory together.
 // An item whose keys are split into pieces (split-KV) writes each piece's partial state; a second
 // pass merges the pieces in piece order, so the result does not depend on which thread ran what.
+// Block-sparse decode whose heads keep different blocks says which heads see which listed blocks
+// (PagedProblem::head_sees_block): an item folds each run of blocks into the rows of the heads
+// that see it, and skips the blocks that no head of a group sees.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -420,6 +423,7 @@ class PagedKernel {
         value_rows_(kStreamedKeyChunk + kStreamedLookahead),
         far_key_rows_(decode.kv_heads > 1 ? decode.kv_heads * decode.chunk_keys : 0),
         far_value_rows_(far_key_rows_.size()),
+        head_sees_rows_(decode.kv_heads),
         state_(row_capacity, dim_),
         merged_(row_capacity, dim_),
         acc_order_(streamed_acc_order(problem.head_dim)),
@@ -432,24 +436,10 @@ class PagedKernel {
     state_.reset(item_rows(item, group_));
     const auto [first_key, end_key] = piece_keys(item, piece);
     if (item.kv_head_count > 1) return run_heads_piece(item, first_key, end_key);
-    const std::int64_t first_position = p_.first_query_position(item.seq) + item.token_begin;
-    const std::int64_t chunk_keys = streams(item) ? kStreamedKeyChunk : kKeyChunk;
-    for (std::int64_t chunk = first_key; chunk < end_key; chunk += chunk_keys) {
-      const std::int64_t chunk_end = std::min(chunk + chunk_keys, end_key);
-      if (streams(item)) {
-        collected_end_ = std::min(chunk_end + kStreamedLookahead, end_key);
-        collect_rows(item, item.kv_head, chunk, collected_end_);
-      } else {
-        gather_chunk(item, chunk, chunk_end, end_key);
-      }
-      for (std::int64_t t = 0; t < item.tokens; ++t) {
-        const std::int64_t position = first_position + t;
-        const std::int64_t begin = std::max(chunk, p_.first_visible_key(position));
-        const std::int64_t end = std::min(chunk_end, p_.visible_key_end(item.seq, position));
-        if (begin >= end) continue;
-        score_and_merge(item, item.kv_head, t * group_, position, chunk, begin, end, nullptr);
-      }
-    }
+    for_each_seen_run(item, item.kv_head, first_key, end_key,
+                      [&](std::int64_t begin, std::int64_t end, const std::uint8_t* rows_see) {
+                        run_keys(item, begin, end, rows_see);
+                      });
   }
 
   RowStates& state() { return state_; }
@@ -529,6 +519,65 @@ class PagedKernel {
     }
   }
 
+  // Calls f(begin, end, rows_see) for the runs of keys in [first_key, end_key) whose blocks the
+  // same heads of kv head `kv_head`'s group see, skipping those that none sees; rows_see: the
+  // group's head_sees_block entries, or null (one run) when every head sees every block.
+  template <typename F>
+  void for_each_seen_run(const WorkItem& item, std::int64_t kv_head, std::int64_t first_key,
+                         std::int64_t end_key, F&& f) const {
+    if (p_.head_sees_block.empty()) {
+      if (first_key < end_key) f(first_key, end_key, nullptr);
+      return;
+    }
+    const std::int64_t group_head = kv_head * group_;
+    for (std::int64_t block = first_key / p_.block_size; block * p_.block_size < end_key;) {
+      const std::uint8_t* sees = p_.heads_seeing_block(item.seq, block, group_head);
+      std::int64_t run_end = block + 1;
+      while (
+          run_end * p_.block_size < end_key &&
+          std::equal(sees, sees + group_, p_.heads_seeing_block(item.seq, run_end, group_head))) {
+        ++run_end;
+      }
+      if (std::any_of(sees, sees + group_, [](std::uint8_t seen) { return seen != 0; })) {
+        f(std::max(first_key, block * p_.block_size), std::min(end_key, run_end * p_.block_size),
+          sees);
+      }
+      block = run_end;
+    }
+  }
+
+  // True when some head of kv head `kv_head`'s group sees logical block `block` of `seq`.
+  bool group_sees_block(std::int64_t seq, std::int64_t block, std::int64_t kv_head) const {
+    if (p_.head_sees_block.empty()) return true;
+    const std::uint8_t* sees = p_.heads_seeing_block(seq, block, kv_head * group_);
+    return std::any_of(sees, sees + group_, [](std::uint8_t seen) { return seen != 0; });
+  }
+
+  // Keys [first_key, end_key) of a one-kv-head item, chunk by chunk. `rows_see` (group_ entries,
+  // or null for all): which of each token's group rows see these keys.
+  void run_keys(const WorkItem& item, std::int64_t first_key, std::int64_t end_key,
+                const std::uint8_t* rows_see) {
+    const std::int64_t first_position = p_.first_query_position(item.seq) + item.token_begin;
+    const std::int64_t chunk_keys = streams(item) ? kStreamedKeyChunk : kKeyChunk;
+    for (std::int64_t chunk = first_key; chunk < end_key; chunk += chunk_keys) {
+      const std::int64_t chunk_end = std::min(chunk + chunk_keys, end_key);
+      if (streams(item)) {
+        collected_end_ = std::min(chunk_end + kStreamedLookahead, end_key);
+        collect_rows(item, item.kv_head, chunk, collected_end_);
+      } else {
+        gather_chunk(item, chunk, chunk_end, end_key);
+      }
+      for (std::int64_t t = 0; t < item.tokens; ++t) {
+        const std::int64_t position = first_position + t;
+        const std::int64_t begin = std::max(chunk, p_.first_visible_key(position));
+        const std::int64_t end = std::min(chunk_end, p_.visible_key_end(item.seq, position));
+        if (begin >= end) continue;
+        score_and_merge(item, item.kv_head, t * group_, position, chunk, begin, end, nullptr,
+                        rows_see);
+      }
+    }
+  }
+
   // The next chunk's K and V rows that one head's step of a multi-head item prefetches.
   struct FarRows {
     const void* const* keys;
@@ -536,9 +585,16 @@ class PagedKernel {
     std::int64_t count;
   };
 
+  // One head's run of keys within a chunk of a multi-head item (for_each_seen_run).
+  struct HeadRun {
+    std::int64_t head;  // of the item's kv heads
+    std::int64_t begin, end;
+    const std::uint8_t* rows_see;
+  };
+
   // A decode item over several kv heads (decode_layout): each chunk is scored head by head, and
-  // each head's step prefetches its share of the next chunk's rows of all the item's heads, in
-  // address order, into L2.
+  // each head's runs of keys prefetch their share (by keys) of the next chunk's rows of all the
+  // item's heads, in address order, into L2.
   void run_heads_piece(const WorkItem& item, std::int64_t first_key, std::int64_t end_key) {
     const std::int64_t position = p_.first_query_position(item.seq) + item.token_begin;
     const std::int64_t begin = std::max(first_key, p_.first_visible_key(position));
@@ -547,28 +603,51 @@ class PagedKernel {
       const std::int64_t chunk_end = std::min(chunk + decode_.chunk_keys, end);
       const std::int64_t far_count =
           collect_in_address_order(item, chunk_end, std::min(chunk_end + decode_.chunk_keys, end));
+      head_runs_.clear();
+      std::int64_t seen_keys = 0;
       for (std::int64_t h = 0; h < item.kv_head_count; ++h) {
-        collect_rows(item, item.kv_head + h, chunk, chunk_end);
-        const std::int64_t far_begin = h * far_count / item.kv_head_count;
-        const std::int64_t far_end = (h + 1) * far_count / item.kv_head_count;
+        for_each_seen_run(
+            item, item.kv_head + h, chunk, chunk_end,
+            [&](std::int64_t run_begin, std::int64_t run_end, const std::uint8_t* see) {
+              head_runs_.push_back({h, run_begin, run_end, see});
+              seen_keys += run_end - run_begin;
+            });
+      }
+      std::int64_t collected_head = -1, keys_done = 0;
+      for (const HeadRun& run : head_runs_) {
+        if (run.head != collected_head) {
+          collect_rows(item, item.kv_head + run.head, chunk, chunk_end);
+          collected_head = run.head;
+        }
+        const std::int64_t far_begin = keys_done * far_count / seen_keys;
+        keys_done += run.end - run.begin;
+        const std::int64_t far_end = keys_done * far_count / seen_keys;
         const FarRows far{&far_key_rows_[far_begin], &far_value_rows_[far_begin],
                           far_end - far_begin};
-        score_and_merge(item, item.kv_head + h, h * group_, position, chunk, chunk, chunk_end,
-                        &far);
+        score_and_merge(item, item.kv_head + run.head, run.head * group_, position, chunk,
+                        run.begin, run.end, &far, run.rows_see);
       }
     }
   }
 
-  // Lists the K and V rows of keys [key, end) of all the item's heads in address order (the
-  // cache is token-major, decode_layout: key by key, its heads side by side), walking the first
-  // head's rows through the block table. Returns how many.
+  // Lists the K and V rows of keys [key, end) of the item's heads in address order (the cache is
+  // token-major, decode_layout: key by key, its heads side by side), walking the first head's rows
+  // through the block table; with head_sees_block, only rows of blocks some head of the row's
+  // kv head's group sees. Returns how many.
   std::int64_t collect_in_address_order(const WorkItem& item, std::int64_t key, std::int64_t end) {
     const std::int64_t key_head_stride = p_.key_cache.stride(1);
     const std::int64_t value_head_stride = p_.value_cache.stride(1);
-    std::int64_t count = 0;
+    std::int64_t count = 0, block = -1;
     for (CacheRows rows = cache_rows(item, item.kv_head, key, end); rows.key < rows.end;
          advance(item, rows)) {
+      if (rows.key / p_.block_size != block) {
+        block = rows.key / p_.block_size;
+        for (std::int64_t h = 0; h < item.kv_head_count; ++h) {
+          head_sees_rows_[h] = group_sees_block(item.seq, block, item.kv_head + h);
+        }
+      }
       for (std::int64_t h = 0; h < item.kv_head_count; ++h) {
+        if (head_sees_rows_[h] == 0) continue;
         far_key_rows_[count] = rows.key_row + h * key_head_stride;
         far_value_rows_[count] = rows.value_row + h * value_head_stride;
         ++count;
@@ -675,11 +754,13 @@ class PagedKernel {
 
   // Scores of the group rows [row0, row0 + group) of kv head `kv_head` (one query token at
   // `position`) against keys [begin, end) of the gathered or collected chunk starting at `chunk`,
-  // folded into the rows' states. Streamed scoring prefetches `far` into L2, or without it the
-  // collected rows further on.
+  // folded into the rows' states: of the rows that see these keys (`rows_see`, group entries, or
+  // null for all); the others are left as they were. Streamed scoring prefetches `far` into L2,
+  // or without it the collected rows further on.
   void score_and_merge(const WorkItem& item, std::int64_t kv_head, std::int64_t row0,
                        std::int64_t position, std::int64_t chunk, std::int64_t begin,
-                       std::int64_t end, const FarRows* far) {
+                       std::int64_t end, const FarRows* far,
+                       const std::uint8_t* rows_see = nullptr) {
     const std::int64_t count = end - begin;
     const bool streamed = streams(item);
     const bool bf16_dots = streamed_products_ == StreamedProducts::bf16_dots;
@@ -700,6 +781,11 @@ class PagedKernel {
       const std::int64_t r = row0 + g;
       const std::int64_t head = kv_head * group_ + g;
       float* s = &scores_[g * kScoreStride];
+      if (rows_see != nullptr && rows_see[g] == 0) {
+        every_row_counts = false;
+        corrections_[g] = kNegativeInfinity;  // left out of p·v, as a row of -inf scores
+        continue;
+      }
       state_.saw_key[r] = 1;
       if (!streamed) {  // the streaming kernels scale as they store
         for (std::int64_t j = 0; j < count; ++j) s[j] *= score_scale_;
@@ -743,8 +829,16 @@ class PagedKernel {
       accumulate(0, group_);
       return;
     }
-    for (std::int64_t g = 0; g < group_; ++g) {
-      if (corrections_[g] != kNegativeInfinity) accumulate(g, 1);
+    // Runs of the rows that count, each one pass over V.
+    for (std::int64_t g = 0; g < group_;) {
+      if (corrections_[g] == kNegativeInfinity) {
+        ++g;
+        continue;
+      }
+      std::int64_t run_end = g + 1;
+      while (run_end < group_ && corrections_[run_end] != kNegativeInfinity) ++run_end;
+      accumulate(g, run_end - g);
+      g = run_end;
     }
   }
 
@@ -768,7 +862,9 @@ class PagedKernel {
   std::vector<const void*> key_rows_, value_rows_;
   // Multi-head decode items: the next chunk's K and V rows in address order.
   std::vector<const void*> far_key_rows_, far_value_rows_;
-  std::int64_t collected_end_ = 0;  // the key after the last collected row
+  std::vector<HeadRun> head_runs_;    // a chunk's runs (run_heads_piece)
+  std::vector<char> head_sees_rows_;  // per kv head of an item (collect_in_address_order)
+  std::int64_t collected_end_ = 0;    // the key after the last collected row
   RowStates state_, merged_;
   std::vector<std::int32_t> acc_order_;  // streamed_acc_order
   std::vector<float> ordered_row_;       // one row in head-dim order, where acc_order_ permutes

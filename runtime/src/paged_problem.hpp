@@ -37,6 +37,11 @@ struct PagedProblem {
   bool fp32_probabilities = false;  // PagedAttentionOptions::fp32_probabilities
   // Sequences computed elsewhere (nonzero entries; empty: none), which the paged kernel skips.
   std::vector<char> computed_elsewhere;
+  // Which query heads see which blocks of their sequence's table (block-sparse decode whose heads
+  // keep different blocks): nonzero when query head h sees logical block b of sequence s, at
+  // [(s * max_blocks_per_seq + b) * q_heads + h], so that a GQA group's heads are side by side.
+  // Empty: every head sees every block.
+  std::vector<std::uint8_t> head_sees_block;
   // Elements added per sequence to the address of a query, out and lse row: token t of
   // sequence s is at s * seq_stride + t * stride(0). 0 for paged_attention's packed tokens; a
   // batched dense call uses it to address q[b] without a uniform token stride across b.
@@ -49,6 +54,12 @@ struct PagedProblem {
   }
   std::int32_t physical_block(std::int64_t seq, std::int64_t logical_block) const {
     return block_table[seq * max_blocks_per_seq + logical_block];
+  }
+  // head_sees_block's entries of logical block `logical_block` of `seq`, from query head
+  // `first_head` on (head_sees_block must not be empty).
+  const std::uint8_t* heads_seeing_block(std::int64_t seq, std::int64_t logical_block,
+                                         std::int64_t first_head) const {
+    return &head_sees_block[(seq * max_blocks_per_seq + logical_block) * q_heads + first_head];
   }
   // Keys [begin, end) that query position i sees (end <= begin when none). (Window sides are
   // compared before they are added or subtracted: they may be as large as int64 allows.)

@@ -245,8 +245,8 @@ CASES = {
         8, 1, 64, dict(n_heads=1, max_seqlen=160, block_size=32, local_blocks=2, vert_stride=2),
         [3, 1, 90, 8], [150, 70, 130, 9],
     ),
-    # Per-query-head layouts in GQA groups of 4: decode folds each group over the union of its
-    # heads' blocks, masking each head's own; prefill runs one head per task.
+    # Per-query-head layouts in GQA groups of 4: the paged kernel reads each group's K/V once and
+    # folds each head's own blocks in; the generated kernels run one head per task.
     "gqa_4_per_head_layouts_decode": (
         8, 2, 64,
         dict(n_heads=8, max_seqlen=256, block_size=16, local_blocks=2, vert_stride=4,
@@ -575,25 +575,25 @@ def test_kernels_name_one_kernel_per_kind_of_task(rng, restore_num_threads, dtyp
     assert tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments) == sorted(
         [decode, prefill]
     )
-    # Decode alone.
+    # Decode alone: on the paged kernel where the CPU streams cache rows.
     first = dict(cu_seqlens_q=cu_seqlens([1]), cu_seqlens_k=cu_seqlens([300]))
     assert tilelab.blocksparse_attention_kernels(q[:1], k[:300], v[:300], layout, **first) == [
-        decode
+        "paged" if cpu_streams_cache_rows() else decode
     ]
+
     # A head dim read with a stride runs on the reference: no kernel.
     q2, k2, v2 = (np.repeat(a, 2, axis=2)[:, :, ::2] for a in (q, k, v))
     assert tilelab.blocksparse_attention_kernels(q2, k2, v2, layout, **arguments) == []
 
 
-# Decode (one query per sequence) whose query heads all keep the same blocks runs on the paged
-# kernel's streamed micro-kernels, K and V read in place through block tables of those blocks
-# (on CPUs that run them); other decode on the generated decode kernels.
-def decode_on_the_paged_kernel(layout, k_lens):
-    """What blocksparse_attention_kernels should answer "paged" for: every query head keeps the
-    same blocks in each sequence's last row block (each layout head is some query head's)."""
+# Decode (one query per sequence) runs on the paged kernel's streamed micro-kernels, K and V read
+# in place through block tables of the blocks some head keeps (on CPUs that run them); with
+# implementation="generated" on the generated decode kernels.
+def heads_keep_different_blocks(layout, k_lens):
+    """Whether some sequence's query heads keep different blocks in its last row block."""
     dense = layout.to_dense()
     rows = [(k_len - 1) // layout.block_size for k_len in k_lens]
-    return cpu_streams_cache_rows() and all((dense[:, row] == dense[0, row]).all() for row in rows)
+    return any((dense[:, row] != dense[0, row]).any() for row in rows)
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
@@ -607,9 +607,8 @@ def test_decode_matches_sparse_reference(rng, restore_num_threads, case, dtype_n
     q_lens = [1] * len(k_lens)
     q, k, v = random_packed(rng, q_lens, k_lens, q_heads, kv_heads, head_dim, dtype_name)
     arguments = dict(cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=cu_seqlens(k_lens))
-    paged = decode_on_the_paged_kernel(layout, k_lens)
     kernels = tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments)
-    if paged:
+    if cpu_streams_cache_rows():
         assert kernels == ["paged"]
     elif kernels_built(rng):
         assert kernels == [decode_kernel(dtype_name)]
@@ -617,17 +616,18 @@ def test_decode_matches_sparse_reference(rng, restore_num_threads, case, dtype_n
     for threads in (1, 2):
         tilelab.set_num_threads(threads)
         results.append(check(q, k, v, layout, q_lens, k_lens, dtype_name))
+        if kernels_built(rng):
+            check(q, k, v, layout, q_lens, k_lens, dtype_name, implementation="generated")
     # Without split-KV, the threads do not change a result.
     np.testing.assert_array_equal(results[0], results[1])
 
 
-def test_decode_cases_include_both_paths():
-    on_paged = [
-        decode_on_the_paged_kernel(tilelab.BlockSparseLayout.local_strided(**layout_args), k_lens)
+def test_decode_cases_include_heads_keeping_the_same_and_different_blocks():
+    differ = [
+        heads_keep_different_blocks(tilelab.BlockSparseLayout.local_strided(**layout_args), k_lens)
         for _, _, _, layout_args, _, k_lens in CASES.values()
     ]
-    assert any(on_paged) == cpu_streams_cache_rows()
-    assert not all(on_paged)
+    assert any(differ) and not all(differ)
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
@@ -698,9 +698,63 @@ def test_decode_on_the_paged_kernel_non_finite_scores(rng):
     assert np.isnan(out[1]).all() and np.isnan(out[2]).all()
 
 
+# Heads keeping different blocks: the table lists the blocks some head keeps; a GQA group is read
+# once, over the blocks some head of it keeps, and each head folds in only its own.
+def per_head_decode_layout(rng, n_heads, blocks, block_size, causal):
+    """Random per-head blocks; in the last row block head 0 keeps nothing and head 1 everything."""
+    block_mask = rng.random((n_heads, blocks, blocks)) < 0.4
+    if causal:
+        block_mask &= np.tril(np.ones((blocks, blocks), dtype=bool))
+    block_mask[0, -1] = False
+    block_mask[1, -1] = np.tril(np.ones((blocks, blocks), dtype=bool))[-1] if causal else True
+    return tilelab.BlockSparseLayout.from_dense(block_mask, block_size, causal=causal)
+
+
+# (Hq, Hkv, head dim, layout heads, block size): per query head and per kv head layouts, GQA 4
+# and 3, blocks of 1 and 48 keys, and 16 kv heads, whose decode items span some of them (a block
+# that no head of an item keeps is then skipped by that item).
+HETERO_DECODE = {
+    "gqa4_per_query_head": (8, 2, 64, 8, 16),
+    "gqa3_per_query_head_block48": (9, 3, 40, 9, 48),
+    "per_kv_head_block1": (8, 4, 32, 4, 1),
+    "16_kv_heads_d128": (32, 16, 128, 32, 16),
+}
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("case", HETERO_DECODE)
+def test_decode_with_heads_keeping_different_blocks(rng, restore_num_threads, case, causal,
+                                                    dtype_name):
+    q_heads, kv_heads, head_dim, layout_heads, block_size = HETERO_DECODE[case]
+    blocks = -(-200 // block_size) if block_size > 1 else 40
+    layout = per_head_decode_layout(rng, layout_heads, blocks, block_size, causal)
+    max_len = blocks * block_size
+    k_lens = [max_len, 1, block_size, block_size + 1, max_len - 1, max_len // 2 + 3]
+    q_lens = [1] * len(k_lens)
+    assert heads_keep_different_blocks(layout, k_lens)
+    q, k, v = random_packed(rng, q_lens, k_lens, q_heads, kv_heads, head_dim, dtype_name)
+    arguments = dict(cu_seqlens_q=cu_seqlens(q_lens), cu_seqlens_k=cu_seqlens(k_lens))
+    if cpu_streams_cache_rows():
+        assert tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments) == ["paged"]
+    results = []
+    for threads in (1, 2):
+        tilelab.set_num_threads(threads)
+        results.append(check(q, k, v, layout, q_lens, k_lens, dtype_name))
+    np.testing.assert_array_equal(results[0], results[1])
+    # Head 0 keeps no block of the longest sequences' last row block: 0, never NaN.
+    assert (results[0][0, 0] == 0).all()
+    # K and V whose kv heads lie further apart than their tokens: one kv head per decode item.
+    k_by_head, v_by_head = (np.ascontiguousarray(a.transpose(1, 0, 2)).transpose(1, 0, 2)
+                            for a in (k, v))
+    check(q, k_by_head, v_by_head, layout, q_lens, k_lens, dtype_name)
+
+
+@pytest.mark.parametrize("implementation", ["automatic", "generated"])
 @pytest.mark.parametrize("by_head", [False, True], ids=["token_major", "head_major"])
-def test_generated_decode_with_heads_keeping_different_blocks_non_finite_values(rng, by_head):
-    if not kernels_built(rng):
+def test_decode_with_heads_keeping_different_blocks_non_finite_values(rng, by_head,
+                                                                      implementation):
+    if implementation == "generated" and not kernels_built(rng):
         pytest.skip("built without the generated kernels")
     # One kv head, a group of 4 query heads; in the last row block head 0 keeps blocks 0 and 2,
     # head 1 block 1, head 2 blocks 0-2 and head 3 block 3.
@@ -710,13 +764,16 @@ def test_generated_decode_with_heads_keeping_different_blocks_non_finite_values(
     q, k, v = random_packed(rng, [1], [64], 4, 1, 32, "float32")
     clean = (q.copy(), k.copy(), v.copy())
     v[20, 0, 5] = np.nan  # block 1: heads 1 and 2 see it
-    k[40, 0, :] = -1e30  # block 2: heads 0 and 2 see it
-    q[0, 3] = 1e30  # head 3 sees only block 3, its scores overflow to -inf: 0 / 0
+    k[40, 0, :] = -1e30   # block 2: heads 0 and 2 see it
+    q[0, 3] = 1e30        # head 3 sees only block 3, its scores overflow to -inf: 0 / 0
     k[48:, 0, :] = -1e30
     if by_head:
         k, v = (np.ascontiguousarray(a.transpose(1, 0, 2)).transpose(1, 0, 2) for a in (k, v))
     arguments = dict(cu_seqlens_q=cu_seqlens([1]), cu_seqlens_k=cu_seqlens([64]))
-    out = tilelab.blocksparse_attention(q, k, v, layout, implementation="generated", **arguments)
+    if cpu_streams_cache_rows():
+        assert tilelab.blocksparse_attention_kernels(q, k, v, layout, **arguments) == ["paged"]
+    out = tilelab.blocksparse_attention(q, k, v, layout, implementation=implementation,
+                                        **arguments)
     # Heads 1 and 2 see value 20's NaN in element 5 (that column only); head 3's sum is 0.
     for head in (1, 2):
         assert np.isnan(out[0, head]).tolist() == [d == 5 for d in range(32)]
