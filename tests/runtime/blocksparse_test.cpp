@@ -408,3 +408,58 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "blocksparse_attention: decode whose heads keep different blocks matches the reference, "
+    "with K and V token-major and head-major",
+    "[runtime][blocksparse]") {
+  // Hq 32, Hkv 16, D 128: decode items span several kv heads of a token-major cache, and the
+  // blocks a head keeps differ from its group's other heads'. Five sequences decoding one query.
+  const std::int64_t q_heads = 32, kv_heads = 16, dim = 128, block = 16, blocks = 13;
+  const std::vector<std::int64_t> k_lens = {blocks * block, 1, block, block + 1, 131};
+  const auto seqs = static_cast<std::int64_t>(k_lens.size());
+  std::int64_t total_k = 0;
+  for (const std::int64_t len : k_lens) total_k += len;
+  Random random(23);
+  std::vector<std::uint8_t> mask(q_heads * blocks * blocks, 0);
+  for (std::int64_t h = 0; h < q_heads; ++h) {
+    for (std::int64_t r = 0; r < blocks; ++r) {
+      for (std::int64_t c = 0; c <= r; ++c) {
+        // Head 0 keeps nothing in the last row block; head 1 everything.
+        const bool keep = h == 1 || (h != 0 && random.below(5) < 2);
+        mask[(h * blocks + r) * blocks + c] = keep && !(h == 0 && r == blocks - 1);
+      }
+    }
+  }
+  const BlockSparseLayout layout = BlockSparseLayout::from_dense(mask, q_heads, blocks, block);
+  HostTensor q(DType::f32, {seqs, q_heads, dim});
+  HostTensor cu_q(DType::i32, {seqs + 1}), cu_k(DType::i32, {seqs + 1});
+  for (std::int64_t s = 0, start = 0; s < seqs; ++s) {
+    start += k_lens[static_cast<std::size_t>(s)];
+    cu_q.set(s + 1, static_cast<float>(s + 1));
+    cu_k.set(s + 1, static_cast<float>(start));
+  }
+  q.fill_uniform(random, 1.0);
+  for (const bool head_major : {false, true}) {
+    // Head-major: each kv head's tokens contiguous (one-head items).
+    const tilelab_test::Layout kv_layout{head_major ? std::vector<int>{1, 0, 2}
+                                                    : std::vector<int>{}};
+    HostTensor k(DType::f32, {total_k, kv_heads, dim}, kv_layout);
+    HostTensor v(DType::f32, {total_k, kv_heads, dim}, kv_layout);
+    k.fill_uniform(random, 1.0);
+    v.fill_uniform(random, 1.0);
+    HostTensor out(DType::f32, {seqs, q_heads, dim}), expected(DType::f32, {seqs, q_heads, dim});
+    tilelab::BlockSparseAttentionOptions options;
+    tilelab::blocksparse_attention(q.view(), k.view(), v.view(), layout, cu_q.view(), cu_k.view(),
+                                   out.view(), options);
+    options.implementation = tilelab::Implementation::reference;
+    tilelab::blocksparse_attention(q.view(), k.view(), v.view(), layout, cu_q.view(), cu_k.view(),
+                                   expected.view(), options);
+    INFO("head-major K and V: " << head_major);
+    for (std::int64_t i = 0; i < out.numel(); ++i) {
+      REQUIRE(out.get(i) == Approx(expected.get(i)).margin(1e-5));
+    }
+    // Head 0 of the longest sequence keeps no block of its query's row: 0.
+    for (std::int64_t d = 0; d < dim; ++d) REQUIRE(out.get(d) == 0.0f);
+  }
+}
