@@ -110,11 +110,12 @@ struct VariantPlan {
   bool tall() const { return tiling.query_tile == kBlockSparsePrefillTallTiling.query_tile; }
 };
 
-// Decode folds a GQA group when its heads share their blocks and the group fits the tile, so each
-// K/V tile is read once per group. (Over the union of heads' different blocks, a row's masked
-// keys would still meet its p·v as 0 · v, NaN where v is not finite.)
-VariantPlan plan_decode(std::int64_t group, bool shared) {
-  VariantPlan plan{kBlockSparseDecodeTiling, 1};
+// A variant on `tiling` folds a GQA group of `group` heads into a task's rows when the heads share
+// their blocks and the group fits the tile, so that one pass over a K/V tile serves the group.
+// (Over the union of heads' different blocks, prefill would compute blocks some rows do not need,
+// and a row's masked keys would still meet its p·v as 0 · v, NaN where v is not finite.)
+VariantPlan plan_variant(FlashAttentionTiling tiling, std::int64_t group, bool shared) {
+  VariantPlan plan{tiling, 1};
   if (shared && group <= plan.tiling.query_tile) plan.folded_heads = group;
   return plan;
 }
@@ -139,20 +140,15 @@ void for_each_task_rows(const BlockSparseProblem& p, const VariantPlan& prefill,
   }
 }
 
-// Prefill folds a GQA group when its heads share their blocks (a union would compute blocks some
-// rows do not need). Kernels with tall tasks run 64-row tasks instead of 32-row ones when the
-// dense kernels' model says so (schedules/flash/tiling.hpp, widening_tiles_cost): rows split at
-// layout row blocks, so blocks of fewer than 64 rows leave tall tasks mostly padding.
+// Prefill folds GQA groups as plan_variant says. Kernels with tall tasks run 64-row tasks instead
+// of 32-row ones when the dense kernels' model says so (schedules/flash/tiling.hpp,
+// widening_tiles_cost): rows split at layout row blocks, so blocks of fewer than 64 rows leave tall
+// tasks mostly padding.
 VariantPlan plan_prefill(const BlockSparseProblem& p, bool shared, const VariantPlan& decode) {
   const std::int64_t group = p.q_heads / p.kv_heads;
-  const auto plan_of = [&](FlashAttentionTiling tiling) {
-    VariantPlan plan{tiling, 1};
-    if (shared && group <= plan.tiling.query_tile) plan.folded_heads = group;
-    return plan;
-  };
-  const VariantPlan regular = plan_of(kBlockSparsePrefillTiling);
+  const VariantPlan regular = plan_variant(kBlockSparsePrefillTiling, group, shared);
   if (!prefill_has_tall_tasks(p.dtype, p.fp32_probabilities)) return regular;
-  const VariantPlan tall = plan_of(kBlockSparsePrefillTallTiling);
+  const VariantPlan tall = plan_variant(kBlockSparsePrefillTallTiling, group, shared);
   const auto cost = [&](const VariantPlan& plan) {
     std::int64_t tasks = 0;
     for_each_task_rows(p, plan, decode, [&](bool is_decode, const VariantPlan& run, auto...) {
@@ -306,7 +302,7 @@ std::optional<KernelCalls> plan_kernel_calls(const BlockSparseProblem& p) {
   }
   KernelCalls calls;
   const bool shared = groups_share_blocks(p);
-  calls.decode = plan_decode(p.q_heads / p.kv_heads, shared);
+  calls.decode = plan_variant(kBlockSparseDecodeTiling, p.q_heads / p.kv_heads, shared);
   calls.prefill = plan_prefill(p, shared, calls.decode);
   calls.batches = build_task_batches(p, calls.prefill, calls.decode);
   // The kernels index each batch's column list with int32.

@@ -538,7 +538,7 @@ class PagedKernel {
           std::equal(sees, sees + group_, p_.heads_seeing_block(item.seq, run_end, group_head))) {
         ++run_end;
       }
-      if (std::any_of(sees, sees + group_, [](std::uint8_t seen) { return seen != 0; })) {
+      if (group_sees_block(item.seq, block, kv_head)) {
         f(std::max(first_key, block * p_.block_size), std::min(end_key, run_end * p_.block_size),
           sees);
       }
@@ -776,13 +776,11 @@ class PagedKernel {
       dot_rows_with_keys(&q_rows_[row0 * dim_], group_, &keys_[(begin - chunk) * dim_], count, dim_,
                          scores_.data(), kScoreStride);
     }
-    bool every_row_counts = true;
     for (std::int64_t g = 0; g < group_; ++g) {
       const std::int64_t r = row0 + g;
       const std::int64_t head = kv_head * group_ + g;
       float* s = &scores_[g * kScoreStride];
       if (rows_see != nullptr && rows_see[g] == 0) {
-        every_row_counts = false;
         corrections_[g] = kNegativeInfinity;  // left out of p·v, as a row of -inf scores
         continue;
       }
@@ -801,7 +799,6 @@ class PagedKernel {
       if (block_max == kNegativeInfinity) {
         // Every score -inf: nothing contributes (exp(-inf - -inf) would be NaN). Its row must not
         // join the group's p·v either (0 · a non-finite value is NaN).
-        every_row_counts = false;
         corrections_[g] = kNegativeInfinity;
         continue;
       }
@@ -825,11 +822,7 @@ class PagedKernel {
                           acc + first_row * dim_);
       }
     };
-    if (every_row_counts) {
-      accumulate(0, group_);
-      return;
-    }
-    // Runs of the rows that count, each one pass over V.
+    // Runs of the rows that count (usually the whole group), each one pass over V.
     for (std::int64_t g = 0; g < group_;) {
       if (corrections_[g] == kNegativeInfinity) {
         ++g;
