@@ -148,10 +148,10 @@ py::array blocksparse_attention(const py::handle& q, const py::handle& k, const 
 std::vector<std::string> blocksparse_attention_kernels(
     const py::handle& q, const py::handle& k, const py::handle& v, const BlockSparseLayout& layout,
     const py::handle& cu_seqlens_q, const py::handle& cu_seqlens_k, const py::handle& scale,
-    const py::handle& fp32_probabilities) {
+    const py::handle& fp32_probabilities, const py::handle& implementation) {
   const BlockSparseCall call =
       prepare_blocksparse_call(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, py::none(),
-                               fp32_probabilities, py::str("automatic"));
+                               fp32_probabilities, implementation);
   return tilelab::blocksparse_attention_kernels(call.q.view, call.k.view, call.v.view, layout,
                                                 view_int32(call.cu_q), view_int32(call.cu_k),
                                                 call.out.view, call.options);
@@ -218,7 +218,7 @@ void register_blocksparse_bindings(py::module_& core) {
   core.def("blocksparse_attention_kernels", &blocksparse_attention_kernels, py::arg("q"),
            py::arg("k"), py::arg("v"), py::arg("layout"), py::kw_only(), py::arg("cu_seqlens_q"),
            py::arg("cu_seqlens_k"), py::arg("scale") = py::none(),
-           py::arg("fp32_probabilities") = false,
+           py::arg("fp32_probabilities") = false, py::arg("implementation") = "automatic",
            "The names of the generated kernels blocksparse_attention would run for these "
            "arguments, sorted. See tilelab.blocksparse_attention_kernels.");
 }

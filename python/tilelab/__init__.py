@@ -481,17 +481,20 @@ def blocksparse_attention_kernels(
     cu_seqlens_k: np.ndarray,
     scale: float | None = None,
     fp32_probabilities: bool = False,
+    implementation: Implementation = "automatic",
 ) -> list[str]:
     """The names of the generated kernels :func:`blocksparse_attention` would run for these
-    arguments with ``implementation="automatic"``, sorted: one per kind of task the call's
-    sequences make (decode, or prefill in 32- or 64-row tasks), for instance
+    arguments (``implementation`` included), sorted: one per kind of task the call's sequences
+    make (decode, or prefill in 32- or 64-row tasks), for instance
     ``["blocksparse_bf16_decode", "blocksparse_bf16_prefill_fp32_probabilities_tall"]``. ``ninja
     <name>_listings`` writes a kernel's lowered statement and assembly to ``listings/<name>.stmt``
-    and ``.s`` in the build's ``generators`` directory. ``["paged"]`` when the call is decode
-    (one query per sequence), which runs on the paged kernel's streamed micro-kernels on CPUs
-    with AVX2, FMA and F16C (docs/blocksparse.md). Empty when the call runs on the reference.
-    The choice may depend on :func:`num_threads`. Validates like :func:`blocksparse_attention`
-    and raises the same errors; computes nothing."""
+    and ``.s`` in the build's ``generators`` directory. With ``"automatic"``, ``["paged"]`` when
+    the call is decode (one query per sequence), which runs on the paged kernel's streamed
+    micro-kernels on CPUs with AVX2, FMA and F16C (docs/blocksparse.md); ``"generated"`` names
+    the generated decode kernels instead. Empty when the call runs on the reference (always with
+    ``"reference"``). The choice may depend on :func:`num_threads`. Validates like
+    :func:`blocksparse_attention` and raises the same errors (also ValueError for
+    ``"generated"`` on a call no generated kernel covers); computes nothing."""
     return _core.blocksparse_attention_kernels(
         q,
         k,
@@ -501,6 +504,7 @@ def blocksparse_attention_kernels(
         cu_seqlens_k=cu_seqlens_k,
         scale=scale,
         fp32_probabilities=fp32_probabilities,
+        implementation=implementation,
     )
 
 

@@ -101,6 +101,7 @@ def blocksparse_attention_kernels(
     cu_seqlens_k: np.ndarray,
     scale: float | None = None,
     fp32_probabilities: bool = False,
+    implementation: str = "automatic",
 ) -> list[str]: ...
 def paged_attention(
     query: np.ndarray,

@@ -57,8 +57,9 @@ bool generated_blocksparse_attention(const BlockSparseProblem& problem);
 // head_sees_block). Nothing for any other problem (blocksparse_paged.cpp).
 std::optional<PagedProblem> blocksparse_decode_as_paged(const BlockSparseProblem& problem);
 
-// The names of the generated kernels generated_blocksparse_attention runs for the problem, sorted;
-// none when it would return false.
-std::vector<std::string> generated_blocksparse_kernels(const BlockSparseProblem& problem);
+// The names of the generated kernels generated_blocksparse_attention runs for the problem, sorted
+// (empty when it has nothing to compute); nullopt when it would return false.
+std::optional<std::vector<std::string>> generated_blocksparse_kernels(
+    const BlockSparseProblem& problem);
 
 }  // namespace tilelab::detail

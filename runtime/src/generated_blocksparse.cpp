@@ -314,10 +314,10 @@ std::optional<KernelCalls> plan_kernel_calls(const BlockSparseProblem& p) {
 
 }  // namespace
 
-std::vector<std::string> generated_blocksparse_kernels(const BlockSparseProblem& p) {
+std::optional<std::vector<std::string>> generated_blocksparse_kernels(const BlockSparseProblem& p) {
   const std::optional<KernelCalls> calls = plan_kernel_calls(p);
+  if (!calls) return std::nullopt;
   std::vector<std::string> names;
-  if (!calls) return names;
   for (const TaskBatch& batch : calls->batches) names.emplace_back(calls->kernel_of(p, batch).name);
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());

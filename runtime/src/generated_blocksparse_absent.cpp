@@ -6,8 +6,8 @@ namespace tilelab::detail {
 bool generated_blocksparse_attention(const BlockSparseProblem&) {
   return false;
 }
-std::vector<std::string> generated_blocksparse_kernels(const BlockSparseProblem&) {
-  return {};
+std::optional<std::vector<std::string>> generated_blocksparse_kernels(const BlockSparseProblem&) {
+  return std::nullopt;
 }
 
 }  // namespace tilelab::detail

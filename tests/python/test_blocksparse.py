@@ -580,10 +580,26 @@ def test_kernels_name_one_kernel_per_kind_of_task(rng, restore_num_threads, dtyp
     assert tilelab.blocksparse_attention_kernels(q[:1], k[:300], v[:300], layout, **first) == [
         "paged" if cpu_streams_cache_rows() else decode
     ]
+    # The implementation asked for: the generated decode kernel, or none on the reference.
+    kernels = tilelab.blocksparse_attention_kernels
+    assert kernels(q[:1], k[:300], v[:300], layout, implementation="generated", **first) == [
+        decode
+    ]
+    assert kernels(q[:1], k[:300], v[:300], layout, implementation="reference", **first) == []
+    assert kernels(q, k, v, layout, implementation="generated", **arguments) == sorted(
+        [decode, prefill]
+    )
+    assert kernels(q, k, v, layout, implementation="reference", **arguments) == []
 
-    # A head dim read with a stride runs on the reference: no kernel.
+    # A head dim read with a stride runs on the reference: no kernel, and "generated" says so as
+    # blocksparse_attention does.
     q2, k2, v2 = (np.repeat(a, 2, axis=2)[:, :, ::2] for a in (q, k, v))
     assert tilelab.blocksparse_attention_kernels(q2, k2, v2, layout, **arguments) == []
+    for call in (tilelab.blocksparse_attention, tilelab.blocksparse_attention_kernels):
+        with pytest.raises(ValueError, match="implementation: 'generated' does not cover"):
+            call(q2, k2, v2, layout, implementation="generated", **arguments)
+    with pytest.raises(ValueError, match="implementation"):
+        kernels(q, k, v, layout, implementation="fastest", **arguments)
 
 
 # Decode (one query per sequence) runs on the paged kernel's streamed micro-kernels, K and V read

@@ -238,12 +238,21 @@ TEST_CASE("blocksparse_attention_kernels names the kernels a call runs and valid
                                                   call.layout, call.cu_q_view, call.cu_k_view,
                                                   call.out_view, call.options);
   };
+  const std::vector<std::string> generated = {"blocksparse_f32_decode", "blocksparse_f32_prefill"};
 #ifdef TILELAB_HAVE_KERNELS
   // 10 queries of a GQA group of 2 make prefill tasks; the single query, a decode task.
-  CHECK(kernels() == std::vector<std::string>{"blocksparse_f32_decode", "blocksparse_f32_prefill"});
+  CHECK(kernels() == generated);
+  call.options.implementation = tilelab::Implementation::generated;
+  CHECK(kernels() == generated);
 #else
   CHECK(kernels().empty());
+  call.options.implementation = tilelab::Implementation::generated;
+  CHECK_THROWS_WITH(kernels(), Catch::Matchers::StartsWith(
+                                   "implementation: 'generated' does not cover this call"));
 #endif
+  call.options.implementation = tilelab::Implementation::reference;
+  CHECK(kernels().empty());
+  call.options.implementation = tilelab::Implementation::automatic;
   ValidCall::set_cu(call.cu_q, {1, 10, 11});
   CHECK_THROWS_WITH(kernels(), Catch::Matchers::StartsWith("cu_seqlens_q: expected 0 at index 0"));
 }

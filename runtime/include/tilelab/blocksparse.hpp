@@ -130,14 +130,16 @@ void blocksparse_attention(const TensorView& q, const TensorView& k, const Tenso
                            const TensorView& cu_seqlens_k, const TensorView& out,
                            const BlockSparseAttentionOptions& options = {});
 
-// The generated kernels blocksparse_attention runs for these arguments under
-// Implementation::automatic, by name, sorted: one per variant the call's sequences take (e.g.
+// The generated kernels blocksparse_attention runs for these arguments (options.implementation
+// included), by name, sorted: one per variant the call's sequences take (e.g.
 // {"blocksparse_bf16_decode", "blocksparse_bf16_prefill_fp32_probabilities_tall"}; the target
 // <name>_listings writes a kernel's lowered statement and assembly to listings/<name>.stmt and .s
-// in the build's generators directory). {"paged"} for decode (one query per sequence), which
-// runs on the paged kernel's streamed micro-kernels on CPUs with AVX2, FMA and F16C. Empty when the
-// call runs on the reference. The choice may depend on num_threads(). Validates like
-// blocksparse_attention (out is not written).
+// in the build's generators directory). Under Implementation::automatic, {"paged"} for decode (one
+// query per sequence), which runs on the paged kernel's streamed micro-kernels on CPUs with AVX2,
+// FMA and F16C. Empty when the call runs on the reference (always, under
+// Implementation::reference). The choice may depend on num_threads(). Validates like
+// blocksparse_attention and throws what it throws, including for Implementation::generated on a
+// call no generated kernel covers (out is not written).
 std::vector<std::string> blocksparse_attention_kernels(
     const TensorView& q, const TensorView& k, const TensorView& v, const BlockSparseLayout& layout,
     const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, const TensorView& out,
