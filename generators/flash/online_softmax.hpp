@@ -12,6 +12,7 @@
 
 #include "Halide.h"
 #include "generators/flash/stages.hpp"
+#include "tilelab/detail/exp_nonpositive.hpp"
 #include "tilelab/detail/fp32_classes.hpp"
 #include "tilelab/error.hpp"
 
@@ -76,33 +77,19 @@ inline Halide::Expr softcapped(const Halide::Expr& score, const Halide::Expr& ca
   return reinterpret<float>(select(detail::fp32_bits_is_nan(bits), bits, capped_bits));
 }
 
-// e^x for x in [-87, 0] (the callers clamp; NaN and inf are classified before), in about half
-// the vector ops of Halide's exp, whose rounding to integers ran on ymm halves on AVX-512
-// targets: x = n·ln2 + r with n the integer part of x·log2(e) (truncated, so r is in (-ln2, 0]),
-// e^r by a polynomial (relative least-squares fits on [-ln2, 0]), and n added to the exponent
-// bits (e^r >= 1/2 and n >= -125: the result stays normal). The largest error measured over
-// [-87, 0] in fp32: 1.23 ulp, from a degree-6 polynomial and ln2 in two parts (Cody and Waite,
-// kept apart by strict_float); `for_bf16` (probabilities rounded to bf16 next, relative step
-// 2^-8): 6.6e-6 relative, from a degree-4 polynomial and ln2 in one part.
+// e^x for x in [-87, 0] (the callers clamp; NaN and inf are classified before), as
+// tilelab/detail/exp_nonpositive.hpp describes, in about half the vector ops of Halide's exp, whose
+// rounding to integers ran on ymm halves on AVX-512 targets. `for_bf16`: the degree-4 polynomial
+// and ln2 in one part, for probabilities rounded to bf16 next.
 inline Halide::Expr exp_nonpositive(const Halide::Expr& x, bool for_bf16) {
   using namespace Halide;
-  // Highest degree first.
-  static constexpr float kDegree6[] = {0.0009784227004274726f,
-                                       0.007956468500196934f,
-                                       0.04148856922984123f,
-                                       0.1666225790977478f,
-                                       0.4999947249889374f,
-                                       0.9999997615814209f,
-                                       1.0f};
-  static constexpr float kDegree4[] = {0.029315797612071037f, 0.15936991572380066f,
-                                       0.4981571137905121f, 0.9998312592506409f,
-                                       0.9999973773956299f};
-  Expr n = cast<int32_t>(x * 1.44269504088896341f);
+  using E = detail::ExpNonpositive;
+  Expr n = cast<int32_t>(x * E::kLog2E);
   Expr whole = cast<float>(n);
-  Expr r = for_bf16 ? x - whole * 0.693147180559945309f
-                    : strict_float((x - whole * 0.693359375f) - whole * -2.12194440e-4f);
+  Expr r =
+      for_bf16 ? x - whole * E::kLn2 : strict_float((x - whole * E::kLn2High) - whole * E::kLn2Low);
   const std::span<const float> coefficients =
-      for_bf16 ? std::span<const float>(kDegree4) : std::span<const float>(kDegree6);
+      for_bf16 ? std::span<const float>(E::kDegree4) : std::span<const float>(E::kDegree6);
   Expr p = coefficients[0];
   for (float c : coefficients.subspan(1)) p = p * r + c;
   return reinterpret<float>(reinterpret<int32_t>(p) + (n << 23));
