@@ -141,8 +141,8 @@ inline float softmax_block_update(float* s, std::int64_t visible, float block_ma
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // e^x for x <= 0 in 16 lanes, as tilelab/detail/exp_nonpositive.hpp computes it (the degree-6
-// polynomial: 1.23 ulp, against SLEEF's 1): 0 below -87 (where fp32's e^x is at most a denormal,
-// and for -inf), NaN for NaN.
+// polynomial: 1.23 ulp, against SLEEF's 1): 0 below -87 (and for -inf), where e^x is below
+// 1.7e-38, next to fp32's smallest normal; NaN for NaN.
 __attribute__((target("avx512f"))) inline __m512 exp_nonpositive_avx512(__m512 x) {
   using E = ExpNonpositive;
   const __m512i n = _mm512_cvttps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(E::kLog2E)));
