@@ -254,16 +254,34 @@ double measure_block_read_gb_per_s(int threads, std::int64_t bytes, std::int64_t
   return best;
 }
 
-// Block sizes measured: one kv head's 16-key block of head dim 128 in bf16 and in fp8.
-constexpr std::int64_t kReadBlockBytes[] = {2048, 4096};
+// Block sizes measured by default: one kv head's 16-key block of head dim 128 in bf16 and in fp8.
+const std::vector<std::int64_t> kDefaultReadBlockBytes = {2048, 4096};
+
+// "--read-blocks 2048,32768": positive multiples of 64 bytes (whole cache lines); empty on any
+// other text.
+std::vector<std::int64_t> parse_block_bytes(const std::string& text) {
+  std::vector<std::int64_t> sizes;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    char* end = nullptr;
+    const long long bytes = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || bytes <= 0 || bytes % 64 != 0) return {};
+    sizes.push_back(bytes);
+    start = comma + 1;
+  }
+  return sizes;
+}
 
 void usage() {
   std::fprintf(stderr,
                "usage: tilelab_machine_peak [--threads N] [--fma-iterations K] "
-               "[--triad-mib MIB] [--trials T] [--bandwidth-only]\n"
+               "[--triad-mib MIB] [--trials T] [--bandwidth-only] [--read-blocks B1,B2,...]\n"
                "  prints JSON: fp32 FMA and bf16 dot peaks (GFLOP/s; null with --bandwidth-only),\n"
-               "  STREAM triad bandwidth and random-order, prefetched reads of 2 and 4 KiB blocks\n"
-               "  of two arrays (GB/s)\n");
+               "  STREAM triad bandwidth and random-order, prefetched reads of blocks of two\n"
+               "  arrays (GB/s), of 2048 and 4096 bytes or of the --read-blocks sizes (positive\n"
+               "  multiples of 64 bytes, at most the triad array)\n");
 }
 
 }  // namespace
@@ -274,6 +292,7 @@ int main(int argc, char** argv) {
   std::int64_t triad_mib = 256;              // per array: far beyond any L3 on this class of CPU
   int trials = 5;
   bool bandwidth_only = false;
+  std::vector<std::int64_t> read_block_bytes = kDefaultReadBlockBytes;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
@@ -287,12 +306,19 @@ int main(int argc, char** argv) {
       trials = std::atoi(argv[++i]);
     } else if (arg == "--bandwidth-only") {
       bandwidth_only = true;
+    } else if (arg == "--read-blocks" && has_value) {
+      read_block_bytes = parse_block_bytes(argv[++i]);
     } else {
       usage();
       return arg == "--help" || arg == "-h" ? 0 : 2;
     }
   }
-  if (threads < 1 || fma_iterations < 1 || triad_mib < 1 || trials < 1) {
+  const std::int64_t triad_elements = triad_mib * 1024 * 1024 / 8;
+  const bool blocks_fit =
+      std::all_of(read_block_bytes.begin(), read_block_bytes.end(),
+                  [&](std::int64_t bytes) { return bytes <= triad_elements * 8; });
+  if (threads < 1 || fma_iterations < 1 || triad_mib < 1 || trials < 1 ||
+      read_block_bytes.empty() || !blocks_fit) {
     usage();
     return 2;
   }
@@ -313,11 +339,10 @@ int main(int argc, char** argv) {
       bf16_peak = text;
     }
   }
-  const std::int64_t triad_elements = triad_mib * 1024 * 1024 / 8;
   const double triad_gb_per_s = measure_triad_gb_per_s(threads, triad_elements, trials);
 
   std::string block_reads;
-  for (const std::int64_t block_bytes : kReadBlockBytes) {
+  for (const std::int64_t block_bytes : read_block_bytes) {
     char text[64];
     std::snprintf(text, sizeof text, "%s\"%lld\": %.2f", block_reads.empty() ? "" : ", ",
                   static_cast<long long>(block_bytes),
