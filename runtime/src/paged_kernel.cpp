@@ -802,8 +802,8 @@ class PagedKernel {
         corrections_[g] = kNegativeInfinity;
         continue;
       }
-      corrections_[g] =
-          softmax_block_update_fast(s, count, block_max, state_.max[r], state_.sum[r]);
+      corrections_[g] = softmax_block_update(s, count, block_max, state_.max[r], state_.sum[r],
+                                             SoftmaxExp::polynomial_on_avx512);
       // bf16 dot products round P themselves; the fp32 products read it rounded.
       if (rounds_probabilities_ && !(streamed && bf16_dots)) {
         for (std::int64_t j = 0; j < count; ++j) s[j] = round_to_dtype(s[j], DType::bf16);

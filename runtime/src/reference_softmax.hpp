@@ -118,23 +118,6 @@ inline void exp_shifted_in_place(float* x, std::int64_t count, float shift) {
   for (; j < count; ++j) x[j] = Sleef_expf_u10(x[j] - shift);
 }
 
-// Turns one block of a row's scores s[0, visible) into probabilities relative to the row's new
-// running max, updating the row's (max, sum); returns the factor the row's accumulator must be
-// multiplied by before the block's p·v is added. block_max is the scores' nan_propagating_max and
-// not -inf (a block whose scores are all -inf contributes nothing: skip it, exp(-inf - -inf) would
-// be NaN). NaN or +inf among the scores makes s - new_max NaN for that key, and so the row's sum
-// and output.
-inline float softmax_block_update(float* s, std::int64_t visible, float block_max, float& row_max,
-                                  float& row_sum) {
-  const float new_max = nan_propagating_max(row_max, block_max);
-  const float correction = Sleef_expf_u10(row_max - new_max);  // 0 on the first block
-  exp_shifted_in_place(s, visible, new_max);
-  const float block_sum = block_sum_of(s, visible);
-  row_sum = row_sum * correction + block_sum;
-  row_max = new_max;
-  return correction;
-}
-
 // GCC 12's AVX-512 headers trip -Wuninitialized in their own masked intrinsics (GCC bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -184,16 +167,30 @@ __attribute__((target("avx512f"))) inline float exp_shifted_sum_avx512(float* s,
 
 #pragma GCC diagnostic pop
 
-// softmax_block_update with the exp on exp_nonpositive_avx512, fused with the block's sum, where
-// the CPU has AVX-512 (elsewhere softmax_block_update itself): the paged kernel's softmax, where
-// SLEEF's exp and the separate sum took about 7% of decode with the cache in L2 (Zen 4).
-inline float softmax_block_update_fast(float* s, std::int64_t visible, float block_max,
-                                       float& row_max, float& row_sum) {
+// Which exp softmax_block_update runs: SLEEF's (1 ulp), or, where the CPU has AVX-512,
+// exp_nonpositive_avx512 fused with the block's sum (SLEEF elsewhere). The paged kernel takes the
+// second: SLEEF's exp and the separate sum took about 7% of its decode with the cache in L2
+// (Zen 4).
+enum class SoftmaxExp { sleef, polynomial_on_avx512 };
+
+// Turns one block of a row's scores s[0, visible) into probabilities relative to the row's new
+// running max, updating the row's (max, sum); returns the factor the row's accumulator must be
+// multiplied by before the block's p·v is added. block_max is the scores' nan_propagating_max and
+// not -inf (a block whose scores are all -inf contributes nothing: skip it, exp(-inf - -inf) would
+// be NaN). NaN or +inf among the scores makes s - new_max NaN for that key, and so the row's sum
+// and output.
+inline float softmax_block_update(float* s, std::int64_t visible, float block_max, float& row_max,
+                                  float& row_sum, SoftmaxExp kind = SoftmaxExp::sleef) {
   static const bool avx512 = cpu_runs_avx512();
-  if (!avx512) return softmax_block_update(s, visible, block_max, row_max, row_sum);
   const float new_max = nan_propagating_max(row_max, block_max);
   const float correction = Sleef_expf_u10(row_max - new_max);  // 0 on the first block
-  const float block_sum = exp_shifted_sum_avx512(s, visible, new_max);
+  float block_sum;
+  if (kind == SoftmaxExp::polynomial_on_avx512 && avx512) {
+    block_sum = exp_shifted_sum_avx512(s, visible, new_max);
+  } else {
+    exp_shifted_in_place(s, visible, new_max);
+    block_sum = block_sum_of(s, visible);
+  }
   row_sum = row_sum * correction + block_sum;
   row_max = new_max;
   return correction;
