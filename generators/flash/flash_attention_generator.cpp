@@ -85,6 +85,7 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     s.bf16_products = tilelab::schedules::uses_bf16_products(bf16_products, io_type.value(), decode,
                                                              get_target());
     s.operands_at_root = score_options;
+    s.split_state = tiling.every_block_live;
     TILELAB_REQUIRE(!score_options || (!has_bias && !decode))
         << "score_options: a prefill variant without bias only";
 

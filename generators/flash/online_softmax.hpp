@@ -239,13 +239,26 @@ inline void define_online_softmax(
         s.prob(ii, rj, jb, io, hk, b) * s.value_f32(d, rj, jb, hk, b);
   }
 
-  // Merge block rk into (m, l, o): two FMAs per element, the exps were per row.
+  // Merge block rk into (m, l, o): two FMAs per element, the exps were per row. With
+  // s.split_state, one FMA per element and (m, l) per row (row_stats, out_sum).
   RDom rk(0, num_blocks, "rk");
   if (block_is_live) rk.where(block_is_live(rk));
   if (first_block.defined()) rk.where(rk >= first_block);
   s.rk = rk.x;
-  s.state(d, ii, io, hk, b) = {S::kMasked, 0.0f, 0.0f};
   Expr alpha = s.rescale(ii, rk, io, hk, b);
+  if (s.split_state) {
+    s.row_stats(ii, io, hk, b) = {S::kMasked, 0.0f};
+    s.row_stats(ii, io, hk, b) = {
+        s.running_max(ii, rk, io, hk, b),
+        s.row_stats(ii, io, hk, b)[1] * alpha + s.block_sum(ii, rk, io, hk, b)};
+    s.out_sum(d, ii, io, hk, b) = 0.0f;
+    s.out_sum(d, ii, io, hk, b) =
+        s.out_sum(d, ii, io, hk, b) * alpha + s.block_pv(d, ii, rk, io, hk, b);
+    Tuple row = s.row_stats(ii, io, hk, b);
+    s.state(d, ii, io, hk, b) = {row[0], row[1], s.out_sum(d, ii, io, hk, b)};
+    return;
+  }
+  s.state(d, ii, io, hk, b) = {S::kMasked, 0.0f, 0.0f};
   s.state(d, ii, io, hk, b) = {
       s.running_max(ii, rk, io, hk, b),
       s.state(d, ii, io, hk, b)[1] * alpha + s.block_sum(ii, rk, io, hk, b),

@@ -51,6 +51,10 @@ struct FlashAttentionStages {
   Halide::Func block_pv{"block_pv"};    // (d, ii, jb, io, hk, b) Σ prob · v
   Halide::Func state{
       "state"};  // (d, ii, io, hk, b) Tuple(running max, running sum, unnormalized out)
+  // With split_state, `state` reads its parts from two Funcs that the merge updates side by side:
+  // (m, l) once per row instead of once per (head dim, row) beside o.
+  Halide::Func row_stats{"row_stats"};  // (ii, io, hk, b) Tuple(running max, running sum)
+  Halide::Func out_sum{"out_sum"};      // (d, ii, io, hk, b) unnormalized out
   // (d, ii, io, hk, b) Tuple(out, lse) of finished rows in the state's layout.
   Halide::Func out_rows{"out_rows"};
   Halide::Func row_lse_and_scale{
@@ -75,9 +79,12 @@ struct FlashAttentionStages {
   bool value_is_f32 = false;  // K and V are fp32 already: read in place, no conversion copy
   // V (and 16-bit K) as fp32 copies made once per call (the score options variant).
   bool operands_at_root = false;
-  int key_block = 0;      // keys per block
-  int query_tile = 0;     // rows per query tile
-  bool decode = false;    // few rows per kv head: head dim in the vector lanes for q·k
+  int key_block = 0;    // keys per block
+  int query_tile = 0;   // rows per query tile
+  bool decode = false;  // few rows per kv head: head dim in the vector lanes for q·k
+  // The merge keeps (m, l) in row_stats and o in out_sum: only for kernels whose calls merge every
+  // key block (tiling.hpp, every_block_live), as the fused block loop computes every block.
+  bool split_state = false;
   int decode_lanes = 16;  // lanes of score_partial
   // With a bias, its strides across rows and query heads: both 0 when it is broadcast over them
   // (a key padding mask), and then a tile's rows (in the vector lanes) read one value per key.

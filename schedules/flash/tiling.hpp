@@ -15,6 +15,11 @@ struct FlashAttentionTiling {
   // Few rows per kv head: q·k accumulates with the head dim in the vector lanes (per-lane partial
   // sums, one horizontal sum per score) instead of the rows.
   bool decode = false;
+  // The runtime runs the tiling only on calls without a causal mask (pick_kernel), whose tiles
+  // merge every key block: the merge then keeps (m, l) once per row, in a Func of its own updated
+  // in the merge's block loop (FlashAttentionStages::split_state). That fused loop computes the
+  // per-block stages for every block, even those a causal bound skips (the results stay right).
+  bool every_block_live = false;
 };
 
 // Prefill: 32-row tiles keep 2 row vectors × 8 keys of scores in registers (schedules/flash/x86).
@@ -24,13 +29,13 @@ inline constexpr FlashAttentionTiling kPrefillTiling{64, 32, false};
 // more of the masked triangle (B1 H16 S512 D128 on Zen 4, 2 threads: bf16 full 7.7 vs 8.0 ms,
 // causal 5.0 vs 4.7-4.9 ms). For causal calls, 128-key blocks measured side by side 2-4% slower
 // at S 512, even at 1024 and 0-7% faster at 2048-4096: too little to switch on length.
-inline constexpr FlashAttentionTiling kPrefillWideTiling{128, 32, false};
+inline constexpr FlashAttentionTiling kPrefillWideTiling{128, 32, false, true};
 // Prefill whose 16-bit K and V are widened to fp32 per (query tile, key block), for products on
 // fp32 FMAs: 64-row tiles widen each block once per 64 rows instead of 32. B1 H16 S512 D128 on
 // Emerald Rapids, 2 threads: bf16 full 11.0 -> 10.3 ms, causal 6.9 -> 6.5; fp16 full 10.8 -> 10.0.
 // fp32, read in place, was no faster. The runtime picks them per call (prefers_tall_query_tiles).
 inline constexpr FlashAttentionTiling kPrefillTallTiling{64, 64, false};
-inline constexpr FlashAttentionTiling kPrefillWideTallTiling{128, 64, false};
+inline constexpr FlashAttentionTiling kPrefillWideTallTiling{128, 64, false, true};
 // Decode: 4-row tiles, e.g. one token of a GQA group of 4.
 inline constexpr FlashAttentionTiling kDecodeTiling{64, 4, true};
 

@@ -15,7 +15,8 @@
 //                       (AVX-512: 2 V vectors + 8 prob broadcasts per key → 16 FMAs, 10 loads;
 //                       bf16 pairs and decode: (4·VL) × 4, 4 V vectors + 4 broadcasts; AVX2:
 //                       half the rows)
-//     state merge      (m, l, o): o · rescale + block_pv, two FMAs per element
+//     state merge      (m, l, o): o · rescale + block_pv, two FMAs per element; kernels
+//                       without a causal mask keep (m, l) per row (split_state), one FMA
 //   out, lse           the tile's rows normalized and written to the outputs (row layout)
 // Register budget: AVX-512 16 accumulators + 2–4 operands, 20/32 zmm; AVX2 8 + 2–4, 12/16 ymm.
 //
@@ -31,8 +32,7 @@
 // faster, bf16 (at bf16 accuracy) 1.04-1.05x. Tried, no gain: Halide's fast_exp (within noise);
 // software prefetch of the next K/V block in decode (0-10% slower on Zen 3: the hardware
 // prefetchers already follow the two streams; Halide prefetch two blocks ahead, no change on Zen
-// 4); (m, l) in their own Func fused with compute_with (bounds become unions over both stages'
-// loops: 300x slower); no initialization pass for the state (undef, block 0 writes): the select per
+// 4); no initialization pass for the state (undef, block 0 writes): the select per
 // merged element cost what the pass did; 64-row query tiles for bf16 products (Zen 4: full no
 // faster, causal slower; the tiles that widen K and V gain: kPrefillTallTiling); trimming a
 // diagonal block's masked end with an RDom where-clause on the block's keys (rj <= the tile's last
@@ -121,9 +121,11 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   const int RV = std::min(VL, QT);  // lanes for per-row vectors (never pad rows)
   Var dout("dout"), iii("iii"), jjo("jjo"), jji("jji");
 
-  // The running state of one tile (io, hk, b).
-  s.state.compute_at(tile).vectorize(s.d, VL, TailStrategy::GuardWithIf);
-  Stage merge = s.state.update();
+  // The running state of one tile (io, hk, b): with split_state, o alone in the merge's loop nest
+  // and (m, l) per row fused into its block loop (below); `state` is then inlined.
+  Func merged = s.split_state ? s.out_sum : s.state;
+  merged.compute_at(tile).vectorize(s.d, VL, TailStrategy::GuardWithIf);
+  Stage merge = merged.update();
   // Not peeled at rk = 0 (rescale's jb == 0, now that jb is rk): the peeled copy lost the head-dim
   // fast paths, and its V loads became gathers.
   merge.never_partition(s.rk);
@@ -131,6 +133,19 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   // Head dims are rounded up to the register tile (extra columns read a clamped V and are never
   // stored to out); fast paths for 64 and 128 have no rounding.
   flash::split_register_tiles(merge, target, s.d, s.ii, pv_rows, head_dim, VL, dout, pv_vectors);
+  if (s.split_state) {
+    // (m, l) of the tile's rows, updated in the merge's block loop: the stages computed per block
+    // serve both. Against (m, l) stored per head dim beside o (three times the state, 48 KiB of a
+    // 32-row tile at D = 128, past Zen 4's 32 KiB L1, and two of the merge's three stores): B1 H16
+    // S512 D128 full, Zen 4, 2 threads, results bit-identical: fp32 1.023-1.029x faster, bf16
+    // 1.052-1.056x. Not for causal calls: the fused loop is not trimmed to the blocks a where
+    // clause keeps, so every block would be computed (1.5x slower).
+    s.row_stats.compute_at(tile).vectorize(s.ii, RV);
+    s.row_stats.update()
+        .reorder(s.ii, s.rk, s.io, s.hk, s.b)
+        .vectorize(s.ii, RV)
+        .compute_with(merge, s.rk);
+  }
 
   if (s.bf16_products) {
     // bf16 operands in pairs: q once per tile, P once per (tile, block); K in place.
@@ -146,12 +161,12 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
       // the merge: the fast head dims read V without a clamp.)
       at_root_per_key_block(s.value_bf16, s, target, head_dim, VL, s.jp);
     } else {
-      s.value_bf16.compute_at(s.state, s.rk)
+      s.value_bf16.compute_at(merged, s.rk)
           .bound_extent(s.jb, 1)
           .vectorize(s.jp)
           .vectorize(s.d, VL, TailStrategy::GuardWithIf);
     }
-    s.prob_bf16.compute_at(s.state, s.rk).vectorize(s.jp).vectorize(s.ii, RV);
+    s.prob_bf16.compute_at(merged, s.rk).vectorize(s.jp).vectorize(s.ii, RV);
   } else {
     s.query_t.compute_at(tile);
     if (!s.decode) flash::schedule_row_transpose(s.query_t, s.query_rows, s.ii, s.d, QT);
@@ -167,14 +182,14 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     // (with 64-row tiles, kPrefillTallTiling, half as often). Decode tiles have 4 rows: there the
     // conversion is fused into the loads instead.
     for (Func f : {s.key_f32, s.value_f32}) {
-      f.compute_at(s.state, s.rk)
+      f.compute_at(merged, s.rk)
           .bound_extent(s.jb, 1)
           .vectorize(s.d, VL, TailStrategy::GuardWithIf);
     }
   }
 
   if (!s.decode) {
-    s.masked.compute_at(s.state, s.rk)
+    s.masked.compute_at(merged, s.rk)
         .tile(s.ii, s.jj, iii, jji, score_rows, score_keys)
         .vectorize(iii, VL)
         .unroll(iii)
@@ -194,7 +209,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     // sum per score.
     const int lanes = s.decode_lanes, keys = flash::register_tile_extent(target, QT);
     s.query_t.reorder_storage(s.d, s.ii);  // head dim contiguous, for the lane-wise loads
-    s.masked.compute_at(s.state, s.rk).split(s.jj, jjo, jji, keys).vectorize(s.ii, RV);
+    s.masked.compute_at(merged, s.rk).split(s.jj, jjo, jji, keys).vectorize(s.ii, RV);
     s.score.compute_at(s.masked, jjo).unroll(s.ii).unroll(s.jj);
     s.score.update().reorder(s.ii, s.jj, s.rl).atomic().vectorize(s.rl).unroll(s.ii).unroll(s.jj);
     s.score_partial.compute_at(s.masked, jjo).vectorize(s.dl, lanes).unroll(s.ii).unroll(s.jj);
@@ -221,11 +236,11 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
 
   // Block maxima are kept for the whole tile (store_at) and computed per block: the sliding
   // window computes each block once while running_max reads blocks 0..rk.
-  s.block_max.store_at(tile).compute_at(s.state, s.rk).vectorize(s.ii, RV);
-  s.running_max.compute_at(s.state, s.rk).vectorize(s.ii, RV);
+  s.block_max.store_at(tile).compute_at(merged, s.rk).vectorize(s.ii, RV);
+  s.running_max.compute_at(merged, s.rk).vectorize(s.ii, RV);
   s.running_max.update().reorder(s.ii, s.rb).vectorize(s.ii, RV);
-  s.rescale.compute_at(s.state, s.rk).vectorize(s.ii, RV);
-  s.block_sum.compute_at(s.state, s.rk).vectorize(s.ii, RV);
+  s.rescale.compute_at(merged, s.rk).vectorize(s.ii, RV);
+  s.block_sum.compute_at(merged, s.rk).vectorize(s.ii, RV);
   // The block reductions run per row vector with the accumulator in a register (their consumers'
   // buffers are dynamically sized, so accumulating there went through memory on every key).
   s.block_max_in_block.compute_at(s.block_max, s.ii).vectorize(s.ii);
@@ -233,12 +248,12 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   for (Func f : {s.block_max_in_block, s.block_sum_in_block}) {
     f.update().reorder(s.ii, s.rj).vectorize(s.ii).unroll(s.rj, 4);
   }
-  s.prob.compute_at(s.state, s.rk).vectorize(s.ii, RV).unroll(s.jj, 4);
+  s.prob.compute_at(merged, s.rk).vectorize(s.ii, RV).unroll(s.jj, 4);
 
   // bf16 products reduce the keys of a block in pairs (rjp within, rjo over pairs).
   const RVar keys = s.bf16_products ? s.rjo : s.rj;
   const std::optional<RVar> pair = s.bf16_products ? std::optional<RVar>(s.rjp) : std::nullopt;
-  flash::schedule_tile_product(s.block_pv, s.d, s.ii, keys, LoopLevel(s.state, dout), VL, pair);
+  flash::schedule_tile_product(s.block_pv, s.d, s.ii, keys, LoopLevel(merged, dout), VL, pair);
   // Each per-block stage is computed for block rk alone, but bounds inference, bounding jb by the
   // merge's where clause as min(last live block, rk), cannot see that: its loops over jb had an
   // unknown trip count (a memset call and reloads of the register tile per P·V tile) and its
