@@ -19,6 +19,7 @@
 
 #include "Halide.h"
 #include "generators/flash/online_softmax.hpp"
+#include "generators/flash/row_transpose.hpp"
 #include "schedules/flash/blocksparse_tasks.hpp"
 #include "schedules/flash/x86.hpp"
 
@@ -113,8 +114,12 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
         clamp(field(Field::key_token) + clamp(key, 0, block_last_key), 0, k.dim(2).extent() - 1);
     Expr kv_head = clamp(first_head / group, 0, k.dim(1).extent() - 1);
 
-    s.query_rows(d, ii, io, hk, b) = cast<float>(q(d, row_head(ii, b), row_token(ii, b))) * scale;
-    s.query_t(ii, d, io, hk, b) = s.query_rows(d, ii, io, hk, b);
+    tilelab::generators::define_row_transpose(
+        s.query_t, s.query_rows, head_dim,
+        [&](const Expr& dd) {
+          return cast<float>(q(dd, row_head(ii, b), row_token(ii, b))) * scale;
+        },
+        ii, d, io, hk, b);
     s.key_f32(d, jj, jb, hk, b) = cast<float>(k(d, kv_head, key_token));
     s.value_f32(d, jj, jb, hk, b) =
         select(is_key, cast<float>(v(min(d, head_dim - 1), kv_head, key_token)), 0.0f);

@@ -15,7 +15,8 @@ namespace tilelab::generators {
 struct FlashBackwardTileStages {
   Halide::Func query_t;  // (ii, d, io, hk, b) fp32 q · scale, rows innermost
   Halide::Func dout_t;   // (ii, d, io, hk, b) fp32 dout, rows innermost
-  // (d, ii, io, hk, b) the same row by row, head dim innermost as stored: transposed into them.
+  // (din, ii, dblock, io, hk, b) the same row by row, as stored, in blocks of head dims
+  // (generators/flash/row_transpose.hpp): transposed into them.
   Halide::Func query_rows, dout_rows;
   Halide::Func key_f32;    // (d, jj, jb, hk, b) fp32 K block
   Halide::Func value_f32;  // (d, jj, jb, hk, b) fp32 V block

@@ -20,6 +20,7 @@
 #include "Halide.h"
 #include "generators/flash/backward_stages.hpp"
 #include "generators/flash/online_softmax.hpp"
+#include "generators/flash/row_transpose.hpp"
 #include "schedules/flash/backward_tiling.hpp"
 #include "schedules/flash/x86.hpp"
 #include "schedules/flash/x86_backward.hpp"
@@ -229,10 +230,14 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
       t.dscore = func("dscore");
       t.query_rows = func("query_rows");
       t.dout_rows = func("dout_rows");
-      t.query_rows(d, ii, io, hk, b) = cast<float>(q(d, row_query, row_head, b)) * scale;
-      t.dout_rows(d, ii, io, hk, b) = cast<float>(dout(d, row_query, row_head, b));
-      t.query_t(ii, d, io, hk, b) = t.query_rows(d, ii, io, hk, b);
-      t.dout_t(ii, d, io, hk, b) = t.dout_rows(d, ii, io, hk, b);
+      tilelab::generators::define_row_transpose(
+          t.query_t, t.query_rows, head_dim,
+          [&](const Expr& dd) { return cast<float>(q(dd, row_query, row_head, b)) * scale; }, ii, d,
+          io, hk, b);
+      tilelab::generators::define_row_transpose(
+          t.dout_t, t.dout_rows, head_dim,
+          [&](const Expr& dd) { return cast<float>(dout(dd, row_query, row_head, b)); }, ii, d, io,
+          hk, b);
       t.key_f32(d, jj, jb, hk, b) = cast<float>(k(d, key_c, hk, b));
       t.value_f32(d, jj, jb, hk, b) = cast<float>(v(d, key_c, hk, b));
       t.row_lse(ii, io, hk, b) = lse(row_query, row_head, b);

@@ -9,6 +9,7 @@
 
 #include "Halide.h"
 #include "generators/flash/online_softmax.hpp"
+#include "generators/flash/row_transpose.hpp"
 #include "schedules/flash/tiling.hpp"
 #include "schedules/flash/x86.hpp"
 #include "tilelab/detail/fp32_classes.hpp"
@@ -105,9 +106,12 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     Expr key = jb * KB + jj;
     Expr key_c = min(key, kv_len - 1);
 
-    s.query_rows(d, ii, io, hk, b) =
-        cast<float>(q(d, s.row_query(ii, io), s.row_head(ii, io, hk), b)) * scale;
-    s.query_t(ii, d, io, hk, b) = s.query_rows(d, ii, io, hk, b);
+    tilelab::generators::define_row_transpose(
+        s.query_t, s.query_rows, head_dim,
+        [&](const Expr& dd) {
+          return cast<float>(q(dd, s.row_query(ii, io), s.row_head(ii, io, hk), b)) * scale;
+        },
+        ii, d, io, hk, b);
     s.key_f32(d, jj, jb, hk, b) = cast<float>(k(d, key_c, hk, b));
     // Head dims past D (the schedule may round the merge up to its register tile) read column D-1.
     s.value_f32(d, jj, jb, hk, b) = cast<float>(v(min(d, head_dim - 1), key_c, hk, b));

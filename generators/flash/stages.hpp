@@ -11,8 +11,8 @@ namespace tilelab::generators {
 //   d head dim, jj key within a key block, jb key block, ii row within a query tile, io query tile,
 //   hk kv head, b batch; a row is one (query head of the group, query index) pair.
 struct FlashAttentionStages {
-  // (d, ii, io, hk, b) fp32 q · scale row by row, head dim innermost as q is stored; query_t is
-  // its transpose.
+  // (din, ii, dblock, io, hk, b) fp32 q · scale row by row, as q is stored, in blocks of head
+  // dims (generators/flash/row_transpose.hpp); query_t is its transpose.
   Halide::Func query_rows{"query_rows"};
   Halide::Func query_t{"query_t"};  // (ii, d, io, hk, b) fp32 q · scale, transposed: rows innermost
   Halide::Func key_f32{"key_f32"};  // (d, jj, jb, hk, b) fp32 K block

@@ -39,6 +39,10 @@ inline constexpr FlashAttentionTiling kPrefillWideTallTiling{128, 64, false, tru
 // Decode: 4-row tiles, e.g. one token of a GQA group of 4.
 inline constexpr FlashAttentionTiling kDecodeTiling{64, 4, true};
 
+// Head dims per block of a query tile's row transpose (generators/flash/row_transpose.hpp): one
+// block of the tile's rows, 32 × 8 fp32, is one shuffle in registers.
+inline constexpr int kRowTransposeHeadDims = 8;
+
 // Rows per kv head (query rows × GQA group) up to which the runtime runs the decode kernels: up to
 // 8 rows two 4-row passes over K/V still beat one 32-row prefill tile, whose rows would be mostly
 // padding.
