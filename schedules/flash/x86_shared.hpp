@@ -65,8 +65,8 @@ inline Halide::Stage schedule_parallel_accumulator(Halide::Func f, const Halide:
 // registers a block of kRowTransposeHeadDims head dims at a time: one dense load of the block of
 // all rows, a shuffle, one dense store. (Read a block at a time instead, 32 rows × 8 head dims
 // before each shuffle, the reads came out of memory in short bursts: B1 H16 S512 D128 fp32 on Zen
-// 4, 2 threads, alternating builds, results bit-identical: causal 1.028-1.032x faster with the
-// whole rows first, full 1.006-1.016x.)
+// 4, 2 threads, alternating builds, results bit-identical: causal 1.01-1.03x faster with the whole
+// rows first, full 1.006-1.016x; the backward within noise.)
 inline void schedule_row_transpose(Halide::Func transposed, Halide::Func by_row,
                                    const Halide::Var& rows, const Halide::Var& d, int row_count) {
   using Halide::TailStrategy;
