@@ -16,7 +16,8 @@ Workloads (Hq 32, Hkv 8, d 128, bf16 unless named):
   512, softcap 50): paged_attention, our dense flash attention per sequence on the generated
   kernels and on the paged kernel (implementation="reference"), and PyTorch SDPA per sequence
   with the window as a boolean mask (SDPA has no softcap).
-- decode: 64 sequences decoding one token each, contexts 512 to 4 k, bf16 and fp8 (e4m3fn) caches:
+- decode: 64 sequences decoding one token each, contexts 512 to 4 k, bf16 and fp8 (e4m3fn) caches,
+  also with Hq 64 (a GQA group of 8):
   GB/s of K and V read against the triad bandwidth, and against reading the same blocks (2 or
   4 KiB, from two arrays, in a random order, prefetched ahead) without any arithmetic, the ceiling
   of the access pattern: both measured between the decode calls (tilelab_machine_peak
@@ -53,7 +54,8 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 CACHE_RESIDENT_BLOCKS = 4
 
 
-def paged_batch(rng, requests, block_size, cache_dtype=ml_dtypes.bfloat16):
+def paged_batch(rng, requests, block_size, cache_dtype=ml_dtypes.bfloat16, heads=HEADS,
+                kv_heads=KV_HEADS):
     """vLLM-layout inputs for (q_len, seq_len) requests, blocks handed out in shuffled order."""
     blocks = [-(-seq_len // block_size) for _, seq_len in requests]
     num_blocks = sum(blocks)
@@ -63,12 +65,12 @@ def paged_batch(rng, requests, block_size, cache_dtype=ml_dtypes.bfloat16):
     for s, count in enumerate(blocks):
         table[s, :count] = order[used:used + count]
         used += count
-    shape = (num_blocks, KV_HEADS, block_size, HEAD_DIM)
+    shape = (num_blocks, kv_heads, block_size, HEAD_DIM)
     bf16 = ml_dtypes.bfloat16
     key_cache = rng.standard_normal(shape, dtype=np.float32).astype(cache_dtype)
     value_cache = rng.standard_normal(shape, dtype=np.float32).astype(cache_dtype)
     tokens = sum(q for q, _ in requests)
-    query = rng.standard_normal((tokens, HEADS, HEAD_DIM), dtype=np.float32).astype(bf16)
+    query = rng.standard_normal((tokens, heads, HEAD_DIM), dtype=np.float32).astype(bf16)
     seq_lens = np.array([s for _, s in requests], np.int32)
     starts = np.concatenate([[0], np.cumsum([q for q, _ in requests])]).astype(np.int32)
     return dict(query=query, key_cache=key_cache, value_cache=value_cache, block_table=table,
@@ -108,7 +110,8 @@ def useful_flops(requests):
 
 def kv_bytes(batch):
     itemsize = batch["key_cache"].dtype.itemsize
-    return 2.0 * KV_HEADS * HEAD_DIM * itemsize * float(np.sum(batch["seq_lens"]))
+    kv_heads = batch["key_cache"].shape[1]
+    return 2.0 * kv_heads * HEAD_DIM * itemsize * float(np.sum(batch["seq_lens"]))
 
 
 def mixed_workload(tilelab, torch, args, rng):
@@ -233,19 +236,26 @@ def options_workload(tilelab, torch, args, rng):
 
 def decode_workloads(tilelab, args, rng):
     contexts = rng.integers(512, 4097, size=64)
+    fp8_scales = dict(k_scale=0.05, v_scale=0.05)
+    # Hq 64 over Hkv 8 (Llama-3-70B's grouping): twice the products per byte read.
+    group_8 = dict(heads=64, kv_heads=8)
     cases = [("decode 64 seqs, bf16", [(1, int(c)) for c in contexts], ml_dtypes.bfloat16, {}),
              ("decode 64 seqs, fp8 e4m3fn", [(1, int(c)) for c in contexts],
-              ml_dtypes.float8_e4m3fn, dict(k_scale=0.05, v_scale=0.05)),
+              ml_dtypes.float8_e4m3fn, fp8_scales),
+             ("decode 64 seqs, Hq 64, bf16", [(1, int(c)) for c in contexts], ml_dtypes.bfloat16,
+              {}, group_8),
+             ("decode 64 seqs, Hq 64, fp8 e4m3fn", [(1, int(c)) for c in contexts],
+              ml_dtypes.float8_e4m3fn, fp8_scales, group_8),
              ("decode 1 seq 32k, bf16, split auto", [(1, 32768)], ml_dtypes.bfloat16, {}),
              ("decode 1 seq 32k, bf16, no split", [(1, 32768)], ml_dtypes.bfloat16,
               dict(split_kv=1)),
              ("decode 1 seq 32k, fp8 e4m3fn, split auto", [(1, 32768)], ml_dtypes.float8_e4m3fn,
-              dict(k_scale=0.05, v_scale=0.05))]
+              fp8_scales)]
     batches, calls = [], []
-    for name, requests, dtype, options in cases:
+    for name, requests, dtype, options, *heads in cases:
         if args.filter and args.filter not in name:
             continue
-        batch = paged_batch(rng, requests, 16, dtype)
+        batch = paged_batch(rng, requests, 16, dtype, **(heads[0] if heads else {}))
         batches.append((name, batch))
         calls.append(paged_call(tilelab, batch, **options))
         # The same work with every block-table entry among the first few blocks (K and V of 4
@@ -281,6 +291,7 @@ def decode_workloads(tilelab, args, rng):
                 rows, 1)
     seconds = {r["workload"]: r["seconds"] for r in results}
     pairs = [("decode 64 seqs, bf16", "decode 64 seqs, fp8 e4m3fn"),
+             ("decode 64 seqs, Hq 64, bf16", "decode 64 seqs, Hq 64, fp8 e4m3fn"),
              ("decode 1 seq 32k, bf16, split auto", "decode 1 seq 32k, fp8 e4m3fn, split auto")]
     print_ours_against_ours([f"{fp8}: {seconds[bf16] / seconds[fp8]:.2f}x faster than bf16"
                              for bf16, fp8 in pairs if bf16 in seconds and fp8 in seconds])
