@@ -92,6 +92,9 @@ class RowPrefetcher {
   [[gnu::always_inline]] void ahead_of(std::int64_t j) {
     if (distance_ == 0) return;
     if (j + distance_ < available_) rows_near_.prefetch(rows_.rows[j + distance_], bytes_);
+    if (rows_.run_ahead > 0 && j + rows_.run_ahead < available_) {
+      rows_run_ahead_.prefetch(rows_.rows[j + rows_.run_ahead], bytes_);
+    }
     // The far stream goes into L2 only (a second request at the near distance measured no faster
     // on Emerald Rapids, and costs instructions where scoring is compute-bound).
     const std::int64_t end = std::min(far_next_ + far_per_key_, rows_.far_count);
@@ -108,22 +111,23 @@ class RowPrefetcher {
   std::int64_t distance_, available_, far_per_key_, bytes_;
   std::int64_t far_next_ = 0;
   LineStream<_MM_HINT_T0> rows_near_;
-  LineStream<_MM_HINT_T1> rows_far_, companion_far_;
+  LineStream<_MM_HINT_T1> rows_far_, companion_far_, rows_run_ahead_;
 };
 
 }  // namespace
 
 StreamedRows stream_far_ahead(const void* const* rows, const void* const* companion,
                               std::int64_t count, std::int64_t lookahead,
-                              std::int64_t prefetch_distance) {
+                              std::int64_t prefetch_distance, std::int64_t run_ahead) {
   const std::int64_t far = kStreamedL2Ahead * prefetch_distance;
-  const std::int64_t far_count = std::max<std::int64_t>(0, count + lookahead - far);
+  const std::int64_t far_count = std::clamp<std::int64_t>(count + lookahead - far, 0, count);
   return {rows,
           count,
           lookahead,
           far_count > 0 ? rows + far : nullptr,
           far_count > 0 && companion != nullptr ? companion + far : nullptr,
-          far_count};
+          far_count,
+          run_ahead};
 }
 
 StreamedProducts streamed_products(DType query_dtype, DType cache_dtype, bool fp32_probabilities) {

@@ -71,7 +71,9 @@ struct LineStream {
 // next chunk's). Optionally, rows to bring into L2 while these are read (stream_scores only): the
 // far stream, far_count entries of far_rows and of far_companion (if not null), spread evenly over
 // the keys, entry by entry. A caller names what it reads next: the same rows further on
-// (stream_far_ahead), or the next chunk's rows in address order.
+// (stream_far_ahead), or the next chunk's rows in address order. And optionally (either kernel),
+// the run-ahead stream: while key j is read, the row of key j + run_ahead (within the lookahead)
+// into L2.
 struct StreamedRows {
   const void* const* rows;
   std::int64_t count;
@@ -79,20 +81,22 @@ struct StreamedRows {
   const void* const* far_rows = nullptr;
   const void* const* far_companion = nullptr;
   std::int64_t far_count = 0;
+  std::int64_t run_ahead = 0;  // 0: no run-ahead stream
 };
 
 // Both kernels read key j's row while prefetching the row of key j + prefetch_distance into L1
-// (0: none, and no far stream either); stream_scores also prefetches the far stream into L2. Rows
+// (0: none, and no far or run-ahead stream either) and the run-ahead stream into L2;
+// stream_scores also prefetches the far stream into L2. Rows
 // at scattered addresses (short cache blocks) need it most, as the hardware prefetcher restarts at
 // every block; long runs of rows measured faster with it too.
 constexpr std::int64_t kStreamedL2Ahead = 3;
 
 // The far stream of the rows themselves and their companions (the V rows of the keys scored, used
-// after the scores), kStreamedL2Ahead · prefetch_distance keys ahead: `rows` and `companion` hold
-// count + lookahead entries.
+// after the scores), kStreamedL2Ahead · prefetch_distance keys ahead, one entry per key, and the
+// run-ahead stream `run_ahead` keys ahead: `rows` and `companion` hold count + lookahead entries.
 StreamedRows stream_far_ahead(const void* const* rows, const void* const* companion,
                               std::int64_t count, std::int64_t lookahead,
-                              std::int64_t prefetch_distance);
+                              std::int64_t prefetch_distance, std::int64_t run_ahead);
 
 // scores[r * score_stride + j] = scale · (q[r] · k[j]) for r < rows and j < keys.count (the dot
 // product rounded to fp32, then multiplied). The q rows are fp32 values of `query_dtype`, q_stride
