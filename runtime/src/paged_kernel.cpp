@@ -58,10 +58,10 @@ constexpr std::int64_t kStreamedPrefetchKeys = 16;
 // L2: fp32 caches, and bf16 ones on the AVX-512 kernels. Where widening the elements bounds it
 // (fp8 and fp16 caches, bf16 on AVX2), the extra prefetches cost more than they save. Measured
 // side by side on Zen 4: dense decode (B8 Hq32 Hkv8 N4096 D128) fp32 1.11-1.21x faster (AVX2
-// kernels 1.20-1.22x), bf16 1.02-1.11x; bf16 paged decode (16-key blocks) of one 32 k sequence
-// 1.06-1.16x, of 64 sequences 1.00-1.03x (with the cache in L2, 0.92-0.94x: the prefetches'
-// own cost); against fp8 paged decode 0.95-0.96x, fp16 dense decode 0.98-0.99x and bf16 on AVX2
-// 0.95-0.96x.
+// kernels 1.20-1.23x), bf16 1.01-1.11x; bf16 paged decode (16-key blocks) of one 32 k sequence
+// 1.06-1.13x, of 64 sequences 1.00-1.01x (with the cache in L2, 0.91-0.94x: the prefetches' own
+// cost); against fp8 paged decode 0.95-0.96x, fp16 dense decode 0.98-0.99x and bf16 on AVX2
+// 0.93-0.96x.
 constexpr std::int64_t kStreamedRunAhead = 128;
 std::int64_t streamed_run_ahead(DType cache_dtype) {
   const bool reads_bound =
