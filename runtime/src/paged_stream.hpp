@@ -86,9 +86,9 @@ struct StreamedRows {
 
 // Both kernels read key j's row while prefetching the row of key j + prefetch_distance into L1
 // (0: none, and no far or run-ahead stream either) and the run-ahead stream into L2;
-// stream_scores also prefetches the far stream into L2. Rows
-// at scattered addresses (short cache blocks) need it most, as the hardware prefetcher restarts at
-// every block; long runs of rows measured faster with it too.
+// stream_scores also prefetches the far stream into L2. Rows at scattered addresses (short cache
+// blocks) need it most, as the hardware prefetcher restarts at every block; long runs of rows
+// measured faster with it too.
 constexpr std::int64_t kStreamedL2Ahead = 3;
 
 // The far stream of the rows themselves and their companions (the V rows of the keys scored, used
