@@ -27,7 +27,7 @@ struct ResolvedScoreOptions {
 ResolvedScoreOptions resolve_score_options(const ScoreOptions& options, std::int64_t q_heads);
 
 // Whether K/V of `dtype` are stored in fp8 (dequantized with k_scale / v_scale).
-constexpr bool is_fp8(DType dtype) {
+inline bool is_fp8(DType dtype) {
   return dtype == DType::f8e4m3fn || dtype == DType::f8e5m2;
 }
 
