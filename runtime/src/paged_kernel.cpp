@@ -843,14 +843,12 @@ class PagedKernel {
     float* acc = &state_.acc[row0 * dim_];
     // The V rows, and the collected ones after them (a multi-head item's next chunk is its far
     // stream's).
-    const StreamedRows values = far != nullptr ? StreamedRows{&value_rows_[begin - chunk], count}
-                                               : StreamedRows{&value_rows_[begin - chunk],
-                                                              count,
-                                                              collected_end_ - end,
-                                                              nullptr,
-                                                              nullptr,
-                                                              0,
-                                                              run_ahead_};
+    const StreamedRows values =
+        far != nullptr ? StreamedRows{.rows = &value_rows_[begin - chunk], .count = count}
+                       : StreamedRows{.rows = &value_rows_[begin - chunk],
+                                      .count = count,
+                                      .lookahead = collected_end_ - end,
+                                      .run_ahead = run_ahead_};
     // Rows whose block had only -inf scores are left out (their correction says so).
     const auto accumulate = [&](std::int64_t first_row, std::int64_t rows) {
       if (streamed) {
