@@ -237,23 +237,23 @@ def options_workload(tilelab, torch, args, rng):
 def decode_workloads(tilelab, args, rng):
     decode_64 = [(1, int(c)) for c in rng.integers(512, 4097, size=64)]
     fp8_scales = dict(k_scale=0.05, v_scale=0.05)
-    # Hq 64 over Hkv 8 (Llama-3-70B's grouping): twice the products per byte read.
-    group_8 = dict(heads=64, kv_heads=8)
-    cases = [("decode 64 seqs, bf16", decode_64, ml_dtypes.bfloat16, {}),
-             ("decode 64 seqs, fp8 e4m3fn", decode_64, ml_dtypes.float8_e4m3fn, fp8_scales),
-             ("decode 64 seqs, Hq 64, bf16", decode_64, ml_dtypes.bfloat16, {}, group_8),
+    # The last field: query heads. Hq 64 over Hkv 8 (Llama-3-70B's grouping) does twice the
+    # products per byte read.
+    cases = [("decode 64 seqs, bf16", decode_64, ml_dtypes.bfloat16, {}, HEADS),
+             ("decode 64 seqs, fp8 e4m3fn", decode_64, ml_dtypes.float8_e4m3fn, fp8_scales, HEADS),
+             ("decode 64 seqs, Hq 64, bf16", decode_64, ml_dtypes.bfloat16, {}, 64),
              ("decode 64 seqs, Hq 64, fp8 e4m3fn", decode_64, ml_dtypes.float8_e4m3fn, fp8_scales,
-              group_8),
-             ("decode 1 seq 32k, bf16, split auto", [(1, 32768)], ml_dtypes.bfloat16, {}),
+              64),
+             ("decode 1 seq 32k, bf16, split auto", [(1, 32768)], ml_dtypes.bfloat16, {}, HEADS),
              ("decode 1 seq 32k, bf16, no split", [(1, 32768)], ml_dtypes.bfloat16,
-              dict(split_kv=1)),
+              dict(split_kv=1), HEADS),
              ("decode 1 seq 32k, fp8 e4m3fn, split auto", [(1, 32768)], ml_dtypes.float8_e4m3fn,
-              fp8_scales)]
+              fp8_scales, HEADS)]
     batches, calls = [], []
-    for name, requests, dtype, options, *heads in cases:
+    for name, requests, dtype, options, heads in cases:
         if args.filter and args.filter not in name:
             continue
-        batch = paged_batch(rng, requests, 16, dtype, **(heads[0] if heads else {}))
+        batch = paged_batch(rng, requests, 16, dtype, heads=heads)
         batches.append((name, batch))
         calls.append(paged_call(tilelab, batch, **options))
         # The same work with every block-table entry among the first few blocks (K and V of 4
