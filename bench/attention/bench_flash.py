@@ -141,15 +141,19 @@ class BandwidthAlongside:
     threads), so a decode rate is judged against the median measured alongside its calls, not
     against the run's start."""
 
-    def __init__(self, build_dir: pathlib.Path, threads: int):
+    def __init__(self, build_dir: pathlib.Path, threads: int, read_blocks: list[int] | None = None):
+        """read_blocks: the block sizes (bytes) whose random-order reads block_read gives;
+        tilelab_machine_peak's own (2048 and 4096) when None."""
         self.build_dir, self.threads = build_dir, threads
+        self.read_blocks = ["--read-blocks", ",".join(map(str, read_blocks))] if read_blocks else []
         self.samples: list[dict] = []
 
     def __call__(self) -> None:
         # Arrays of 64 MiB (192 MiB for the triad, 6x a Zen 4 L3) measure what 256 MiB do, in a
         # quarter of the time.
         self.samples.append(run_machine_peak(self.build_dir, self.threads, "--trials", "1",
-                                             "--triad-mib", "64", "--bandwidth-only"))
+                                             "--triad-mib", "64", "--bandwidth-only",
+                                             *self.read_blocks))
 
     def triad(self) -> float:
         return statistics.median(s["triad_bandwidth_gb_per_s"] for s in self.samples)
@@ -159,7 +163,7 @@ class BandwidthAlongside:
         return min(triads), max(triads)
 
     def block_read(self, block_bytes: int) -> float | None:
-        """Random-order reads of blocks of this many bytes (2048 or 4096), or None."""
+        """Random-order reads of blocks of this many bytes (one of read_blocks), or None."""
         reads = [s["random_block_read_gb_per_s"].get(str(block_bytes)) for s in self.samples]
         return statistics.median(reads) if reads and None not in reads else None
 

@@ -17,12 +17,13 @@ Workloads (Hq 32, Hkv 8, d 128, bf16 unless named):
   kernels and on the paged kernel (implementation="reference"), and PyTorch SDPA per sequence
   with the window as a boolean mask (SDPA has no softcap).
 - decode: 64 sequences decoding one token each, contexts 512 to 4 k, bf16 and fp8 (e4m3fn) caches,
-  also with Hq 64 (a GQA group of 8):
-  GB/s of K and V read against the triad bandwidth, and against reading the same blocks (2 or
-  4 KiB, from two arrays, in a random order, prefetched ahead) without any arithmetic, the ceiling
-  of the access pattern: both measured between the decode calls (tilelab_machine_peak
-  --bandwidth-only), medians. Each decode call is also timed with its cache in L2 (the block
-  tables folded onto 4 blocks): the arithmetic alone, as a share of the call's time.
+  16-key blocks (vLLM's CPU default), also with Hq 64 (a GQA group of 8) and with 128-key blocks
+  (vLLM's CPU default with Intel's extension): GB/s of K and V read against the triad bandwidth,
+  and against reading the same blocks (a kv head's block of K and of V: 2 to 32 KiB, from two
+  arrays, in a random order, prefetched ahead) without any arithmetic, the ceiling of the access
+  pattern: both measured between the decode calls (tilelab_machine_peak --bandwidth-only),
+  medians. Each decode call is also timed with its cache in L2 (the block tables folded onto the
+  blocks of the first 64 keys): the arithmetic alone, as a share of the call's time.
 - long decode: one sequence decoding one token with a 32 k context (split-KV), GB/s against triad.
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+from typing import NamedTuple
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -51,7 +53,7 @@ from bench_flash import (  # noqa: E402
 from timing import alternating_medians  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
-CACHE_RESIDENT_BLOCKS = 4
+CACHE_RESIDENT_KEYS = 64
 
 
 def paged_batch(rng, requests, block_size, cache_dtype=ml_dtypes.bfloat16, heads=HEADS,
@@ -106,6 +108,11 @@ def useful_flops(requests):
     """4 · Hq · d · (visible keys): each query row sees its causal prefix."""
     keys = sum(q * (s - q) + q * (q + 1) // 2 for q, s in requests)
     return 4.0 * HEADS * HEAD_DIM * keys
+
+
+def kv_block_bytes(batch):
+    """The bytes of one kv head's block of K (or V): one contiguous run of the cache."""
+    return batch["block_size"] * HEAD_DIM * batch["key_cache"].dtype.itemsize
 
 
 def kv_bytes(batch):
@@ -234,62 +241,83 @@ def options_workload(tilelab, torch, args, rng):
     return results
 
 
+class DecodeCase(NamedTuple):
+    name: str
+    requests: list[tuple[int, int]]
+    cache_dtype: type
+    options: dict
+    q_heads: int
+    block_size: int
+
+
 def decode_workloads(tilelab, args, rng):
     decode_64 = [(1, int(c)) for c in rng.integers(512, 4097, size=64)]
+    fp8 = ml_dtypes.float8_e4m3fn
     fp8_scales = dict(k_scale=0.05, v_scale=0.05)
-    # The last field: query heads. Hq 64 over Hkv 8 (Llama-3-70B's grouping) does twice the
-    # products per byte read.
-    cases = [("decode 64 seqs, bf16", decode_64, ml_dtypes.bfloat16, {}, HEADS),
-             ("decode 64 seqs, fp8 e4m3fn", decode_64, ml_dtypes.float8_e4m3fn, fp8_scales, HEADS),
-             ("decode 64 seqs, Hq 64, bf16", decode_64, ml_dtypes.bfloat16, {}, 64),
-             ("decode 64 seqs, Hq 64, fp8 e4m3fn", decode_64, ml_dtypes.float8_e4m3fn, fp8_scales,
-              64),
-             ("decode 1 seq 32k, bf16, split auto", [(1, 32768)], ml_dtypes.bfloat16, {}, HEADS),
-             ("decode 1 seq 32k, bf16, no split", [(1, 32768)], ml_dtypes.bfloat16,
-              dict(split_kv=1), HEADS),
-             ("decode 1 seq 32k, fp8 e4m3fn, split auto", [(1, 32768)], ml_dtypes.float8_e4m3fn,
-              fp8_scales, HEADS)]
+    # Hq 64 over Hkv 8 (Llama-3-70B's grouping) does twice the products per byte read. Block
+    # sizes: vLLM's CPU backend uses 16 by default and 128 with Intel's extension; a kv head's
+    # block is one contiguous run of K (and one of V) of block_size rows.
+    cases = [DecodeCase("decode 64 seqs, bf16", decode_64, ml_dtypes.bfloat16, {}, HEADS, 16),
+             DecodeCase("decode 64 seqs, fp8 e4m3fn", decode_64, fp8, fp8_scales, HEADS, 16),
+             DecodeCase("decode 64 seqs, Hq 64, bf16", decode_64, ml_dtypes.bfloat16, {}, 64, 16),
+             DecodeCase("decode 64 seqs, Hq 64, fp8 e4m3fn", decode_64, fp8, fp8_scales, 64, 16),
+             DecodeCase("decode 64 seqs, bf16, 128-key blocks", decode_64, ml_dtypes.bfloat16, {},
+                        HEADS, 128),
+             DecodeCase("decode 64 seqs, fp8 e4m3fn, 128-key blocks", decode_64, fp8, fp8_scales,
+                        HEADS, 128),
+             DecodeCase("decode 1 seq 32k, bf16, split auto", [(1, 32768)], ml_dtypes.bfloat16, {},
+                        HEADS, 16),
+             DecodeCase("decode 1 seq 32k, bf16, no split", [(1, 32768)], ml_dtypes.bfloat16,
+                        dict(split_kv=1), HEADS, 16),
+             DecodeCase("decode 1 seq 32k, fp8 e4m3fn, split auto", [(1, 32768)], fp8, fp8_scales,
+                        HEADS, 16)]
     batches, calls = [], []
-    for name, requests, dtype, options, heads in cases:
-        if args.filter and args.filter not in name:
+    for case in cases:
+        if args.filter and args.filter not in case.name:
             continue
-        batch = paged_batch(rng, requests, 16, dtype, heads=heads)
-        batches.append((name, batch))
-        calls.append(paged_call(tilelab, batch, **options))
-        # The same work with every block-table entry among the first few blocks (K and V of 4
-        # blocks of every kv head: 256 KiB in bf16), so the cache stays in L2: the time of the
-        # arithmetic alone, which says how much of the call waits on memory.
-        resident = dict(batch, block_table=batch["block_table"] % CACHE_RESIDENT_BLOCKS)
-        calls.append(paged_call(tilelab, resident, **options))
+        batch = paged_batch(rng, case.requests, case.block_size, case.cache_dtype,
+                            heads=case.q_heads)
+        batches.append((case.name, batch))
+        calls.append(paged_call(tilelab, batch, **case.options))
+        # The same work with every block-table entry among the blocks of the first 64 keys (K
+        # and V of every kv head: 256 KiB in bf16, 512 KiB with 128-key blocks), so the cache
+        # stays in L2: the time of the arithmetic alone, which says how much of the call waits
+        # on memory.
+        resident_blocks = max(1, CACHE_RESIDENT_KEYS // case.block_size)
+        resident = dict(batch, block_table=batch["block_table"] % resident_blocks)
+        calls.append(paged_call(tilelab, resident, **case.options))
     if not calls:
         return []
-    bandwidth = BandwidthAlongside(args.build_dir, args.threads)
+    bandwidth = BandwidthAlongside(args.build_dir, args.threads,
+                                   sorted({kv_block_bytes(batch) for _, batch in batches}))
     times = alternating_medians([*calls, bandwidth], args.warmup, args.repeats)[:-1]
     triad = bandwidth.triad()
     rows, results = [], []
     for (name, batch), t, t_resident in zip(batches, times[::2], times[1::2], strict=True):
         rate = kv_bytes(batch) / t * 1e-9
-        # A kv head's 16-key block: 4 KiB in bf16, 2 KiB in fp8.
-        block_bytes = batch["block_size"] * HEAD_DIM * batch["key_cache"].dtype.itemsize
-        block_read = bandwidth.block_read(block_bytes)
-        rows.append([name, f"{t * 1e3:.3f}", f"{rate:.1f}", f"{100 * rate / triad:.0f}%",
+        block_read = bandwidth.block_read(kv_block_bytes(batch))
+        rows.append([name, str(batch["block_size"]), f"{t * 1e3:.3f}", f"{rate:.1f}",
+                     f"{100 * rate / triad:.0f}%",
                      f"{100 * rate / block_read:.0f}% of {block_read:.1f}" if block_read else "-",
                      f"{t_resident * 1e3:.3f}", f"{100 * t_resident / t:.0f}%"])
-        results.append({"workload": name, "seconds": t, "kv_gb_per_s": rate,
+        results.append({"workload": name, "block_size": batch["block_size"], "seconds": t,
+                        "kv_gb_per_s": rate,
                         "fraction_of_triad": rate / triad,
                         "fraction_of_block_read": rate / block_read if block_read else None,
                         "cache_resident_seconds": t_resident})
     low, high = bandwidth.triad_range()
-    print(f"\ndecode: GB/s of K and V read (block_size 16), against triad {triad:.1f} GB/s "
+    print(f"\ndecode: GB/s of K and V read, against triad {triad:.1f} GB/s "
           f"({low:.1f}-{high:.1f}) and random-order, prefetched reads of one block's bytes from "
           "two arrays, both measured between the calls (medians); the same calls with the cache "
-          f"in L2 (block tables folded onto {CACHE_RESIDENT_BLOCKS} blocks): their time, and its "
-          "share of the call's (near 100%: the arithmetic bounds the call, not the memory)")
-    print_table(["workload", "ms", "GB/s", "of triad", "of block read", "in L2 ms", "share"],
-                rows, 1)
+          f"in L2 (block tables folded onto the blocks of {CACHE_RESIDENT_KEYS} keys): their "
+          "time, and its share of the call's (near 100%: the arithmetic bounds the call, not the "
+          "memory)")
+    print_table(["workload", "block", "ms", "GB/s", "of triad", "of block read", "in L2 ms",
+                 "share"], rows, 1)
     seconds = {r["workload"]: r["seconds"] for r in results}
     pairs = [("decode 64 seqs, bf16", "decode 64 seqs, fp8 e4m3fn"),
              ("decode 64 seqs, Hq 64, bf16", "decode 64 seqs, Hq 64, fp8 e4m3fn"),
+             ("decode 64 seqs, bf16, 128-key blocks", "decode 64 seqs, fp8 e4m3fn, 128-key blocks"),
              ("decode 1 seq 32k, bf16, split auto", "decode 1 seq 32k, fp8 e4m3fn, split auto")]
     print_ours_against_ours([f"{fp8}: {seconds[bf16] / seconds[fp8]:.2f}x faster than bf16"
                              for bf16, fp8 in pairs if bf16 in seconds and fp8 in seconds])
