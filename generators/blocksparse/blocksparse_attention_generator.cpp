@@ -18,6 +18,7 @@
 #include <string>
 
 #include "Halide.h"
+#include "generators/common/narrowed_output.hpp"
 #include "generators/flash/online_softmax.hpp"
 #include "generators/flash/row_transpose.hpp"
 #include "schedules/flash/blocksparse_tasks.hpp"
@@ -143,8 +144,10 @@ class BlockSparseAttentionForward : public Generator<BlockSparseAttentionForward
 
     auto state_at = [&](const Expr& dd) { return s.state(dd, ii, 0, 0, b); };
     Func out_f("out_f");
-    out_f(d, ii, b) = cast(io_type, tilelab::generators::normalized_out(
-                                        state_at(d)[0], state_at(d)[1], state_at(d)[2]));
+    out_f(d, ii, b) = tilelab::generators::narrowed_output(
+        io_type,
+        tilelab::generators::normalized_out(state_at(d)[0], state_at(d)[1], state_at(d)[2]),
+        get_target());
     out = out_f;
     // One row per tile row: the state's row loop then has a constant extent to unroll.
     out.dim(1).set_bounds(0, tiling.query_tile);

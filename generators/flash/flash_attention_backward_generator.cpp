@@ -18,6 +18,7 @@
 #include <string>
 
 #include "Halide.h"
+#include "generators/common/narrowed_output.hpp"
 #include "generators/flash/backward_stages.hpp"
 #include "generators/flash/online_softmax.hpp"
 #include "generators/flash/row_transpose.hpp"
@@ -426,16 +427,18 @@ class FlashAttentionBackward : public Generator<FlashAttentionBackward> {
         return s.task_grads(d, which * chunk_keys + s.j % chunk_keys,
                             task_of(s.j / chunk_keys, hk, b));
       };
-      s.dv(d, s.j, hk, b) = cast(io_type, grad_of_key(0));
-      s.dk(d, s.j, hk, b) = cast(io_type, grad_of_key(1) * scale);
+      s.dv(d, s.j, hk, b) =
+          tilelab::generators::narrowed_output(io_type, grad_of_key(0), get_target());
+      s.dk(d, s.j, hk, b) =
+          tilelab::generators::narrowed_output(io_type, grad_of_key(1) * scale, get_target());
       RDom rkc(0, key_chunks, "rkc");
       s.rkc = rkc.x;
       s.grad_q(d, ii, io, hk, b) = 0.0f;
       s.grad_q(d, ii, io, hk, b) +=
           s.task_grads(d, 2 * chunk_keys + io * QT + ii, task_of(rkc, hk, b));
       Expr out_row = (s.h % group) * q_len + s.i;
-      s.dq(d, s.i, s.h, b) =
-          cast(io_type, s.grad_q(d, out_row % QT, out_row / QT, s.h / group, b) * scale);
+      s.dq(d, s.i, s.h, b) = tilelab::generators::narrowed_output(
+          io_type, s.grad_q(d, out_row % QT, out_row / QT, s.h / group, b) * scale, get_target());
     }
 
     // The bias gradient dS, written only where the caller's ds buffer asks for it.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "Halide.h"
+#include "generators/common/narrowed_output.hpp"
 #include "generators/flash/online_softmax.hpp"
 #include "generators/flash/row_transpose.hpp"
 #include "schedules/flash/tiling.hpp"
@@ -193,7 +194,8 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
           finished_row[0]};
     }
     Tuple finished = s.out_rows(d, s.row % QT, s.row / QT, hk, b);
-    s.out(d, s.row, hk, b) = {cast(io_type, finished[0]), finished[1]};
+    s.out(d, s.row, hk, b) = {
+        tilelab::generators::narrowed_output(io_type, finished[0], get_target()), finished[1]};
     out = s.out;
     s.out.output_buffers()[1].dim(0).set_stride(0);
 

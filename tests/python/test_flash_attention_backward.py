@@ -230,21 +230,30 @@ def test_bias_varying_by_row_across_tiles_and_heads(rng, dtype_name, mask):
     assert np.all(grads[3][masked] == 0)
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("implementation", ["generated", "reference"])
-def test_nan_propagates(rng, implementation):
-    q, k, v = random_qkv(rng, 1, 2, 1, 20, 30, 16, "float32")
-    out, lse, dout = forward_and_gradient(rng, q, k, v, "float32")
+def test_nan_propagates(rng, implementation, dtype_name):
+    q, k, v = random_qkv(rng, 1, 2, 1, 20, 30, 16, dtype_name)
+    out, lse, dout = forward_and_gradient(rng, q, k, v, dtype_name)
     q_nan = q.copy()
     q_nan[0, 1, 4, 2] = np.nan
-    dq, dk, dv = tilelab.flash_attention_backward(dout, q_nan, k, v, out, lse,
-                                                  implementation=implementation)
+    dq, dk, dv = (
+        grad.astype(np.float32)
+        for grad in tilelab.flash_attention_backward(
+            dout, q_nan, k, v, out, lse, implementation=implementation
+        )
+    )
     assert np.all(np.isnan(dq[0, 1, 4]))
     assert np.all(np.isnan(dk[0, 0]))  # every key the row sees
     assert np.all(np.isfinite(dq[0, 0])) and np.all(np.isfinite(dq[0, 1, :4]))
     dout_nan = dout.copy()
     dout_nan[0, 0, 7, 0] = np.nan
-    dq, dk, dv = tilelab.flash_attention_backward(dout_nan, q, k, v, out, lse,
-                                                  implementation=implementation)
+    dq, dk, dv = (
+        grad.astype(np.float32)
+        for grad in tilelab.flash_attention_backward(
+            dout_nan, q, k, v, out, lse, implementation=implementation
+        )
+    )
     assert np.all(np.isnan(dq[0, 0, 7])) and np.all(np.isnan(dv[0, 0, :, 0]))
     assert np.all(np.isfinite(dq[0, 1]))
 

@@ -2,6 +2,7 @@
 of exactly -inf) masks a key; every other score follows IEEE arithmetic, as PyTorch does, and
 every implementation agrees."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -10,10 +11,14 @@ import tilelab
 IMPLEMENTATIONS = ["generated", "reference"]
 
 
-def problem(rng, q_len, kv_len=70, head_dim=16):
-    q = rng.uniform(-0.5, 0.5, (1, 2, q_len, head_dim)).astype(np.float32)
-    k = rng.uniform(-0.5, 0.5, (1, 2, kv_len, head_dim)).astype(np.float32)
-    v = rng.uniform(-1, 1, (1, 2, kv_len, head_dim)).astype(np.float32)
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def problem(rng, q_len, kv_len=70, head_dim=16, dtype_name="float32"):
+    dtype = DTYPES[dtype_name]
+    q = rng.uniform(-0.5, 0.5, (1, 2, q_len, head_dim)).astype(np.float32).astype(dtype)
+    k = rng.uniform(-0.5, 0.5, (1, 2, kv_len, head_dim)).astype(np.float32).astype(dtype)
+    v = rng.uniform(-1, 1, (1, 2, kv_len, head_dim)).astype(np.float32).astype(dtype)
     return q, k, v
 
 
@@ -23,12 +28,14 @@ def run(q, k, v, implementation, **options):
     )
 
 
+@pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-@pytest.mark.parametrize("q_len", [1, 5])
-def test_nan_in_a_query_row_gives_that_row_nan(rng, implementation, q_len):
-    q, k, v = problem(rng, q_len)
+@pytest.mark.parametrize("q_len", [1, 5, 40])
+def test_nan_in_a_query_row_gives_that_row_nan(rng, implementation, q_len, dtype_name):
+    q, k, v = problem(rng, q_len, dtype_name=dtype_name)
     q[0, 1, q_len - 1, 3] = np.nan
     out, lse = run(q, k, v, implementation)
+    out = out.astype(np.float32)
     assert np.isnan(out[0, 1, q_len - 1]).all()
     assert np.isnan(lse[0, 1, q_len - 1])
     assert np.isfinite(out[0, 0]).all() and np.isfinite(out[0, 1, : q_len - 1]).all()
