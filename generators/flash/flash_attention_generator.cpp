@@ -87,7 +87,7 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     s.bf16_products = tilelab::schedules::uses_bf16_products(bf16_products, io_type.value(), decode,
                                                              get_target());
     s.operands_at_root = score_options;
-    s.split_state = tiling.every_block_live;
+    s.split_state = tiling.split_state;
     TILELAB_REQUIRE(!score_options || (!has_bias && !decode))
         << "score_options: a prefill variant without bias only";
 
@@ -105,7 +105,9 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     // The last key row (ii, io) sees (causal and length limits folded into one bound).
     s.row_key_limit(ii, io) = min(s.row_query(ii, io) + causal_offset, kv_len - 1);
     Expr key = jb * KB + jj;
-    Expr key_c = min(key, kv_len - 1);
+    // Clamped below too: the scores of a block a causal tile does not reach are bounded at a key
+    // before it (define_online_softmax), and computed there for one key.
+    Expr key_c = clamp(key, 0, kv_len - 1);
 
     tilelab::generators::define_row_transpose(
         s.query_t, s.query_rows, head_dim,
@@ -159,11 +161,14 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     }
     s.masked(ii, jj, jb, io, hk, b) = classify_score(biased, visible);
 
-    // Causal: blocks wholly right of the tile's last visible key are skipped, not masked. The
-    // tile's largest query index is its last row's, unless the tile crosses into the next head.
+    // Causal: keys right of the tile's last visible key are skipped, not masked, from the group of
+    // kKeyGroup keys after it (decode tiles: from the block after it). The tile's largest query
+    // index is its last row's, unless the tile crosses into the next head.
     Expr first_row = io * QT, last_row = min(io * QT + QT - 1, rows - 1);
     Expr one_head = first_row / q_len == last_row / q_len;
-    Expr tile_max_i = select(one_head, last_row % q_len, q_len - 1);
+    // Written without % or select (last_row % q_len in one head, q_len - 1 across two), so that
+    // bounds inference, which bounds x % n by n - 1, sizes the tile's scores to its keys.
+    Expr tile_max_i = min(last_row - (first_row / q_len) * q_len, q_len - 1);
     // A window's left edge: blocks wholly left of the tile's first row's window are skipped too.
     Expr first_block;
     if (score_options) {
@@ -172,7 +177,8 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     }
     tilelab::generators::define_online_softmax(
         s, (kv_len + KB - 1) / KB,
-        [&](const Expr& rk) { return rk * KB <= tile_max_i + causal_offset; }, first_block);
+        [&](const Expr& rk) { return rk * KB <= tile_max_i + causal_offset; }, first_block,
+        decode ? Expr() : tile_max_i + causal_offset);
 
     // Finished rows: out per column, and the row's lse and 1 / l once per row.
     Tuple first_column = s.state(0, ii, io, hk, b);

@@ -176,22 +176,49 @@ inline void define_bf16_operands(FlashAttentionStages& s, const Halide::Expr& he
 
 // Defines, from s.masked (the classified scores), the block statistics, the probabilities, the
 // per-block P·V and the running state s.state, merged over key blocks 0 .. num_blocks - 1 in order.
-// `block_is_live(rk)`, when given, says which blocks the merge visits (a predicate on the pure vars
-// and rk; Halide turns it into a loop bound only when it loads nothing); the blocks it skips must
-// be a suffix of first_block .. num_blocks - 1. `first_block`, when given (a
-// function of the pure vars), is where the merge and the running max start: every key of the
-// blocks before it is masked for every row of the tile (a sliding window's left edge), so they
-// change nothing.
+// `tile_last_key`, when given (a function of the pure vars), is the last key any row of the tile
+// sees: the reductions over a block stop at its group of kKeyGroup keys (a causal tile's
+// diagonal), and blocks past it reduce nothing. `block_is_live(rk)`, when given, says which blocks
+// the merge visits (a predicate on the pure vars and rk; Halide turns it into a loop bound only
+// when it loads nothing, and not in a split_state merge); the blocks it skips must be a suffix of
+// first_block .. num_blocks - 1. `first_block`, when given (a function of the pure vars), is where
+// the merge and the running max start: every key of the blocks before it is masked for every row
+// of the tile (a sliding window's left edge), so they change nothing.
 inline void define_online_softmax(
     FlashAttentionStages& s, const Halide::Expr& num_blocks,
     const std::function<Halide::Expr(const Halide::Expr&)>& block_is_live,
-    const Halide::Expr& first_block = Halide::Expr()) {
+    const Halide::Expr& first_block = Halide::Expr(),
+    const Halide::Expr& tile_last_key = Halide::Expr()) {
   using namespace Halide;
   using S = ScoreMarkers;
   Var &d = s.d, &jj = s.jj, &jb = s.jb, &ii = s.ii, &io = s.io, &hk = s.hk, &b = s.b;
 
-  RDom rj(0, s.key_block, "rj");
-  s.rj = rj.x;
+  // Keys are reduced in groups of G: a causal tile's last block stops at the group of the tile's
+  // last visible key, and a block it does not reach reduces nothing. `last_group` (of block jb)
+  // bounds the groups with a where clause, which trims the reductions' loops; their operands are
+  // read at groups clamped to it as well, because bounds inference takes an RDom's box whatever
+  // its predicate: only so are the scores and probabilities of the groups past it not computed.
+  const int G = tile_last_key.defined() ? kKeyGroup : s.key_block;
+  TILELAB_REQUIRE(s.key_block % G == 0 && G % 2 == 0)
+      << "key_block: a multiple of " << kKeyGroup << ", got " << s.key_block;
+  Expr last_group = tile_last_key.defined() ? (tile_last_key - jb * s.key_block) / G : Expr();
+  auto reached = [&](const Expr& group) {
+    return last_group.defined() ? max(min(group, last_group), 0) : group;
+  };
+  // The index within a group of `size`, for the scores and probabilities of a split_state merge,
+  // which visits every block: in a block the tile does not reach (last_group < 0) their box then
+  // holds one element instead of a group. Not for V, whose box may be taken over a whole call
+  // (value_bf16 at root): there a negative index would widen it.
+  auto within = [&](const Expr& index, int size) {
+    return last_group.defined() && s.split_state ? min(index, size - 1 + size * min(last_group, 0))
+                                                 : index;
+  };
+  RDom rj_groups(0, G, 0, s.key_block / G, "rj");
+  if (last_group.defined()) rj_groups.where(rj_groups.y <= last_group);
+  s.rj = rj_groups.x;
+  s.rjg = rj_groups.y;
+  Expr rj = reached(rj_groups.y) * G + within(rj_groups.x, G);
+  Expr rj_value = reached(rj_groups.y) * G + rj_groups.x;  // the same key where the loop runs
   // Reductions over a block go through *_in_block (per row vector, kept in registers); the
   // block-indexed Funcs the merge reads are plain copies the schedule can store and slide.
   s.block_max_in_block(ii, jb, io, hk, b) = S::kMasked;
@@ -229,14 +256,18 @@ inline void define_online_softmax(
         cast(BFloat(16), s.prob(ii, 2 * jo + jp, jb, io, hk, b));
     TILELAB_REQUIRE(s.key_block % 2 == 0)
         << "key_block: bf16 products pair the keys of a block, got " << s.key_block;
-    RDom rp(0, 2, 0, s.key_block / 2, "rp");
+    RDom rp(0, 2, 0, G / 2, 0, s.key_block / G, "rp");
+    if (last_group.defined()) rp.where(rp.z <= last_group);
     s.rjp = rp.x;
     s.rjo = rp.y;
-    s.block_pv(d, ii, jb, io, hk, b) += cast<float>(s.prob_bf16(rp.x, ii, rp.y, jb, io, hk, b)) *
-                                        cast<float>(s.value_bf16(rp.x, d, rp.y, jb, hk, b));
+    s.rjpg = rp.z;
+    Expr pair = reached(rp.z) * (G / 2) + within(rp.y, G / 2);
+    Expr pair_value = reached(rp.z) * (G / 2) + rp.y;
+    s.block_pv(d, ii, jb, io, hk, b) += cast<float>(s.prob_bf16(rp.x, ii, pair, jb, io, hk, b)) *
+                                        cast<float>(s.value_bf16(rp.x, d, pair_value, jb, hk, b));
   } else {
     s.block_pv(d, ii, jb, io, hk, b) +=
-        s.prob(ii, rj, jb, io, hk, b) * s.value_f32(d, rj, jb, hk, b);
+        s.prob(ii, rj, jb, io, hk, b) * s.value_f32(d, rj_value, jb, hk, b);
   }
 
   // Merge block rk into (m, l, o): two FMAs per element, the exps were per row. With

@@ -7,6 +7,10 @@
 
 namespace tilelab::generators {
 
+// Keys per group of a block's reductions, where a causal tile's keys stop (define_online_softmax):
+// the keys of one register tile of scores.
+inline constexpr int kKeyGroup = 8;
+
 // The pipeline's stages, named by what they hold. Dimensions, innermost first:
 //   d head dim, jj key within a key block, jb key block, ii row within a query tile, io query tile,
 //   hk kv head, b batch; a row is one (query head of the group, query index) pair.
@@ -62,15 +66,17 @@ struct FlashAttentionStages {
   // (d, row, hk, b) Tuple(out, lse), row = (h mod group) · M + i (the dense forward's outputs).
   Halide::Func out{"out"};
   Halide::Var d{"d"}, jj{"jj"}, jb{"jb"}, ii{"ii"}, io{"io"}, hk{"hk"}, b{"b"}, row{"row"};
-  Halide::RVar rk;       // key blocks, reduced by `state`
-  Halide::RVar rd;       // head dim, reduced by `score`
-  Halide::RVar rj;       // keys of a block, reduced by block_max / block_sum / block_pv
+  Halide::RVar rk;  // key blocks, reduced by `state`
+  Halide::RVar rd;  // head dim, reduced by `score`
+  // Keys of a block, reduced by block_max / block_sum / block_pv: rj within a group of kKeyGroup
+  // keys, rjg over the groups (one group of the whole block when no causal bound is given).
+  Halide::RVar rj, rjg;
   Halide::RVar rl;       // decode: lanes of score_partial, reduced by `score`
   Halide::Var dl{"dl"};  // decode: lane of score_partial
   Halide::RVar rb;       // blocks 0..jb, reduced by running_max
   // bf16 products: rdp the pair within rd (rd then counts pairs); block_pv reduces the keys of a
-  // block as pairs, rjp within the pair and rjo over pairs.
-  Halide::RVar rdp, rjp, rjo;
+  // block as pairs, rjp within the pair, rjo over the pairs of a group and rjpg over groups.
+  Halide::RVar rdp, rjp, rjo, rjpg;
   Halide::Var dp{"dp"}, dh{"dh"}, jp{"jp"}, jo{"jo"};  // bf16 products: pair and pair index
   // q·k and P·V as bf16 × bf16 products with fp32 accumulation (vdpbf16ps); P is rounded to bf16.
   bool bf16_products = false;
@@ -82,8 +88,9 @@ struct FlashAttentionStages {
   int key_block = 0;    // keys per block
   int query_tile = 0;   // rows per query tile
   bool decode = false;  // few rows per kv head: head dim in the vector lanes for q·k
-  // The merge keeps (m, l) in row_stats and o in out_sum: only for kernels whose calls merge every
-  // key block (tiling.hpp, every_block_live), as the fused block loop computes every block.
+  // The merge keeps (m, l) in row_stats and o in out_sum (tiling.hpp, split_state). Its fused
+  // block loop visits every key block, whatever block_is_live says; a block past a causal tile's
+  // last key then reduces no key.
   bool split_state = false;
   int decode_lanes = 16;  // lanes of score_partial
   // With a bias, its strides across rows and query heads: both 0 when it is broadcast over them

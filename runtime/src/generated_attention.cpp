@@ -19,20 +19,16 @@
 #include "flash_fwd_bf16_fp32_probabilities_tall.h"
 #include "flash_fwd_bf16_options.h"
 #include "flash_fwd_bf16_options_fp32_probabilities.h"
-#include "flash_fwd_bf16_wide.h"
 #include "flash_fwd_f16.h"
 #include "flash_fwd_f16_bias.h"
 #include "flash_fwd_f16_bias_tall.h"
 #include "flash_fwd_f16_decode.h"
 #include "flash_fwd_f16_options.h"
 #include "flash_fwd_f16_tall.h"
-#include "flash_fwd_f16_wide.h"
-#include "flash_fwd_f16_wide_tall.h"
 #include "flash_fwd_f32.h"
 #include "flash_fwd_f32_bias.h"
 #include "flash_fwd_f32_decode.h"
 #include "flash_fwd_f32_options.h"
-#include "flash_fwd_f32_wide.h"
 #include "halide_glue.hpp"
 #include "schedules/flash/tiling.hpp"
 #include "scratch_memory.hpp"
@@ -79,28 +75,23 @@ OptionsKernel pick_options_kernel(const AttentionProblem& p) {
   }
 }
 
-// Without a bias: decode for few rows per kv head, else 128-key blocks without a causal mask
-// (kPrefillWideTiling) and 64-key blocks with one. Kernels that widen 16-bit K and V per tile
-// (fp16, and bf16 on fp32 FMAs) also come with 64-row tiles, for calls with rows enough to fill
-// them.
+// Without a bias: decode for few rows per kv head, else 128-key blocks (kPrefillWideTiling), causal
+// or not. Kernels that widen 16-bit K and V per tile (fp16, and bf16 on fp32 FMAs) also come with
+// 64-row tiles, for calls with rows enough to fill them.
 Kernel pick_kernel(const AttentionProblem& p) {
   const bool has_bias = p.bias.has_value();
   const bool decode = !has_bias && decode_rows(p);
-  const bool wide = !has_bias && !decode && !p.causal;
   const bool tall = !decode && schedules::flash::prefers_tall_query_tiles(
                                    p.rows_per_kv_head(), p.batch * p.kv_heads, num_threads());
   switch (p.dtype) {
     case DType::f32:
       if (has_bias) return TILELAB_NAMED(flash_fwd_f32_bias);
       if (decode) return TILELAB_NAMED(flash_fwd_f32_decode);
-      if (wide) return TILELAB_NAMED(flash_fwd_f32_wide);
       return TILELAB_NAMED(flash_fwd_f32);
     case DType::f16:
       if (has_bias && tall) return TILELAB_NAMED(flash_fwd_f16_bias_tall);
       if (has_bias) return TILELAB_NAMED(flash_fwd_f16_bias);
       if (decode) return TILELAB_NAMED(flash_fwd_f16_decode);
-      if (wide && tall) return TILELAB_NAMED(flash_fwd_f16_wide_tall);
-      if (wide) return TILELAB_NAMED(flash_fwd_f16_wide);
       if (tall) return TILELAB_NAMED(flash_fwd_f16_tall);
       return TILELAB_NAMED(flash_fwd_f16);
     case DType::bf16:
@@ -112,7 +103,6 @@ Kernel pick_kernel(const AttentionProblem& p) {
         return TILELAB_NAMED(flash_fwd_bf16_fp32_probabilities);
       }
       if (has_bias) return TILELAB_NAMED(flash_fwd_bf16_bias);
-      if (wide) return TILELAB_NAMED(flash_fwd_bf16_wide);
       return TILELAB_NAMED(flash_fwd_bf16);
     case DType::i32:
     case DType::f8e4m3fn:

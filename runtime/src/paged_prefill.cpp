@@ -215,8 +215,8 @@ void generated_prefill_attention(const PagedProblem& p, std::vector<char>& seque
     for (std::int64_t h = 0; h < p.kv_heads; h += heads_per_call) {
       const std::int64_t heads = std::min(heads_per_call, p.kv_heads - h);
       // k_scale joins the softmax scale (dense_problem); v_scale multiplies the widened V.
-      // The generated kernels multiply a key's V row by P = 0 for the rows of its block that do
-      // not see it, so a NaN or inf there would reach them; the paged kernel accumulates only
+      // The generated kernels multiply a key's V row by P = 0 for the rows of its query tile that
+      // do not see it, so a NaN or inf there would reach them; the paged kernel accumulates only
       // the keys each row sees. Such a sequence goes back to the paged kernel (which then
       // computes all its heads).
       if (!gather_rows(p, p.value_cache, s, h, heads, first_key, p.v_scale, true, values.data())) {

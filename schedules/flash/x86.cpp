@@ -5,7 +5,9 @@
 //
 // Loop nest per (query tile io, kv head hk, batch b), parallel over the three fused:
 //   query_t            QT×D, transposed once per tile so rows are contiguous
-//   for each key block rk (causal: skipped when wholly right of the tile's last query)
+//   for each key block rk (causal: its keys right of the tile's last visible key skipped from
+//                       the group of 8 after it; blocks wholly right skipped too, or with
+//                       split_state reduced over no key)
 //     masked / score   QT×KB, register tiles of (2·VL rows) × 8 keys = 16 accumulators
 //                       (AVX-512: 2 row vectors + 8 key broadcasts per d → 16 FMAs, 10 loads;
 //                       AVX2, 16 ymm: × 4 keys, 8 accumulators, flash::accumulator_registers)
@@ -24,20 +26,26 @@
 // The rescale then depends on the state, so it is computed per output element: one or two exps
 // per (d, row, block), about a third of the FMA work at D = 128, KB = 64. Keeping the running
 // max as its own Func (recomputed from stored block maxima) moves the exps to per-row work.
-// Key blocks: 64 for causal calls, 128 without a causal mask (kPrefillWideTiling: 4-8% faster in
-// fp32 and bf16, measured side by side on Zen 4; 32 was slower). The probabilities' exps are
-// exp_nonpositive (online_softmax.hpp): 1.23 ulp, and the loop over 16 scores (loads, mask and
-// store included) 25 instructions, or 20 at bf16 accuracy, against 33 with Halide's exp; Halide's
-// took 13% of a one-thread bf16 call (B1 H16 S512 D128). Same-process A/B on Zen 4: fp32 1.01x
-// faster, bf16 (at bf16 accuracy) 1.04-1.05x. Tried, no gain: Halide's fast_exp (within noise);
-// software prefetch of the next K/V block in decode (0-10% slower on Zen 3: the hardware
+// Key blocks: 128 without a bias (kPrefillWideTiling: 4-8% faster than 64 in fp32 and bf16 without
+// a causal mask, measured side by side on Zen 4; 32 was slower), 64 with one. The probabilities'
+// exps are exp_nonpositive (online_softmax.hpp): 1.23 ulp, and the loop over 16 scores (loads, mask
+// and store included) 25 instructions, or 20 at bf16 accuracy, against 33 with Halide's exp;
+// Halide's took 13% of a one-thread bf16 call (B1 H16 S512 D128). Same-process A/B on Zen 4:
+// fp32 1.01x faster, bf16 (at bf16 accuracy) 1.04-1.05x. Tried, no gain: Halide's fast_exp (within
+// noise); software prefetch of the next K/V block in decode (0-10% slower on Zen 3: the hardware
 // prefetchers already follow the two streams; Halide prefetch two blocks ahead, no change on Zen
 // 4); no initialization pass for the state (undef, block 0 writes): the select per
 // merged element cost what the pass did; 64-row query tiles for bf16 products (Zen 4: full no
-// faster, causal slower; the tiles that widen K and V gain: kPrefillTallTiling); trimming a
-// diagonal block's masked end with an RDom where-clause on the block's keys (rj <= the tile's last
-// visible key): bounds inference then widened block_pv to a range of blocks and kept the clause as
-// an if in the innermost loop, 1.5x slower everywhere.
+// faster, causal slower; the tiles that widen K and V gain: kPrefillTallTiling).
+//
+// Causal tiles stop at their last visible key to within a group of 8 keys (define_online_softmax):
+// a where clause on the groups trims the reductions' loops, and the scores and probabilities are
+// computed for the groups reached only because the reductions read them at groups clamped to the
+// tile's last (bounds inference takes an RDom's box, not its predicate), into storage of a whole
+// block (bound_storage: the computed extent varies, and a buffer of varying size went to the heap).
+// B1 H16 S512 D128 fp32 on Zen 4, 2 threads, causal against full, alternating: 1.45-1.50x with
+// blocks skipped whole, 1.64-1.75x with the groups. (A where clause on the keys themselves, tried
+// first, kept an if per key in the innermost loop and was 1.5x slower.)
 //
 // bf16 with bf16 products (AVX-512 BF16 targets): the same nest on paired operands. q·k: 2 row
 // vectors of (head-dim pair) × 16 rows and 8 key-pair broadcasts read from K in place → 16
@@ -138,8 +146,9 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     // serve both. Against (m, l) stored per head dim beside o (three times the state, 48 KiB of a
     // 32-row tile at D = 128, past Zen 4's 32 KiB L1, and two of the merge's three stores): B1 H16
     // S512 D128 full, Zen 4, 2 threads, alternating builds, results bit-identical: fp32
-    // 1.02-1.05x faster, bf16 1.05-1.08x. Not for causal calls: Halide does not trim the fused
-    // loop to the blocks a where clause keeps, so every block would be computed (1.5x slower).
+    // 1.02-1.05x faster, bf16 1.05-1.08x. Halide does not trim the fused loop to the blocks a
+    // where clause keeps: a causal tile's blocks past its last key are visited, but reduce no key
+    // (define_online_softmax), and their scores are computed for one key.
     s.row_stats.compute_at(tile).vectorize(s.ii, RV);
     s.row_stats.update()
         .reorder(s.ii, s.rk, s.io, s.hk, s.b)
@@ -246,14 +255,16 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   s.block_max_in_block.compute_at(s.block_max, s.ii).vectorize(s.ii);
   s.block_sum_in_block.compute_at(s.block_sum, s.ii).vectorize(s.ii);
   for (Func f : {s.block_max_in_block, s.block_sum_in_block}) {
-    f.update().reorder(s.ii, s.rj).vectorize(s.ii).unroll(s.rj, 4);
+    f.update().reorder(s.ii, s.rj, s.rjg).vectorize(s.ii).unroll(s.rj, 4);
   }
   s.prob.compute_at(merged, s.rk).vectorize(s.ii, RV).unroll(s.jj, 4);
 
-  // bf16 products reduce the keys of a block in pairs (rjp within, rjo over pairs).
+  // Keys in groups (rjg); bf16 products reduce a group's keys in pairs (rjp within, rjo over the
+  // pairs, rjpg over the groups).
   const RVar keys = s.bf16_products ? s.rjo : s.rj;
   const std::optional<RVar> pair = s.bf16_products ? std::optional<RVar>(s.rjp) : std::nullopt;
-  flash::schedule_tile_product(s.block_pv, s.d, s.ii, keys, LoopLevel(merged, dout), VL, pair);
+  flash::schedule_tile_product(s.block_pv, s.d, s.ii, keys, LoopLevel(merged, dout), VL, pair,
+                               s.bf16_products ? s.rjpg : s.rjg);
   // Each per-block stage is computed for block rk alone, but bounds inference, bounding jb by the
   // merge's where clause as min(last live block, rk), cannot see that: its loops over jb had an
   // unknown trip count (a memset call and reloads of the register tile per P·V tile) and its
@@ -264,6 +275,13 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   if (!s.operands_at_root) {
     for (Func f : {s.masked, s.prob, s.block_sum, s.rescale, s.block_pv}) f.bound_extent(s.jb, 1);
     if (s.bf16_products) s.prob_bf16.bound_extent(s.jb, 1);
+  }
+  // A causal tile's scores and probabilities are computed for the keys it reaches, which vary by
+  // block and tile: stored in buffers of a whole block, not of varying size (on the heap).
+  if (!s.decode) {
+    s.masked.bound_storage(s.jj, s.key_block);
+    s.prob.bound_storage(s.jj, s.key_block);
+    if (s.bf16_products) s.prob_bf16.bound_storage(s.jo, s.key_block / 2);
   }
 }
 

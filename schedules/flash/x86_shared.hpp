@@ -156,19 +156,25 @@ inline void schedule_score_pair_products(Halide::Func f, const Halide::Var& rows
 // loop of split_register_tiles): head dims in vectors, `second` unrolled, the accumulators in
 // registers. With `pair` (bf16 products: `r` counts pairs, `pair` of extent 2 within one), the
 // pair and the head-dim vector form one 2·lanes-wide bf16 operand, and the atomic vectorized pair
-// reduction becomes one vdpbf16ps per accumulator.
+// reduction becomes one vdpbf16ps per accumulator. `r_outer`, when given, is reduced outside `r`
+// (groups of keys).
 inline void schedule_tile_product(Halide::Func f, const Halide::Var& d, const Halide::Var& second,
                                   const Halide::RVar& r, const Halide::LoopLevel& level, int lanes,
-                                  const std::optional<Halide::RVar>& pair = std::nullopt) {
+                                  const std::optional<Halide::RVar>& pair = std::nullopt,
+                                  const std::optional<Halide::RVar>& r_outer = std::nullopt) {
   Halide::Var dvo("dvo"), dvi("dvi");
   f.compute_at(level).split(d, dvo, dvi, lanes).vectorize(dvi).unroll(dvo).unroll(second);
   Halide::Stage update = f.update();
   update.split(d, dvo, dvi, lanes);
-  if (pair) {
-    update.reorder(*pair, dvi, dvo, second, r).atomic().vectorize(*pair);
-  } else {
-    update.reorder(dvi, dvo, second, r);
+  std::vector<Halide::VarOrRVar> order;
+  if (pair) order.push_back(*pair);
+  for (const Halide::VarOrRVar& v : {Halide::VarOrRVar(dvi), Halide::VarOrRVar(dvo),
+                                     Halide::VarOrRVar(second), Halide::VarOrRVar(r)}) {
+    order.push_back(v);
   }
+  if (r_outer) order.push_back(*r_outer);
+  update.reorder(order);
+  if (pair) update.atomic().vectorize(*pair);
   update.vectorize(dvi).unroll(dvo).unroll(second);
 }
 

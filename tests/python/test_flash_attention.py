@@ -174,7 +174,7 @@ def test_kernel_query(rng):
         assert kernel is None
         pytest.skip("this build has no generated kernel for the call (TILELAB_BUILD_KERNELS=OFF)")
     assert kernel == "flash_fwd_f32"
-    assert tilelab.flash_attention_kernel(q, k, v) == "flash_fwd_f32_wide"
+    assert tilelab.flash_attention_kernel(q, k, v) == "flash_fwd_f32"
     bias = np.zeros((1, 1, 40, 70), np.float32)
     assert tilelab.flash_attention_kernel(q, k, v, bias=bias) == "flash_fwd_f32_bias"
     assert (

@@ -73,7 +73,6 @@ def test_bias_and_scale(rng, fp32_probabilities):
 BF16_DOT_PRODUCT_KERNELS = {
     "flash_fwd_bf16",
     "flash_fwd_bf16_bias",
-    "flash_fwd_bf16_wide",
     "flash_fwd_bf16_options",
 }
 

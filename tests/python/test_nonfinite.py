@@ -139,3 +139,40 @@ def test_very_negative_finite_scores_agree_in_every_implementation(rng):
         np.testing.assert_allclose(out[:, :, 3], mean_v, atol=1e-5)
         np.testing.assert_allclose(lse[:, :, 3], -1e30, rtol=1e-6)
         np.testing.assert_allclose(out, results[0][0], atol=1e-5)
+
+
+# The one exception (README): a key hidden from a row by the causal mask still meets the row's
+# p·v as 0 · v if a row of the same query tile sees a key in its group of 8. A NaN in that key's
+# V row reaches those rows of the tile, and no row of an earlier tile.
+@pytest.mark.parametrize(
+    ("dtype_name", "options"),
+    [
+        ("float32", {}),
+        ("float16", {}),
+        ("bfloat16", {}),
+        ("bfloat16", {"fp32_probabilities": True}),
+        ("float32", {"bias": np.zeros((1, 1, 300, 300), np.float32)}),
+    ],
+    ids=["f32", "f16", "bf16", "bf16_fp32_probabilities", "f32_bias"],
+)
+def test_a_hidden_nan_value_reaches_only_the_query_tile_by_its_key(rng, dtype_name, options):
+    q, k, v = (
+        rng.uniform(-0.5, 0.5, (1, 2, 300, 32)).astype(np.float32).astype(DTYPES[dtype_name])
+        for _ in range(3)
+    )
+    kernel = tilelab.flash_attention_kernel(q, k, v, causal=True, **options)
+    if kernel is None:
+        pytest.skip("this build has no generated kernel for the call (TILELAB_BUILD_KERNELS=OFF)")
+    tile_rows = 64 if kernel.endswith("_tall") else 32
+    hidden = 255
+    v_nan = v.copy()
+    v_nan[0, 1, hidden, 5] = np.nan
+    out = tilelab.flash_attention(q, k, v_nan, causal=True, **options)
+    clean = tilelab.flash_attention(q, k, v, causal=True, **options)
+    # The first tile with a row that sees a key of the hidden key's group.
+    reaching_tile = (hidden // 8 * 8) // tile_rows
+    earlier_rows = reaching_tile * tile_rows
+    np.testing.assert_array_equal(out[0, 1, :earlier_rows], clean[0, 1, :earlier_rows])
+    assert np.isfinite(out[0, 1, :earlier_rows].astype(np.float32)).all()
+    assert np.isnan(out[0, 1, hidden:, 5].astype(np.float32)).all()
+    np.testing.assert_array_equal(out[0, 0], clean[0, 0])
