@@ -2,16 +2,13 @@
 of exactly -inf) masks a key; every other score follows IEEE arithmetic, as PyTorch does, and
 every implementation agrees."""
 
-import ml_dtypes
 import numpy as np
 import pytest
+from attention_reference import DTYPES
 
 import tilelab
 
 IMPLEMENTATIONS = ["generated", "reference"]
-
-
-DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 def problem(rng, q_len, kv_len=70, head_dim=16, dtype_name="float32"):
