@@ -168,10 +168,7 @@ inline void schedule_tile_product(Halide::Func f, const Halide::Var& d, const Ha
   update.split(d, dvo, dvi, lanes);
   std::vector<Halide::VarOrRVar> order;
   if (pair) order.push_back(*pair);
-  for (const Halide::VarOrRVar& v : {Halide::VarOrRVar(dvi), Halide::VarOrRVar(dvo),
-                                     Halide::VarOrRVar(second), Halide::VarOrRVar(r)}) {
-    order.push_back(v);
-  }
+  order.insert(order.end(), {dvi, dvo, second, r});
   if (r_outer) order.push_back(*r_outer);
   update.reorder(order);
   if (pair) update.atomic().vectorize(*pair);
