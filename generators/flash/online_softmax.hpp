@@ -198,9 +198,9 @@ inline void define_online_softmax(
   // bounds the groups with a where clause, which trims the reductions' loops; their operands are
   // read at groups clamped to it as well, because bounds inference takes an RDom's box whatever
   // its predicate: only so are the scores and probabilities of the groups past it not computed.
-  const int G = tile_last_key.defined() ? kKeyGroup : s.key_block;
-  TILELAB_REQUIRE(s.key_block % G == 0 && G % 2 == 0)
+  TILELAB_REQUIRE(s.key_block % kKeyGroup == 0)
       << "key_block: a multiple of " << kKeyGroup << ", got " << s.key_block;
+  const int G = tile_last_key.defined() ? kKeyGroup : s.key_block;
   Expr last_group = tile_last_key.defined() ? (tile_last_key - jb * s.key_block) / G : Expr();
   auto reached = [&](const Expr& group) {
     return last_group.defined() ? max(min(group, last_group), 0) : group;
