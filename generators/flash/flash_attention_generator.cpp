@@ -105,8 +105,19 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     // The last key row (ii, io) sees (causal and length limits folded into one bound).
     s.row_key_limit(ii, io) = min(s.row_query(ii, io) + causal_offset, kv_len - 1);
     Expr key = jb * KB + jj;
+    // Keys right of the tile's last visible key are skipped, not masked, from the group of
+    // kKeyGroup keys after it (decode tiles: from the block after it): the causal diagonal, or the
+    // last key there is, which a last block that kv_len cuts short stops at too. The tile's largest
+    // query index is its last row's, unless the tile crosses into the next head.
+    Expr first_row = io * QT, last_row = min(io * QT + QT - 1, rows - 1);
+    Expr one_head = first_row / q_len == last_row / q_len;
+    // Written without % or select (last_row % q_len in one head, q_len - 1 across two), so that
+    // bounds inference, which bounds x % n by n - 1, sizes the tile's scores to its keys.
+    Expr tile_max_i = min(last_row - (first_row / q_len) * q_len, q_len - 1);
+    Expr tile_last_key = min(tile_max_i + causal_offset, kv_len - 1);
+    if (!decode) s.tile_last_key = tile_last_key;
     // Clamped below too: the scores of a block a causal tile does not reach are bounded at a key
-    // before it (define_online_softmax), and computed there for one key.
+    // before it (define_online_softmax), where one register tile reduces no head dim.
     Expr key_c = clamp(key, 0, kv_len - 1);
 
     tilelab::generators::define_row_transpose(
@@ -161,14 +172,6 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     }
     s.masked(ii, jj, jb, io, hk, b) = classify_score(biased, visible);
 
-    // Causal: keys right of the tile's last visible key are skipped, not masked, from the group of
-    // kKeyGroup keys after it (decode tiles: from the block after it). The tile's largest query
-    // index is its last row's, unless the tile crosses into the next head.
-    Expr first_row = io * QT, last_row = min(io * QT + QT - 1, rows - 1);
-    Expr one_head = first_row / q_len == last_row / q_len;
-    // Written without % or select (last_row % q_len in one head, q_len - 1 across two), so that
-    // bounds inference, which bounds x % n by n - 1, sizes the tile's scores to its keys.
-    Expr tile_max_i = min(last_row - (first_row / q_len) * q_len, q_len - 1);
     // A window's left edge: blocks wholly left of the tile's first row's window are skipped too.
     Expr first_block;
     if (score_options) {
@@ -176,9 +179,8 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
       first_block = max(tile_min_i + *window_begin_offset, 0) / KB;
     }
     tilelab::generators::define_online_softmax(
-        s, (kv_len + KB - 1) / KB,
-        [&](const Expr& rk) { return rk * KB <= tile_max_i + causal_offset; }, first_block,
-        decode ? Expr() : tile_max_i + causal_offset);
+        s, (kv_len + KB - 1) / KB, [&](const Expr& rk) { return rk * KB <= tile_last_key; },
+        first_block);
 
     // Finished rows: out per column, and the row's lse and 1 / l once per row.
     Tuple first_column = s.state(0, ii, io, hk, b);

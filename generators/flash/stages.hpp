@@ -92,6 +92,10 @@ struct FlashAttentionStages {
   // block loop visits every key block, whatever block_is_live says; a block past a causal tile's
   // last key then reduces no key.
   bool split_state = false;
+  // Prefill, when the generator bounds it (a function of io, hk, b): the last key any row of a
+  // query tile sees (a causal tile's diagonal, or the last key there is). A block past it computes
+  // no q·k (define_scores), and a block's reductions stop at its group (define_online_softmax).
+  Halide::Expr tile_last_key;
   int decode_lanes = 16;  // lanes of score_partial
   // With a bias, its strides across rows and query heads: both 0 when it is broadcast over them
   // (a key padding mask), and then a tile's rows (in the vector lanes) read one value per key.

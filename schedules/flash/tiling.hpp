@@ -17,8 +17,8 @@ struct FlashAttentionTiling {
   bool decode = false;
   // The merge keeps (m, l) once per row, in a Func of its own updated in the merge's block loop
   // (FlashAttentionStages::split_state), instead of per head dim beside o. That fused loop visits
-  // every key block: a causal tile's blocks past its last key cost a row's statistics and the
-  // merge of a zero block each, not their keys.
+  // every key block: a causal tile's blocks past its last key cost their rows' statistics and
+  // zeroed register tiles, not their keys.
   bool split_state = false;
 };
 

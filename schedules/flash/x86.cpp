@@ -148,7 +148,7 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     // S512 D128 full, Zen 4, 2 threads, alternating builds, results bit-identical: fp32
     // 1.02-1.05x faster, bf16 1.05-1.08x. Halide does not trim the fused loop to the blocks a
     // where clause keeps: a causal tile's blocks past its last key are visited, but reduce no key
-    // (define_online_softmax), and their scores are computed for one key.
+    // (define_online_softmax) and compute no q·k (define_scores); their merge is skipped.
     s.row_stats.compute_at(tile).vectorize(s.ii, RV);
     s.row_stats.update()
         .reorder(s.ii, s.rk, s.io, s.hk, s.b)

@@ -66,9 +66,13 @@ def test_ragged_lengths(rng, q_len, kv_len, alignment):
     check(q, k, v, "float32", causal=True, causal_alignment=alignment)
 
 
-# Without a causal mask the prefill kernels take 128-key blocks: lengths around their boundaries.
+# Without a causal mask the prefill kernels take 128-key blocks, and a last block that kv_len cuts
+# short stops at the group of 8 keys that holds kv_len - 1: lengths around both boundaries.
 @pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize(("q_len", "kv_len"), [(9, 127), (33, 128), (40, 129), (70, 257), (31, 1)])
+@pytest.mark.parametrize(
+    ("q_len", "kv_len"),
+    [(9, 127), (33, 128), (40, 129), (70, 257), (31, 1), (65, 136), (17, 137), (40, 263)],
+)
 def test_lengths_around_wide_key_blocks(rng, q_len, kv_len, dtype_name):
     q, k, v = random_qkv(rng, 1, 4, 2, q_len, kv_len, 48, dtype_name)
     check(q, k, v, dtype_name)
