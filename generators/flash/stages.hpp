@@ -93,8 +93,9 @@ struct FlashAttentionStages {
   // last key then reduces no key.
   bool split_state = false;
   // Prefill, when the generator bounds it (a function of io, hk, b): the last key any row of a
-  // query tile sees (a causal tile's diagonal, or the last key there is). A block past it computes
-  // no q·k (define_scores), and a block's reductions stop at its group (define_online_softmax).
+  // query tile sees (a causal tile's diagonal, or the last key there is). A block's reductions
+  // stop at its group (define_online_softmax), and in a split_state merge a block past it computes
+  // no q·k (define_scores).
   Halide::Expr tile_last_key;
   int decode_lanes = 16;  // lanes of score_partial
   // With a bias, its strides across rows and query heads: both 0 when it is broadcast over them
