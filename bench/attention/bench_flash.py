@@ -48,6 +48,8 @@ class Workload:
     decode: bool = False
     # bf16: keep P in fp32 (fp32 FMAs) instead of bf16 dot products.
     fp32_probabilities: bool = False
+    # An additive fp32 bias of shape [B, Hq, M, N] (the bias kernels; SDPA's float attn_mask).
+    bias: bool = False
 
     @property
     def name(self) -> str:
@@ -61,6 +63,7 @@ class Workload:
         )
         prefix = "decode " if self.decode else ""
         suffix = " fp32 P" if self.fp32_probabilities else ""
+        suffix += " bias" if self.bias else ""
         return f"{prefix}B{self.batch} {heads} {lengths} D{self.head_dim}{suffix}"
 
     @property
@@ -80,6 +83,7 @@ WORKLOADS = [
     Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=False),
     Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=True),
     Workload(1, 16, 16, 512, 512, 128, "bfloat16", causal=False, fp32_probabilities=True),
+    Workload(1, 16, 16, 512, 512, 128, "float32", causal=False, bias=True),
     Workload(1, 25, 25, 1024, 1024, 64, "float32", causal=False),
     Workload(1, 32, 8, 2048, 2048, 128, "bfloat16", causal=True),
     # One new query per sequence sees every cached key: not causal.
@@ -212,6 +216,11 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
     options = dict(causal=workload.causal)
     if workload.fp32_probabilities:
         options["fp32_probabilities"] = True
+    w = workload
+    bias = (rng.standard_normal((w.batch, w.q_heads, w.q_len, w.kv_len), dtype=np.float32)
+            if w.bias else None)
+    if bias is not None:
+        options["bias"] = bias
     implementation = tilelab.flash_attention_implementation(q, k, v, **options)
     kernel = tilelab.flash_attention_kernel(q, k, v, **options)
     ours = tilelab.flash_attention(q, k, v, **options)
@@ -222,12 +231,14 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
     torch_call = None
     if torch is not None:
         tq, tk, tv = (to_torch(torch, a) for a in (q, k, v))
+        mask = None if bias is None else torch.from_numpy(bias)
         sdpa = torch.nn.functional.scaled_dot_product_attention
         gqa = workload.q_heads != workload.kv_heads
 
         def torch_call():
             with torch.inference_mode():
-                return sdpa(tq, tk, tv, is_causal=workload.causal, enable_gqa=gqa)
+                return sdpa(tq, tk, tv, attn_mask=mask, is_causal=workload.causal,
+                            enable_gqa=gqa)
 
     calls = [ours_call] if torch_call is None else [ours_call, torch_call]
     bandwidth = BandwidthAlongside(args.build_dir, args.threads) if workload.decode else None
