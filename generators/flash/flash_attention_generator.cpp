@@ -26,8 +26,8 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
  public:
   GeneratorParam<Type> io_type{"io_type", Float(32)};  // q, k, v and out element type
   GeneratorParam<bool> has_bias{"has_bias", false};
-  // A tiling of schedules/flash/tiling.hpp by name ("prefill", "prefill_wide", "prefill_tall",
-  // "prefill_wide_tall", "decode"; tiling_of_variant), which the runtime picks by.
+  // A tiling of schedules/flash/tiling.hpp by name ("prefill", "prefill_wide", "prefill_wide_tall",
+  // "decode"; tiling_of_variant), which the runtime picks by.
   GeneratorParam<std::string> variant{"variant", "prefill"};
   // bf16 prefill: q·k and P·V on bf16 dot products with P rounded to bf16 (FlashAttention's mixed
   // precision), on targets that have them (AVX-512 BF16); elsewhere, and when false, P stays fp32
@@ -131,6 +131,10 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     s.value_f32(d, jj, jb, hk, b) = cast<float>(v(min(d, head_dim - 1), key_c, hk, b));
 
     s.decode = decode;
+    if (has_bias) {
+      s.bias_row_stride = bias.dim(1).stride();
+      s.bias_head_stride = bias.dim(2).stride();
+    }
     if (s.bf16_products) {
       tilelab::generators::define_bf16_operands(
           s, head_dim, scale,
@@ -143,8 +147,6 @@ class FlashAttentionForward : public Generator<FlashAttentionForward> {
     Expr biased = s.score(ii, jj, jb, io, hk, b);
     Expr visible = key <= s.row_key_limit(ii, io);
     if (has_bias) {
-      s.bias_row_stride = bias.dim(1).stride();
-      s.bias_head_stride = bias.dim(2).stride();
       // Read directly where the bias is broadcast over rows, else through its transposed copy:
       // the schedule specializes `masked` on the row stride, which drops one side of the select
       // and, in the broadcast case, the copy with it.

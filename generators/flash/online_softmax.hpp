@@ -99,11 +99,12 @@ inline Halide::Expr exp_nonpositive(const Halide::Expr& x, bool for_bf16) {
 // block past s.tile_last_key. Such a block reduces no key (define_online_softmax), but a
 // split_state merge visits it and computes one register tile of its scores; with this bound (it
 // loads nothing, so Halide makes it the loop's) that tile reduces nothing. Causal B1 H16 S512
-// D128 fp32 on Zen 4, one thread: 2% less time. Only there: the other merges skip those blocks,
-// and the bound's test, which stays in the loop, spilled registers in their score loops.
+// D128 fp32 on Zen 4, one thread: 2% less time. Only there, and without a bias (set
+// s.bias_row_stride first): the other merges skip those blocks, and the bound's test, which stays
+// in the loop, spilled registers in the score loops of the other merges and of the bias kernels.
 inline void skip_scores_past_tile(const FlashAttentionStages& s, Halide::RDom& rd,
                                   const Halide::RVar& dims, const Halide::Expr& extent) {
-  if (!s.split_state || !s.tile_last_key.defined()) return;
+  if (!s.split_state || !s.tile_last_key.defined() || s.bias_row_stride.defined()) return;
   rd.where(dims < Halide::select(s.jb * s.key_block <= s.tile_last_key, extent, 0));
 }
 

@@ -75,9 +75,9 @@ OptionsKernel pick_options_kernel(const AttentionProblem& p) {
   }
 }
 
-// Without a bias: decode for few rows per kv head, else 128-key blocks (kPrefillWideTiling), causal
-// or not. Kernels that widen 16-bit K and V per tile (fp16, and bf16 on fp32 FMAs) also come with
-// 64-row tiles, for calls with rows enough to fill them.
+// Without a bias, decode for few rows per kv head; else 128-key blocks (kPrefillWideTiling), causal
+// or not, bias or not. Kernels that widen 16-bit K and V per tile (fp16, and bf16 on fp32 FMAs)
+// also come with 64-row tiles, for calls with rows enough to fill them.
 Kernel pick_kernel(const AttentionProblem& p) {
   const bool has_bias = p.bias.has_value();
   const bool decode = !has_bias && decode_rows(p);

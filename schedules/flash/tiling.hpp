@@ -23,19 +23,21 @@ struct FlashAttentionTiling {
 };
 
 // Prefill: 32-row tiles keep 2 row vectors × 8 keys of scores in registers (schedules/flash/x86).
-// For the kernels with a bias or the score options, and bf16 on fp32 FMAs.
+// For the kernels with the score options, whose merge starts at a window's first block.
 inline constexpr FlashAttentionTiling kPrefillTiling{64, 32, false};
-// Prefill without a bias, causal or not: 128-key blocks halve the per-block work (block
-// statistics, the merge, register-tile set-up) per key, and a causal tile's keys stop at its
-// diagonal to within 8 keys whatever the block (B1 H16 S512 D128 on Zen 4, 2 threads, the two
-// tilings alternating: causal fp32 1.05x faster than on 64-key blocks, fp16 1.03x, bf16 1.07x;
-// Hq 32, Hkv 8, S 2048 bf16 1.05x).
+// Every other prefill kernel, causal or not, with a bias or not: 128-key blocks halve the
+// per-block work (block statistics, the merge, register-tile set-up) per key, and a causal tile's
+// keys stop at its diagonal to within 8 keys whatever the block. Against 64-key blocks, Zen 4:
+// without a bias, B1 H16 S512 D128, 2 threads, alternating: causal fp32 1.05x faster, fp16 1.03x,
+// bf16 1.07x (Hq 32, Hkv 8, S 2048 bf16 1.05x); with a [1, 16, 512, 512] fp32 bias, one thread,
+// CPU time, alternating: fp32 full 1.08x, causal 1.05x, bf16 1.09x and 1.05x, the kernels that
+// widen K and V 1.02-1.04x; bf16 with fp32 probabilities, no bias, 1.03-1.04x.
 inline constexpr FlashAttentionTiling kPrefillWideTiling{128, 32, false, true};
 // Prefill whose 16-bit K and V are widened to fp32 per (query tile, key block), for products on
 // fp32 FMAs: 64-row tiles widen each block once per 64 rows instead of 32. B1 H16 S512 D128 on
-// Emerald Rapids, 2 threads: bf16 full 11.0 -> 10.3 ms, causal 6.9 -> 6.5; fp16 full 10.8 -> 10.0.
-// fp32, read in place, was no faster. The runtime picks them per call (prefers_tall_query_tiles).
-inline constexpr FlashAttentionTiling kPrefillTallTiling{64, 64, false};
+// Emerald Rapids, 2 threads, 64-key blocks: bf16 full 11.0 -> 10.3 ms, causal 6.9 -> 6.5; fp16
+// full 10.8 -> 10.0. fp32, read in place, was no faster. The runtime picks them per call
+// (prefers_tall_query_tiles).
 inline constexpr FlashAttentionTiling kPrefillWideTallTiling{128, 64, false, true};
 // Decode: 4-row tiles, e.g. one token of a GQA group of 4.
 inline constexpr FlashAttentionTiling kDecodeTiling{64, 4, true};
@@ -65,26 +67,24 @@ inline std::int64_t widening_tiles_cost(std::int64_t tiles, std::int64_t tile_ro
 }
 
 // Whether a call with `rows_per_kv_head` rows in each of `kv_heads` (batch × kv heads) runs
-// faster on kPrefillTallTiling than on kPrefillTiling (both widening K and V per tile).
+// faster on kPrefillWideTallTiling than on kPrefillWideTiling (both widening K and V per tile).
 inline bool prefers_tall_query_tiles(std::int64_t rows_per_kv_head, std::int64_t kv_heads,
                                      std::int64_t threads) {
   const auto cost = [&](std::int64_t tile_rows) {
     const std::int64_t tiles = kv_heads * ((rows_per_kv_head + tile_rows - 1) / tile_rows);
     return widening_tiles_cost(tiles, tile_rows, threads);
   };
-  return cost(kPrefillTallTiling.query_tile) < cost(kPrefillTiling.query_tile);
+  return cost(kPrefillWideTallTiling.query_tile) < cost(kPrefillWideTiling.query_tile);
 }
 
-// The tiling of a generated variant: "prefill", "prefill_wide", "prefill_tall",
-// "prefill_wide_tall" or "decode".
+// The tiling of a generated variant: "prefill", "prefill_wide", "prefill_wide_tall" or "decode".
 inline FlashAttentionTiling tiling_of_variant(std::string_view variant) {
   if (variant == "decode") return kDecodeTiling;
   if (variant == "prefill_wide") return kPrefillWideTiling;
-  if (variant == "prefill_tall") return kPrefillTallTiling;
   if (variant == "prefill_wide_tall") return kPrefillWideTallTiling;
   TILELAB_REQUIRE(variant == "prefill")
-      << "variant: expected \"prefill\", \"prefill_wide\", \"prefill_tall\", "
-         "\"prefill_wide_tall\" or \"decode\", got \""
+      << "variant: expected \"prefill\", \"prefill_wide\", \"prefill_wide_tall\" or "
+         "\"decode\", got \""
       << variant << "\"";
   return kPrefillTiling;
 }

@@ -26,8 +26,8 @@
 // The rescale then depends on the state, so it is computed per output element: one or two exps
 // per (d, row, block), about a third of the FMA work at D = 128, KB = 64. Keeping the running
 // max as its own Func (recomputed from stored block maxima) moves the exps to per-row work.
-// Key blocks: 128 without a bias (kPrefillWideTiling: 4-8% faster than 64 in fp32 and bf16 without
-// a causal mask, measured side by side on Zen 4; 32 was slower), 64 with one. The probabilities'
+// Key blocks: 128 (kPrefillWideTiling: 4-8% faster than 64 in fp32 and bf16, with a bias or not,
+// measured side by side on Zen 4; 32 was slower), 64 for the score options. The probabilities'
 // exps are exp_nonpositive (online_softmax.hpp): 1.23 ulp, and the loop over 16 scores (loads, mask
 // and store included) 25 instructions, or 20 at bf16 accuracy, against 33 with Halide's exp;
 // Halide's took 13% of a one-thread bf16 call (B1 H16 S512 D128). Same-process A/B on Zen 4:
@@ -36,7 +36,7 @@
 // prefetchers already follow the two streams; Halide prefetch two blocks ahead, no change on Zen
 // 4); no initialization pass for the state (undef, block 0 writes): the select per
 // merged element cost what the pass did; 64-row query tiles for bf16 products (Zen 4: full no
-// faster, causal slower; the tiles that widen K and V gain: kPrefillTallTiling).
+// faster, causal slower; the tiles that widen K and V gain: kPrefillWideTallTiling).
 //
 // Causal tiles stop at their last visible key to within a group of 8 keys (define_online_softmax):
 // a where clause on the groups trims the reductions' loops, and the scores and probabilities are
@@ -188,8 +188,8 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
     if (!s.value_is_f32) at_root_per_key_block(s.key_f32, s, target, head_dim, VL);
   } else if (!s.value_is_f32 && !s.decode && !s.bf16_products) {
     // 16-bit K and V: converted to fp32 once per (tile, block), reused by every row of the tile
-    // (with 64-row tiles, kPrefillTallTiling, half as often). Decode tiles have 4 rows: there the
-    // conversion is fused into the loads instead.
+    // (with 64-row tiles, kPrefillWideTallTiling, half as often). Decode tiles have 4 rows: there
+    // the conversion is fused into the loads instead.
     for (Func f : {s.key_f32, s.value_f32}) {
       f.compute_at(merged, s.rk)
           .bound_extent(s.jb, 1)
