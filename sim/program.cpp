@@ -9,6 +9,7 @@
 #include <tilelab/error.hpp>
 
 #include "dma/dma.hpp"
+#include "host_pages.hpp"
 
 namespace tilelab::sim {
 namespace {
@@ -101,7 +102,10 @@ namespace {
 // front: at least kInitialCapacity entries (untouched pages cost nothing; a program keeps the
 // reservation, not resident memory), or what the thread's last program needed plus an eighth,
 // as consecutive programs on a thread are usually alike (sweep points, benchmark runs). The cap
-// keeps one huge program from making every later builder reserve its address space.
+// keeps one huge program from making every later builder reserve its address space. The
+// reservation asks for huge pages: a first build in a fresh process (as the CLI runs one) faults
+// in a page per 2 MiB instead of per 4 KiB (the default paged batch on Zen 4 under KVM, fresh
+// processes alternating: built in 3.6-4.0 ms instead of 7.7-10.9, most runs).
 constexpr size_t kInitialCapacity = size_t{1} << 17;
 constexpr size_t kMaxCapacityHint = size_t{1} << 20;
 thread_local size_t instruction_capacity_hint = kInitialCapacity;
@@ -129,6 +133,8 @@ ProgramBuilder::ProgramBuilder(Machine machine, std::string name)
   program_.machine = std::move(machine);
   program_.name = std::move(name);
   program_.instructions.reserve(instruction_capacity_hint);
+  advise_huge_pages(program_.instructions.data(),
+                    program_.instructions.capacity() * sizeof(Instruction));
   program_.dmas.reserve(dma_capacity_hint);
 }
 
