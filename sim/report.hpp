@@ -180,9 +180,10 @@ nlohmann::json report_json(const Report& report);
 std::string report_text(const Report& report);
 // The by-line table alone: the `max_rows` costliest lines (busy time plus idle time caused).
 std::string by_line_text(const Report& report, size_t max_rows = 30);
-// Chrome trace event JSON (Perfetto opens it): one track per engine queue, per DMA queue and, when
-// the timing recorded pieces, per DMA engine. Stops after `max_events` events (noted in metadata).
-nlohmann::json chrome_trace(const Program& program, const TimingResult& timing,
-                            size_t max_events = 500000);
+// Chrome trace event JSON text (Perfetto opens it): one track per engine queue, per DMA queue and,
+// when the timing recorded pieces, per DMA engine. Stops after `max_events` events (noted in
+// metadata). Written as text, without a document tree: a trace has a few events per instruction.
+std::string chrome_trace(const Program& program, const TimingResult& timing,
+                         size_t max_events = 500000);
 
 }  // namespace tilelab::sim

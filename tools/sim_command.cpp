@@ -420,8 +420,7 @@ int run_sim_command(const std::vector<std::string>& args) {
     // The reports first: the summary says "wrote" only once they are written.
     if (!json_path.empty()) write_output(json_path, sim::report_json(report).dump(2) + "\n");
     if (!trace_path.empty())
-      write_output(trace_path,
-                   sim::chrome_trace(program, timing, o.max_trace_events).dump() + "\n");
+      write_output(trace_path, sim::chrome_trace(program, timing, o.max_trace_events) + "\n");
     if (!html_path.empty())
       write_output(html_path, sim::report_html(program, timing, report, html_options));
     if (!o.text_path.empty()) write_output(o.text_path, summary);

@@ -684,7 +684,7 @@ void save_trace(const py::handle& handle, const std::string& path, size_t max_ev
   std::string text;
   {
     py::gil_scoped_release release;
-    text = sim::chrome_trace(run.program, run.timing, max_events).dump() + "\n";
+    text = sim::chrome_trace(run.program, run.timing, max_events) + "\n";
   }
   write_text(path, text);
 }

@@ -184,7 +184,7 @@ TEST_CASE("report: Chrome trace has a track per engine and DMA queue with operan
           "[sim][report]") {
   const Program p = dma_bound_program();
   const TimingResult t = simulate_timing(p, {.record_dma_pieces = true});
-  const json trace = chrome_trace(p, t);
+  const json trace = json::parse(chrome_trace(p, t));
   REQUIRE(trace.contains("traceEvents"));
   int complete = 0, dma_queue = 0, dma_engine = 0;
   std::set<std::string> thread_names;
@@ -203,8 +203,41 @@ TEST_CASE("report: Chrome trace has a track per engine and DMA queue with operan
   CHECK(complete == int(p.instructions.size()) + 16 + 16 * 16);
   CHECK(dma_queue == 16);
   CHECK(dma_engine == 16 * 16);
-  const json small = chrome_trace(p, t, 5);
+  const json small = json::parse(chrome_trace(p, t, 5));
   CHECK(small["metadata"]["truncated"] == true);
+}
+
+TEST_CASE("report: Chrome trace text escapes names and matches the timing", "[sim][report]") {
+  // Strings with quotes, backslashes and control characters: a file name from a front end, the
+  // program's and machine's names. The text must read back as JSON with the same strings.
+  const std::string file = "dir/we\"ird\\name\n\t\x01.py";
+  ProgramBuilder b(trn1(), "prog \"x\"\\");
+  const uint32_t line = b.add_source({file, 7, "kernel", "y = x", kNone});
+  b.set_source(line);
+  const Tensor x = b.hbm_tensor("x", {128, 64}, DType::fp32);
+  const Tile t0 = b.sbuf_tile("t0", 128, 64, DType::fp32);
+  b.dma_copy(b.view(t0), b.hbm_rows(x, 0, 128, 0, 64));
+  b.tensor_scalar(b.view(t0), b.view(t0), AluOp::multiply, Scalar::constant(2.0f));
+  const Program p = b.finish();
+  const TimingResult t = simulate_timing(p, {.record_dma_pieces = true});
+  const json trace = json::parse(chrome_trace(p, t));
+  CHECK(trace["metadata"]["program"] == p.name);
+  CHECK(trace["metadata"]["machine"] == p.machine.name);
+  CHECK(trace["metadata"]["truncated"] == false);
+  CHECK(trace["displayTimeUnit"] == "ns");
+  int slices = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || e["pid"] != 1) continue;
+    const uint32_t i = e["args"]["instruction"];
+    REQUIRE(i < p.instructions.size());
+    CHECK(e["args"]["source"] == file + ":7");
+    CHECK(e["args"]["operands"] == p.describe(p.instructions[i]));
+    CHECK(e["ts"].get<double>() == Approx(t.instructions[i].start_ns / 1e3));
+    CHECK(e["dur"].get<double>() ==
+          Approx((t.instructions[i].issue_end_ns - t.instructions[i].start_ns) / 1e3));
+    ++slices;
+  }
+  CHECK(slices == int(p.instructions.size()));
 }
 
 TEST_CASE("report: text table lists engines, DMA and the critical path", "[sim][report]") {
@@ -224,7 +257,7 @@ TEST_CASE("report: an empty program reports zeros", "[sim][report]") {
   CHECK(r.critical_path.empty());
   const json j = report_json(r);
   CHECK(j["engines"].size() == 5);
-  CHECK(chrome_trace(p, t)["traceEvents"].is_array());
+  CHECK(json::parse(chrome_trace(p, t))["traceEvents"].is_array());
 }
 
 TEST_CASE("report: a DMA starting inside an engine's partitions counts every engine it touches",
