@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 namespace tilelab::sim {
 
@@ -10,5 +11,12 @@ namespace tilelab::sim {
 // neighbouring allocation is affected. Advice only: it changes no contents, and failing (no THP,
 // another OS) leaves the range as it was.
 void advise_huge_pages(const void* data, std::size_t bytes);
+
+// `vector.reserve(count)`, with the reserved storage advised as above.
+template <typename T>
+void reserve_on_huge_pages(std::vector<T>& vector, std::size_t count) {
+  vector.reserve(count);
+  advise_huge_pages(vector.data(), vector.capacity() * sizeof(T));
+}
 
 }  // namespace tilelab::sim

@@ -132,9 +132,7 @@ ProgramBuilder::ProgramBuilder(Machine machine, std::string name)
             kPsumAlignment) {
   program_.machine = std::move(machine);
   program_.name = std::move(name);
-  program_.instructions.reserve(instruction_capacity_hint);
-  advise_huge_pages(program_.instructions.data(),
-                    program_.instructions.capacity() * sizeof(Instruction));
+  reserve_on_huge_pages(program_.instructions, instruction_capacity_hint);
   program_.dmas.reserve(dma_capacity_hint);
 }
 

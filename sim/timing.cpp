@@ -350,9 +350,7 @@ TimingResult simulate_timing(const Program& program, const Machine& m,
   // Each instruction's timing is constructed where it is filled in: a resize up front would
   // write the whole array once more (about 5% of the timing, Zen 3). Huge pages, as for the
   // program's instructions (ProgramBuilder): a first simulation faults in fewer pages.
-  result.instructions.reserve(instructions.size());
-  advise_huge_pages(result.instructions.data(),
-                    result.instructions.capacity() * sizeof(InstructionTiming));
+  reserve_on_huge_pages(result.instructions, instructions.size());
 
   std::array<double, kEngineCount> ready{};
   std::array<uint32_t, kEngineCount> last_on_engine;
