@@ -216,11 +216,10 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
     options = dict(causal=workload.causal)
     if workload.fp32_probabilities:
         options["fp32_probabilities"] = True
-    w = workload
-    bias = (rng.standard_normal((w.batch, w.q_heads, w.q_len, w.kv_len), dtype=np.float32)
-            if w.bias else None)
-    if bias is not None:
-        options["bias"] = bias
+    bias = None
+    if workload.bias:
+        shape = (workload.batch, workload.q_heads, workload.q_len, workload.kv_len)
+        bias = options["bias"] = rng.standard_normal(shape, dtype=np.float32)
     implementation = tilelab.flash_attention_implementation(q, k, v, **options)
     kernel = tilelab.flash_attention_kernel(q, k, v, **options)
     ours = tilelab.flash_attention(q, k, v, **options)
