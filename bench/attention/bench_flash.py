@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_flash: tilelab.flash_attention against PyTorch SDPA, and against this machine's FMA peak
-and triad bandwidth measured in the same run (by tilelab_machine_peak; for decode, the triad is
-measured again between the calls, see BandwidthAlongside).
+and triad bandwidth measured in the same run (by tilelab_machine_peak at the start, and again
+between the calls of each workload: see MeasuredAlongside).
 
     python bench/attention/bench_flash.py [--build-dir build] [--threads 2] [--quick] [--json f]
 
@@ -138,38 +138,68 @@ def run_machine_peak(build_dir: pathlib.Path, threads: int, *options: str) -> di
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
 
-class BandwidthAlongside:
-    """A call for alternating_medians that measures the bandwidth (one trial of
-    tilelab_machine_peak --bandwidth-only) between the calls of bandwidth-bound workloads. What a
-    shared machine gives drifts within a run (triad 24-56 GB/s in one hour on a Zen 4 VM, 2
-    threads), so a decode rate is judged against the median measured alongside its calls, not
-    against the run's start."""
+class MeasuredAlongside:
+    """A call for alternating_medians that runs tilelab_machine_peak briefly between the calls of
+    a workload. What a shared machine gives drifts within a run (triad 24-56 GB/s in one hour on a
+    Zen 4 VM, 2 threads; the FMA peak halves while another guest is busy), so a rate is judged
+    against the median measured alongside its calls, not against the run's start."""
+
+    def __init__(self, build_dir: pathlib.Path, threads: int, options: list[str]):
+        self.build_dir, self.threads, self.options = build_dir, threads, options
+        self.samples: list[dict] = []
+
+    def __call__(self) -> None:
+        self.samples.append(run_machine_peak(self.build_dir, self.threads, *self.options))
+
+    def median(self, key: str) -> float:
+        return statistics.median(s[key] for s in self.samples)
+
+    def range(self, key: str) -> tuple[float, float]:
+        values = [s[key] for s in self.samples]
+        return min(values), max(values)
+
+
+class BandwidthAlongside(MeasuredAlongside):
+    """The triad and block-read bandwidths between the calls of a bandwidth-bound workload."""
 
     def __init__(self, build_dir: pathlib.Path, threads: int, read_blocks: list[int] | None = None):
         """read_blocks: the block sizes (bytes) whose random-order reads block_read gives;
         tilelab_machine_peak's own (2048 and 4096) when None."""
-        self.build_dir, self.threads = build_dir, threads
-        self.read_blocks = ["--read-blocks", ",".join(map(str, read_blocks))] if read_blocks else []
-        self.samples: list[dict] = []
-
-    def __call__(self) -> None:
+        blocks = ["--read-blocks", ",".join(map(str, read_blocks))] if read_blocks else []
         # Arrays of 64 MiB (192 MiB for the triad, 6x a Zen 4 L3) measure what 256 MiB do, in a
         # quarter of the time.
-        self.samples.append(run_machine_peak(self.build_dir, self.threads, "--trials", "1",
-                                             "--triad-mib", "64", "--bandwidth-only",
-                                             *self.read_blocks))
+        super().__init__(build_dir, threads,
+                         ["--trials", "1", "--triad-mib", "64", "--bandwidth-only", *blocks])
 
     def triad(self) -> float:
-        return statistics.median(s["triad_bandwidth_gb_per_s"] for s in self.samples)
+        return self.median("triad_bandwidth_gb_per_s")
 
     def triad_range(self) -> tuple[float, float]:
-        triads = [s["triad_bandwidth_gb_per_s"] for s in self.samples]
-        return min(triads), max(triads)
+        return self.range("triad_bandwidth_gb_per_s")
 
     def block_read(self, block_bytes: int) -> float | None:
         """Random-order reads of blocks of this many bytes (one of read_blocks), or None."""
         reads = [s["random_block_read_gb_per_s"].get(str(block_bytes)) for s in self.samples]
         return statistics.median(reads) if reads and None not in reads else None
+
+
+class ComputePeakAlongside(MeasuredAlongside):
+    """The fp32 FMA and bf16 dot-product peaks between the calls of a compute-bound workload."""
+
+    def __init__(self, build_dir: pathlib.Path, threads: int):
+        # About 10 ms per trial and kind on a Zen 4 core. Best of two: the first trial of a fresh
+        # process measured as low as half the peak (an idle vCPU waking up), the second did not.
+        super().__init__(build_dir, threads,
+                         ["--trials", "2", "--fma-iterations", "4000000", "--compute-only"])
+
+    def peaks(self) -> dict:
+        """The medians and ranges of the peaks measured alongside, in the run header's keys."""
+        measured = {}
+        for key in ("fma_peak_fp32_gflop_per_s", "bf16_dot_peak_gflop_per_s"):
+            if self.samples and self.samples[0][key] is not None:
+                measured[key] = self.median(key)
+                measured[key.replace("_gflop", "_range_gflop")] = self.range(key)
+        return measured
 
 
 def import_torch(threads: int):
@@ -240,9 +270,9 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
                             enable_gqa=gqa)
 
     calls = [ours_call] if torch_call is None else [ours_call, torch_call]
-    bandwidth = BandwidthAlongside(args.build_dir, args.threads) if workload.decode else None
-    medians = alternating_medians(calls if bandwidth is None else [*calls, bandwidth],
-                                  args.warmup, args.repeats)
+    alongside = (BandwidthAlongside(args.build_dir, args.threads) if workload.decode
+                 else ComputePeakAlongside(args.build_dir, args.threads))
+    medians = alternating_medians([*calls, alongside], args.warmup, args.repeats)
     ours_s = medians[0]
     result = {
         "workload": workload.name,
@@ -252,19 +282,17 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
         "ours_median_s": ours_s,
         "flop": workload.flops,
         "ours_gflop_per_s": workload.flops / ours_s * 1e-9,
-        "ours_fraction_of_fma_peak": workload.flops / ours_s * 1e-9
-        / peak["fma_peak_fp32_gflop_per_s"],
     }
-    if uses_bf16_dot_products(workload, peak):
-        result["ours_fraction_of_bf16_dot_peak"] = workload.flops / ours_s * 1e-9 / peak[
-            "bf16_dot_peak_gflop_per_s"]
+    if not workload.decode:
+        result.update(fractions_of_compute_peak(result["ours_gflop_per_s"], workload, peak,
+                                                alongside))
     if workload.decode:
         kv_bytes = workload.kv_bytes(q.dtype.itemsize)
         result["kv_bytes"] = kv_bytes
         result["ours_kv_gb_per_s"] = kv_bytes / ours_s * 1e-9
-        triad = bandwidth.triad()
+        triad = alongside.triad()
         result["triad_alongside_gb_per_s"] = triad
-        result["triad_alongside_range_gb_per_s"] = bandwidth.triad_range()
+        result["triad_alongside_range_gb_per_s"] = alongside.triad_range()
         result["ours_fraction_of_triad"] = result["ours_kv_gb_per_s"] / triad
     if torch_call is not None:
         theirs = torch_call().float().numpy()
@@ -277,6 +305,30 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
         else:
             result["torch_gflop_per_s"] = workload.flops / result["torch_median_s"] * 1e-9
     return result, ours_call
+
+
+def fractions_of_compute_peak(gflop_per_s: float, workload, peak: dict,
+                              alongside: ComputePeakAlongside) -> dict:
+    """A compute-bound rate against the peaks measured alongside its calls (medians): against
+    the bf16 dot-product peak too when the kernel runs on them."""
+    peaks = alongside.peaks()
+    result = {"peaks_alongside": peaks,
+              "ours_fraction_of_fma_peak": gflop_per_s / peaks["fma_peak_fp32_gflop_per_s"]}
+    if uses_bf16_dot_products(workload, peak):
+        result["ours_fraction_of_bf16_dot_peak"] = (gflop_per_s
+                                                    / peaks["bf16_dot_peak_gflop_per_s"])
+    return result
+
+
+def format_fraction_of_compute_peak(result: dict) -> str:
+    """'78.1% of 225 FMA' or '60.2% of 460 bf16 dot': the fraction and the peak measured
+    alongside (GFLOP/s)."""
+    peaks = result["peaks_alongside"]
+    if "ours_fraction_of_bf16_dot_peak" in result:
+        return (f"{100 * result['ours_fraction_of_bf16_dot_peak']:.1f}% of "
+                f"{peaks['bf16_dot_peak_gflop_per_s']:.0f} bf16 dot")
+    return (f"{100 * result['ours_fraction_of_fma_peak']:.1f}% of "
+            f"{peaks['fma_peak_fp32_gflop_per_s']:.0f} FMA")
 
 
 def uses_bf16_dot_products(workload: Workload, peak: dict) -> bool:
@@ -298,9 +350,7 @@ def format_row(result: dict) -> list[str]:
             else "-"
     else:
         ours_rate = f"{result['ours_gflop_per_s']:.1f} GFLOP/s"
-        fraction = f"{100 * result['ours_fraction_of_fma_peak']:.1f}% FMA"
-        if "ours_fraction_of_bf16_dot_peak" in result:
-            fraction = f"{100 * result['ours_fraction_of_bf16_dot_peak']:.1f}% bf16 dot"
+        fraction = format_fraction_of_compute_peak(result)
         torch_rate = f"{result['torch_gflop_per_s']:.1f} GFLOP/s" \
             if "torch_gflop_per_s" in result else "-"
     torch_ms = f"{1e3 * result['torch_median_s']:.2f}" if "torch_median_s" in result else "-"
@@ -385,8 +435,8 @@ def main() -> None:
     args, tilelab, torch, peak = start_benchmark(
         __doc__.split("\n\n")[0], repeats=10, warmup=2, quick_repeats=3)
     print("rates: GFLOP/s = 4·B·Hq·M·N·D (half for square causal) / time, against the fp32 FMA "
-          "peak; decode: GB/s of K and V read, against the triad measured between its calls "
-          "(median)\n")
+          "(bf16 kernels on dot products: the bf16 dot) peak measured between its calls; decode: "
+          "GB/s of K and V read, against the triad measured between its calls (medians)\n")
 
     rng = np.random.default_rng(0)
     results, rows, ours_calls = [], [], []

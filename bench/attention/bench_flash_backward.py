@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench_flash_backward: tilelab.flash_attention_backward against PyTorch SDPA's backward (autograd
 through scaled_dot_product_attention on the CPU), and against this machine's FMA peak measured in
-the same run (by tilelab_machine_peak).
+the same run, between the calls of each workload (tilelab_machine_peak, see MeasuredAlongside in
+bench_flash.py).
 
     python bench/attention/bench_flash_backward.py [--build-dir build] [--threads 2] [--quick]
 
@@ -37,13 +38,15 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from bench_flash import (  # noqa: E402
+    ComputePeakAlongside,
     Workload,
+    format_fraction_of_compute_peak,
+    fractions_of_compute_peak,
     make_inputs,
     print_ratios,
     print_table,
     start_benchmark,
     to_torch,
-    uses_bf16_dot_products,
     write_json_report,
 )
 from timing import alternating_medians  # noqa: E402
@@ -91,7 +94,8 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
             return torch.autograd.grad(t_out, (tq, tk, tv), t_dout, retain_graph=True)
 
         calls.append(torch_call)
-    medians = alternating_medians(calls, args.warmup, args.repeats)
+    alongside = ComputePeakAlongside(args.build_dir, args.threads)
+    medians = alternating_medians([*calls, alongside], args.warmup, args.repeats)
     flops = BACKWARD_FLOPS_PER_FORWARD_FLOP * workload.flops
     result = {
         "workload": workload.name,
@@ -101,12 +105,9 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
         "ours_median_s": medians[0],
         "flop": flops,
         "ours_gflop_per_s": flops / medians[0] * 1e-9,
-        "ours_fraction_of_fma_peak": flops / medians[0] * 1e-9
-        / peak["fma_peak_fp32_gflop_per_s"],
     }
-    if uses_bf16_dot_products(workload, peak):
-        result["ours_fraction_of_bf16_dot_peak"] = flops / medians[0] * 1e-9 / peak[
-            "bf16_dot_peak_gflop_per_s"]
+    result.update(fractions_of_compute_peak(result["ours_gflop_per_s"], workload, peak,
+                                            alongside))
     if torch is not None:
         ours = ours_call()
         theirs = [g.float().numpy() for g in torch_call()]
@@ -183,9 +184,7 @@ def format_row(result: dict) -> list[str]:
         torch_ms,
         ratio,
         f"{result['ours_gflop_per_s']:.1f} GFLOP/s",
-        (f"{100 * result['ours_fraction_of_bf16_dot_peak']:.1f}% bf16 dot"
-         if "ours_fraction_of_bf16_dot_peak" in result
-         else f"{100 * result['ours_fraction_of_fma_peak']:.1f}% FMA"),
+        format_fraction_of_compute_peak(result),
         torch_rate,
         difference,
     ]

@@ -1,8 +1,9 @@
 // tilelab_machine_peak: this machine's fp32 FMA peak and, where the CPU has AVX-512 BF16, its bf16
 // dot-product peak (GFLOP/s), STREAM triad bandwidth and the bandwidth of reading short blocks in a
 // random order (GB/s), with N OpenMP threads, as JSON; the benchmarks divide their figures by
-// these. --bandwidth-only leaves out the compute peaks (null): the benchmarks run it between the
-// calls of a bandwidth-bound workload, whose rate they judge against the bandwidth of that moment.
+// these. --bandwidth-only leaves out the compute peaks (null), --compute-only the bandwidths: the
+// benchmarks run one or the other between the calls of a workload, whose rate they judge against
+// what the machine gave at that moment.
 #include <omp.h>
 
 #include <algorithm>
@@ -277,11 +278,12 @@ std::vector<std::int64_t> parse_block_bytes(const std::string& text) {
 void usage() {
   std::fprintf(stderr,
                "usage: tilelab_machine_peak [--threads N] [--fma-iterations K] "
-               "[--triad-mib MIB] [--trials T] [--bandwidth-only] [--read-blocks B1,B2,...]\n"
+               "[--triad-mib MIB] [--trials T] [--bandwidth-only | --compute-only]\n"
+               "       [--read-blocks B1,B2,...]\n"
                "  prints JSON: fp32 FMA and bf16 dot peaks (GFLOP/s; null with --bandwidth-only),\n"
                "  STREAM triad bandwidth and random-order, prefetched reads of blocks of two\n"
-               "  arrays (GB/s), of 2048 and 4096 bytes or of the --read-blocks sizes (positive\n"
-               "  multiples of 64 bytes, at most the triad array)\n");
+               "  arrays (GB/s; null with --compute-only), of 2048 and 4096 bytes or of the\n"
+               "  --read-blocks sizes (positive multiples of 64 bytes, at most the triad array)\n");
 }
 
 }  // namespace
@@ -291,7 +293,7 @@ int main(int argc, char** argv) {
   std::int64_t fma_iterations = 20'000'000;  // ~0.1 s per trial at 4 GHz
   std::int64_t triad_mib = 256;              // per array: far beyond any L3 on this class of CPU
   int trials = 5;
-  bool bandwidth_only = false;
+  bool bandwidth_only = false, compute_only = false;
   std::vector<std::int64_t> read_block_bytes = kDefaultReadBlockBytes;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -306,6 +308,8 @@ int main(int argc, char** argv) {
       trials = std::atoi(argv[++i]);
     } else if (arg == "--bandwidth-only") {
       bandwidth_only = true;
+    } else if (arg == "--compute-only") {
+      compute_only = true;
     } else if (arg == "--read-blocks" && has_value) {
       read_block_bytes = parse_block_bytes(argv[++i]);
     } else {
@@ -318,7 +322,7 @@ int main(int argc, char** argv) {
       std::all_of(read_block_bytes.begin(), read_block_bytes.end(),
                   [&](std::int64_t bytes) { return bytes <= triad_elements * 8; });
   if (threads < 1 || fma_iterations < 1 || triad_mib < 1 || trials < 1 ||
-      read_block_bytes.empty() || !blocks_fit) {
+      read_block_bytes.empty() || !blocks_fit || (bandwidth_only && compute_only)) {
     usage();
     return 2;
   }
@@ -339,33 +343,38 @@ int main(int argc, char** argv) {
       bf16_peak = text;
     }
   }
-  const double triad_gb_per_s = measure_triad_gb_per_s(threads, triad_elements, trials);
-
-  std::string block_reads;
-  for (const std::int64_t block_bytes : read_block_bytes) {
+  std::string triad = "null", block_reads = "null";
+  if (!compute_only) {
     char text[64];
-    std::snprintf(text, sizeof text, "%s\"%lld\": %.2f", block_reads.empty() ? "" : ", ",
-                  static_cast<long long>(block_bytes),
-                  measure_block_read_gb_per_s(threads, triad_elements * 8, block_bytes, trials));
-    block_reads += text;
+    std::snprintf(text, sizeof text, "%.2f",
+                  measure_triad_gb_per_s(threads, triad_elements, trials));
+    triad = text;
+    block_reads.clear();
+    for (const std::int64_t block_bytes : read_block_bytes) {
+      std::snprintf(text, sizeof text, "%s\"%lld\": %.2f", block_reads.empty() ? "" : ", ",
+                    static_cast<long long>(block_bytes),
+                    measure_block_read_gb_per_s(threads, triad_elements * 8, block_bytes, trials));
+      block_reads += text;
+    }
+    block_reads = "{" + block_reads + "}";
   }
 
   std::printf(
       "{\n"
       "  \"schema\": \"tilelab.machine_peak\",\n"
-      "  \"schema_version\": 5,\n"
+      "  \"schema_version\": 6,\n"
       "  \"threads\": %d,\n"
       "  \"fma_isa\": \"%s\",\n"
       "  \"fma_chains_per_thread\": %d,\n"
       "  \"fma_peak_fp32_gflop_per_s\": %s,\n"
       "  \"bf16_dot_peak_gflop_per_s\": %s,\n"
       "  \"triad_array_bytes\": %lld,\n"
-      "  \"triad_bandwidth_gb_per_s\": %.2f,\n"
-      "  \"random_block_read_gb_per_s\": {%s},\n"
+      "  \"triad_bandwidth_gb_per_s\": %s,\n"
+      "  \"random_block_read_gb_per_s\": %s,\n"
       "  \"statistic\": \"best of %d trial%s\"\n"
       "}\n",
       threads, kernel.isa, kChains, fma_peak.c_str(), bf16_peak.c_str(),
-      static_cast<long long>(triad_elements * 8), triad_gb_per_s, block_reads.c_str(), trials,
+      static_cast<long long>(triad_elements * 8), triad.c_str(), block_reads.c_str(), trials,
       trials == 1 ? "" : "s");
   return 0;
 }
