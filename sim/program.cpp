@@ -10,6 +10,7 @@
 
 #include "dma/dma.hpp"
 #include "host_pages.hpp"
+#include "text.hpp"
 
 namespace tilelab::sim {
 namespace {
@@ -43,38 +44,75 @@ int64_t HbmPattern::free_elements() const {
   return n;
 }
 
-std::string Program::describe(const TileRef& ref) const {
-  if (!ref.valid()) return "-";
+void Program::append_description(std::string& out, const TileRef& ref) const {
+  if (!ref.valid()) {
+    out += '-';
+    return;
+  }
   const Buffer& b = buffers[ref.tile];
-  std::ostringstream out;
-  out << b.name << "[" << ref.partition_start << ":" << ref.partition_start + ref.partition_count
-      << ", " << ref.free_offset << ":" << ref.last_free_element() + (ref.free_count ? 1 : 0);
-  if (ref.free_stride != 1) out << ":" << ref.free_stride;
-  if (ref.two_level())
-    out << " as " << ref.free_count / ref.inner_count << "x" << ref.inner_count << " (outer stride "
-        << ref.outer_stride << ")";
-  out << "] " << dtype_name(b.dtype) << " " << memory_name(b.memory);
-  return out.str();
+  out.append(b.name).append("[");
+  append_decimal(out, ref.partition_start);
+  out += ':';
+  append_decimal(out, ref.partition_start + ref.partition_count);
+  out += ", ";
+  append_decimal(out, ref.free_offset);
+  out += ':';
+  append_decimal(out, ref.last_free_element() + (ref.free_count ? 1 : 0));
+  if (ref.free_stride != 1) {
+    out += ':';
+    append_decimal(out, ref.free_stride);
+  }
+  if (ref.two_level()) {
+    out += " as ";
+    append_decimal(out, ref.free_count / ref.inner_count);
+    out += 'x';
+    append_decimal(out, ref.inner_count);
+    out += " (outer stride ";
+    append_decimal(out, ref.outer_stride);
+    out += ')';
+  }
+  out.append("] ").append(dtype_name(b.dtype)).append(" ").append(memory_name(b.memory));
+}
+
+void Program::append_description(std::string& out, const Instruction& instr) const {
+  const OpcodeInfo& info = opcode_info(instr.opcode);
+  out += info.name;
+  if (info.op0 == Op0Kind::alu) out.append(".").append(alu_op_name(static_cast<AluOp>(instr.op0)));
+  if (info.op0 == Op0Kind::activation)
+    out.append(".").append(act_func_name(static_cast<ActFunc>(instr.op0)));
+  for (int s = 0; s < kSlotCount; ++s) {
+    if (!instr.operands[s].valid()) continue;
+    out.append(" ").append(kSlotNames[s]).append("=");
+    append_description(out, instr.operands[s]);
+  }
+  if (instr.dma != kNone) {
+    const DmaRecord& d = dmas[instr.dma];
+    if (d.hbm.tensor != kNone) {
+      out.append(d.hbm_is_source ? " src=" : " dst=")
+          .append(buffers[d.hbm.tensor].name)
+          .append("@");
+      append_decimal(out, d.hbm.offset);
+      out += " hbm";
+    }
+    out += " bytes=";
+    append_decimal(out, d.bytes());
+    out += " bytes_per_partition=";
+    append_decimal(out, d.bytes_per_partition);
+    out += " queue=";
+    append_decimal(out, int(d.queue));
+  }
+}
+
+std::string Program::describe(const TileRef& ref) const {
+  std::string out;
+  append_description(out, ref);
+  return out;
 }
 
 std::string Program::describe(const Instruction& instr) const {
-  std::ostringstream out;
-  const OpcodeInfo& info = opcode_info(instr.opcode);
-  out << info.name;
-  if (info.op0 == Op0Kind::alu) out << "." << alu_op_name(static_cast<AluOp>(instr.op0));
-  if (info.op0 == Op0Kind::activation) out << "." << act_func_name(static_cast<ActFunc>(instr.op0));
-  for (int s = 0; s < kSlotCount; ++s)
-    if (instr.operands[s].valid())
-      out << " " << kSlotNames[s] << "=" << describe(instr.operands[s]);
-  if (instr.dma != kNone) {
-    const DmaRecord& d = dmas[instr.dma];
-    if (d.hbm.tensor != kNone)
-      out << (d.hbm_is_source ? " src=" : " dst=") << buffers[d.hbm.tensor].name << "@"
-          << d.hbm.offset << " hbm";
-    out << " bytes=" << d.bytes() << " bytes_per_partition=" << d.bytes_per_partition
-        << " queue=" << int(d.queue);
-  }
-  return out.str();
+  std::string out;
+  append_description(out, instr);
+  return out;
 }
 
 namespace {

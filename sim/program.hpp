@@ -105,6 +105,9 @@ struct Program {
 
   std::string describe(const TileRef& ref) const;        // "rhs[0][0:128, 0:512] bf16"
   std::string describe(const Instruction& instr) const;  // one line with operands
+  // The same appended to `out`, for callers that describe many (the trace: every instruction).
+  void append_description(std::string& out, const TileRef& ref) const;
+  void append_description(std::string& out, const Instruction& instr) const;
 };
 
 // A scalar operand: a constant or a [P, 1] tile (per-partition value).

@@ -15,6 +15,7 @@
 #include "analysis.hpp"
 #include "cost.hpp"
 #include "dma/dma.hpp"
+#include "text.hpp"
 
 namespace tilelab::sim {
 namespace {
@@ -593,13 +594,6 @@ void append_json_string(std::string& out, std::string_view text) {
   out += '"';
 }
 
-template <typename Integer>
-void append_json_integer(std::string& out, Integer value) {
-  char digits[24];
-  const auto end = std::to_chars(digits, digits + sizeof digits, value).ptr;
-  out.append(digits, end);
-}
-
 // The shortest text that reads back as `value`; null for NaN and infinities, as JSON has neither.
 void append_json_number(std::string& out, double value) {
   if (!std::isfinite(value)) {
@@ -628,9 +622,9 @@ class TraceEvents {
     out_ += "{\"ph\":\"X\",\"name\":";
     append_json_string(out_, name);
     out_ += ",\"pid\":";
-    append_json_integer(out_, pid);
+    append_decimal(out_, pid);
     out_ += ",\"tid\":";
-    append_json_integer(out_, tid);
+    append_decimal(out_, tid);
     out_ += ",\"ts\":";
     append_json_number(out_, start_ns / 1e3);
     out_ += ",\"dur\":";
@@ -650,10 +644,10 @@ class TraceEvents {
     out_ += "{\"ph\":\"M\",\"name\":";
     append_json_string(out_, kind);
     out_ += ",\"pid\":";
-    append_json_integer(out_, pid);
+    append_decimal(out_, pid);
     if (tid >= 0) {
       out_ += ",\"tid\":";
-      append_json_integer(out_, tid);
+      append_decimal(out_, tid);
     }
     out_ += ",\"args\":{\"name\":";
     append_json_string(out_, name);
@@ -682,7 +676,7 @@ std::string chrome_trace(const Program& p, const TimingResult& t, size_t max_eve
   std::vector<bool> engine_named(p.machine.dma_engines, false);
   size_t count = 0;
   bool truncated = false;
-  std::string name, args;
+  std::string name, args, text;
   for (uint32_t i = 0; i < p.instructions.size(); ++i) {
     if (count >= max_events) {
       truncated = true;
@@ -697,17 +691,22 @@ std::string chrome_trace(const Program& p, const TimingResult& t, size_t max_eve
         instr.opcode == Opcode::tensor_reduce)
       name.append(".").append(alu_op_name(AluOp(instr.op0)));
     args.assign("{\"instruction\":");
-    append_json_integer(args, i);
+    append_decimal(args, i);
     args += ",\"operands\":";
-    append_json_string(args, p.describe(instr));
+    text.clear();
+    p.append_description(text, instr);
+    append_json_string(args, text);
     if (instr.source != kNone) {
       const SourceLocation& source = p.sources[instr.source];
+      text.assign(source.file).append(":");
+      append_decimal(text, source.line);
       args += ",\"source\":";
-      append_json_string(args, source.file + ":" + std::to_string(source.line));
+      append_json_string(args, text);
     }
     args += '}';
-    events.slice(is_dma(instr) ? "trigger " + name : name, 1, static_cast<int>(instr.engine),
-                 it.start_ns, it.issue_end_ns, args);
+    std::string_view slice_name = name;
+    if (is_dma(instr)) slice_name = text.assign("trigger ").append(name);
+    events.slice(slice_name, 1, static_cast<int>(instr.engine), it.start_ns, it.issue_end_ns, args);
     ++count;
     if (is_dma(instr)) {
       const int q = p.dmas[instr.dma].queue;
@@ -735,11 +734,11 @@ std::string chrome_trace(const Program& p, const TimingResult& t, size_t max_eve
       engine_named[piece.engine] = true;
     }
     args.assign("{\"instruction\":");
-    append_json_integer(args, piece.instruction);
+    append_decimal(args, piece.instruction);
     args += ",\"bytes\":";
-    append_json_integer(args, piece.bytes);
+    append_decimal(args, piece.bytes);
     args += ",\"queue\":";
-    append_json_integer(args, piece.queue);
+    append_decimal(args, piece.queue);
     args += '}';
     events.slice(opcode_name(p.instructions[piece.instruction].opcode), 3, piece.engine,
                  piece.start_ns, piece.end_ns, args);
