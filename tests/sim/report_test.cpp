@@ -240,6 +240,25 @@ TEST_CASE("report: Chrome trace text escapes names and matches the timing", "[si
   CHECK(slices == int(p.instructions.size()));
 }
 
+TEST_CASE("report: Chrome trace escapes a character at any position of a string", "[sim][report]") {
+  // Strings are scanned eight bytes at a time: every position within and across those words,
+  // and the characters on both sides of the escaped ranges (space, DEL, UTF-8 bytes).
+  const Machine machine = trn1();
+  for (const std::string_view special :
+       {"\"", "\\", "\n", "\x01", "\x1f", " ", "\x7f", "\xc3\xa9"}) {
+    for (size_t before = 0; before <= 18; ++before) {
+      for (size_t after = 0; before + after <= 18; ++after) {
+        const std::string name =
+            std::string(before, 'a') + std::string(special) + std::string(after, 'b');
+        ProgramBuilder b(machine, name);
+        const Program p = b.finish();
+        const json trace = json::parse(chrome_trace(p, simulate_timing(p)));
+        CHECK(trace["metadata"]["program"].get<std::string>() == name);
+      }
+    }
+  }
+}
+
 TEST_CASE("report: text table lists engines, DMA and the critical path", "[sim][report]") {
   const Program p = dma_bound_program();
   const std::string text = report_text(make_report(p, simulate_timing(p)));
