@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 from bench_flash import (  # noqa: E402
     BandwidthAlongside,
     ComputePeakAlongside,
+    alternating_medians_between_probes,
     print_table,
     start_benchmark,
     to_torch,
@@ -144,7 +145,7 @@ def run_decode_workload(w: DecodeWorkload, tilelab, torch, peak, args, rng) -> d
 
         calls.append(torch_call)
     bandwidth = BandwidthAlongside(args.build_dir, args.threads)
-    medians = alternating_medians([*calls, bandwidth], args.warmup, args.repeats * 10)
+    medians = alternating_medians_between_probes(calls, bandwidth, args.warmup, args.repeats * 10)
     sparse_s, dense_s = medians[0], medians[1]
     triad = bandwidth.triad()
     kv_bytes = 2.0 * total_k * w.kv_heads * w.head_dim * np.dtype(dtype).itemsize
@@ -207,13 +208,16 @@ def run_workload(w: Workload, tilelab, torch, peak, args, rng) -> dict:
         calls.append(torch_call)
     repeats = args.repeats if w.seqlen <= 4096 else max(1, args.repeats // 3)
     warmup = args.warmup if w.seqlen <= 4096 else 0
+    # The peaks before and after the calls (alternating_medians_between_probes), here by hand:
+    # long sequences skip SDPA's warm-up (a masked call takes seconds), not ours, whose first call
+    # in a process measured 10-20% slower than the next ones.
+    alongside = ComputePeakAlongside(args.build_dir, args.threads)
+    alongside()
     if warmup == 0:
-        # Long sequences skip SDPA's warm-up (a masked call takes seconds), not ours: a first call
-        # in a process measured 10-20% slower than the next ones.
         sparse_call()
         dense_call()
-    alongside = ComputePeakAlongside(args.build_dir, args.threads)
-    medians = alternating_medians([*calls, alongside], warmup, repeats)
+    medians = alternating_medians(calls, warmup, repeats)
+    alongside()
     density = layout.density
     sparse_s, dense_s = medians[0], medians[1]
     peaks = alongside.peaks()
@@ -277,9 +281,9 @@ def main() -> None:
     print(
         "prefill rows: density = kept blocks / causal blocks (layout.density), dense = our dense "
         "causal flash attention, of peak = useful FLOPs (density x 4·H·S²·D/2) / time against the "
-        "fp32 FMA peak (bf16 on dot products: theirs) measured between the calls (median); "
+        "fp32 FMA peak (bf16 on dot products: theirs) measured around the calls (median); "
         "decode rows: density = kept fraction of the last row's keys, dense = our dense decode "
-        "over all keys, of peak = kept K/V bytes / time against the triad measured between the "
+        "over all keys, of peak = kept K/V bytes / time against the triad measured around the "
         "calls (median). "
         "sparse/(density*dense) is the target ratio (<= 1.25)\n"
     )

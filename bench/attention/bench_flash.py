@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_flash: tilelab.flash_attention against PyTorch SDPA, and against this machine's FMA peak
 and triad bandwidth measured in the same run (by tilelab_machine_peak at the start, and again
-between the calls of each workload: see MeasuredAlongside).
+before and after the calls of each workload: see MeasuredAlongside).
 
     python bench/attention/bench_flash.py [--build-dir build] [--threads 2] [--quick] [--json f]
 
@@ -139,10 +139,11 @@ def run_machine_peak(build_dir: pathlib.Path, threads: int, *options: str) -> di
 
 
 class MeasuredAlongside:
-    """A call for alternating_medians that runs tilelab_machine_peak briefly between the calls of
-    a workload. What a shared machine gives drifts within a run (triad 24-56 GB/s in one hour on a
-    Zen 4 VM, 2 threads; the FMA peak halves while another guest is busy), so a rate is judged
-    against the median measured alongside its calls, not against the run's start."""
+    """Short runs of tilelab_machine_peak just before and just after a workload's calls (see
+    alternating_medians_between_probes). What a shared machine gives drifts within a run (triad
+    24-56 GB/s in one hour on a Zen 4 VM, 2 threads; the FMA peak halves while another guest is
+    busy), so a rate is judged against what was measured around its calls, not at the run's
+    start."""
 
     def __init__(self, build_dir: pathlib.Path, threads: int, options: list[str]):
         self.build_dir, self.threads, self.options = build_dir, threads, options
@@ -160,7 +161,7 @@ class MeasuredAlongside:
 
 
 class BandwidthAlongside(MeasuredAlongside):
-    """The triad and block-read bandwidths between the calls of a bandwidth-bound workload."""
+    """The triad and block-read bandwidths around the calls of a bandwidth-bound workload."""
 
     def __init__(self, build_dir: pathlib.Path, threads: int, read_blocks: list[int] | None = None):
         """read_blocks: the block sizes (bytes) whose random-order reads block_read gives;
@@ -184,22 +185,36 @@ class BandwidthAlongside(MeasuredAlongside):
 
 
 class ComputePeakAlongside(MeasuredAlongside):
-    """The fp32 FMA and bf16 dot-product peaks between the calls of a compute-bound workload."""
+    """The fp32 FMA and bf16 dot-product peaks around the calls of a compute-bound workload."""
 
     def __init__(self, build_dir: pathlib.Path, threads: int):
-        # About 10 ms per trial and kind on a Zen 4 core. Best of two: the first trial of a fresh
-        # process measured as low as half the peak (an idle vCPU waking up), the second did not.
+        # About 10 ms per trial and kind on a Zen 4 core. Best of three: the first trial of a
+        # fresh process measured as low as half the peak (an idle vCPU waking up), later ones did
+        # not.
         super().__init__(build_dir, threads,
-                         ["--trials", "2", "--fma-iterations", "4000000", "--compute-only"])
+                         ["--trials", "3", "--fma-iterations", "4000000", "--compute-only"])
 
     def peaks(self) -> dict:
-        """The medians and ranges of the peaks measured alongside, in the run header's keys."""
+        """The medians and ranges of the peaks measured around the calls, in the run header's
+        keys."""
         measured = {}
         for key in ("fma_peak_fp32_gflop_per_s", "bf16_dot_peak_gflop_per_s"):
             if self.samples and self.samples[0][key] is not None:
                 measured[key] = self.median(key)
                 measured[key.replace("_gflop", "_range_gflop")] = self.range(key)
         return measured
+
+
+def alternating_medians_between_probes(calls, probe: MeasuredAlongside, warmup: int,
+                                       repeats: int) -> list[float]:
+    """alternating_medians of `calls`, with `probe` run once before them and once after. Run
+    between the calls instead, the probe slowed the call right after it (decode 10-20%, bf16
+    prefill 5-100%, B1 H16 S512 D128 on a 2-vCPU Zen 4 VM): another process's burst leaves the
+    machine slower for a moment. The warmup calls (at least one) follow the first probe."""
+    probe()
+    medians = alternating_medians(calls, max(warmup, 1), repeats)
+    probe()
+    return medians
 
 
 def import_torch(threads: int):
@@ -272,7 +287,7 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
     calls = [ours_call] if torch_call is None else [ours_call, torch_call]
     alongside = (BandwidthAlongside(args.build_dir, args.threads) if workload.decode
                  else ComputePeakAlongside(args.build_dir, args.threads))
-    medians = alternating_medians([*calls, alongside], args.warmup, args.repeats)
+    medians = alternating_medians_between_probes(calls, alongside, args.warmup, args.repeats)
     ours_s = medians[0]
     result = {
         "workload": workload.name,
@@ -309,7 +324,7 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
 
 def fractions_of_compute_peak(gflop_per_s: float, workload, peak: dict,
                               alongside: ComputePeakAlongside) -> dict:
-    """A compute-bound rate against the peaks measured alongside its calls (medians): against
+    """A compute-bound rate against the peaks measured around its calls (medians): against
     the bf16 dot-product peak too when the kernel runs on them."""
     peaks = alongside.peaks()
     result = {"peaks_alongside": peaks,
@@ -321,8 +336,8 @@ def fractions_of_compute_peak(gflop_per_s: float, workload, peak: dict,
 
 
 def format_fraction_of_compute_peak(result: dict) -> str:
-    """'78.1% of 225 FMA' or '60.2% of 460 bf16 dot': the fraction and the peak measured
-    alongside (GFLOP/s)."""
+    """'78.1% of 225 FMA' or '60.2% of 460 bf16 dot': the fraction and the peak measured around
+    the calls (GFLOP/s)."""
     peaks = result["peaks_alongside"]
     if "ours_fraction_of_bf16_dot_peak" in result:
         return (f"{100 * result['ours_fraction_of_bf16_dot_peak']:.1f}% of "
@@ -435,8 +450,9 @@ def main() -> None:
     args, tilelab, torch, peak = start_benchmark(
         __doc__.split("\n\n")[0], repeats=10, warmup=2, quick_repeats=3)
     print("rates: GFLOP/s = 4·B·Hq·M·N·D (half for square causal) / time, against the fp32 FMA "
-          "(bf16 kernels on dot products: the bf16 dot) peak measured between its calls; decode: "
-          "GB/s of K and V read, against the triad measured between its calls (medians)\n")
+          "(bf16 kernels on dot products: the bf16 dot) peak measured around its calls; decode: "
+          "GB/s of K and V read, against the triad measured around its calls (before and after: "
+          "medians)\n")
 
     rng = np.random.default_rng(0)
     results, rows, ours_calls = [], [], []

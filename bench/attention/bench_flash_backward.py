@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """bench_flash_backward: tilelab.flash_attention_backward against PyTorch SDPA's backward (autograd
 through scaled_dot_product_attention on the CPU), and against this machine's FMA peak measured in
-the same run, between the calls of each workload (tilelab_machine_peak, see MeasuredAlongside in
-bench_flash.py).
+the same run, before and after the calls of each workload (tilelab_machine_peak, see
+MeasuredAlongside in bench_flash.py).
 
     python bench/attention/bench_flash_backward.py [--build-dir build] [--threads 2] [--quick]
 
@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 from bench_flash import (  # noqa: E402
     ComputePeakAlongside,
     Workload,
+    alternating_medians_between_probes,
     format_fraction_of_compute_peak,
     fractions_of_compute_peak,
     make_inputs,
@@ -95,7 +96,7 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
 
         calls.append(torch_call)
     alongside = ComputePeakAlongside(args.build_dir, args.threads)
-    medians = alternating_medians([*calls, alongside], args.warmup, args.repeats)
+    medians = alternating_medians_between_probes(calls, alongside, args.warmup, args.repeats)
     flops = BACKWARD_FLOPS_PER_FORWARD_FLOP * workload.flops
     result = {
         "workload": workload.name,

@@ -21,9 +21,10 @@ Workloads (Hq 32, Hkv 8, d 128, bf16 unless named):
   (vLLM's CPU default with Intel's extension): GB/s of K and V read against the triad bandwidth,
   and against reading the same blocks (a kv head's block of K and of V: 2 to 32 KiB, from two
   arrays, in a random order, prefetched ahead) without any arithmetic, the ceiling of the access
-  pattern: both measured between the decode calls (tilelab_machine_peak --bandwidth-only),
-  medians. Each decode call is also timed with its cache in L2 (the block tables folded onto the
-  blocks of the first 64 keys): the arithmetic alone, as a share of the call's time.
+  pattern: both measured before and after the decode calls (tilelab_machine_peak
+  --bandwidth-only), medians. Each decode call is also timed with its cache in L2 (the block
+  tables folded onto the blocks of the first 64 keys): the arithmetic alone, as a share of the
+  call's time.
 - long decode: one sequence decoding one token with a 32 k context (split-KV), GB/s against triad.
 """
 
@@ -45,6 +46,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "attention"))
 from bench_flash import (  # noqa: E402
     BandwidthAlongside,
+    alternating_medians_between_probes,
     print_ours_against_ours,
     print_table,
     start_benchmark,
@@ -290,7 +292,7 @@ def decode_workloads(tilelab, args, rng):
         return []
     bandwidth = BandwidthAlongside(args.build_dir, args.threads,
                                    sorted({kv_block_bytes(batch) for _, batch in batches}))
-    times = alternating_medians([*calls, bandwidth], args.warmup, args.repeats)[:-1]
+    times = alternating_medians_between_probes(calls, bandwidth, args.warmup, args.repeats)
     triad = bandwidth.triad()
     rows, results = [], []
     for (name, batch), t, t_resident in zip(batches, times[::2], times[1::2], strict=True):
@@ -308,8 +310,8 @@ def decode_workloads(tilelab, args, rng):
     low, high = bandwidth.triad_range()
     print(f"\ndecode: GB/s of K and V read, against triad {triad:.1f} GB/s "
           f"({low:.1f}-{high:.1f}) and random-order, prefetched reads of one block's bytes from "
-          "two arrays, both measured between the calls (medians); the same calls with the cache "
-          f"in L2 (block tables folded onto the blocks of {CACHE_RESIDENT_KEYS} keys): their "
+          "two arrays, both measured before and after the calls (medians); the same calls with the "
+          f"cache in L2 (block tables folded onto the blocks of {CACHE_RESIDENT_KEYS} keys): their "
           "time, and its share of the call's (near 100%: the arithmetic bounds the call, not the "
           "memory)")
     print_table(["workload", "block", "ms", "GB/s", "of triad", "of block read", "in L2 ms",
