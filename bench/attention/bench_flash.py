@@ -298,9 +298,6 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
         "flop": workload.flops,
         "ours_gflop_per_s": workload.flops / ours_s * 1e-9,
     }
-    if not workload.decode:
-        result.update(fractions_of_compute_peak(result["ours_gflop_per_s"], workload, peak,
-                                                alongside))
     if workload.decode:
         kv_bytes = workload.kv_bytes(q.dtype.itemsize)
         result["kv_bytes"] = kv_bytes
@@ -309,6 +306,9 @@ def run_workload(workload, tilelab, torch, peak, args, rng) -> tuple[dict, Calla
         result["triad_alongside_gb_per_s"] = triad
         result["triad_alongside_range_gb_per_s"] = alongside.triad_range()
         result["ours_fraction_of_triad"] = result["ours_kv_gb_per_s"] / triad
+    else:
+        result.update(fractions_of_compute_peak(result["ours_gflop_per_s"], workload, peak,
+                                                alongside))
     if torch_call is not None:
         theirs = torch_call().float().numpy()
         result["torch_median_s"] = medians[1]

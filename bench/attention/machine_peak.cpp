@@ -2,8 +2,8 @@
 // dot-product peak (GFLOP/s), STREAM triad bandwidth and the bandwidth of reading short blocks in a
 // random order (GB/s), with N OpenMP threads, as JSON; the benchmarks divide their figures by
 // these. --bandwidth-only leaves out the compute peaks (null), --compute-only the bandwidths: the
-// benchmarks run one or the other between the calls of a workload, whose rate they judge against
-// what the machine gave at that moment.
+// benchmarks run one or the other just before and just after the calls of a workload, whose rate
+// they judge against what the machine gave at that moment.
 #include <omp.h>
 
 #include <algorithm>
