@@ -281,10 +281,10 @@ def main() -> None:
     print(
         "prefill rows: density = kept blocks / causal blocks (layout.density), dense = our dense "
         "causal flash attention, of peak = useful FLOPs (density x 4·H·S²·D/2) / time against the "
-        "fp32 FMA peak (bf16 on dot products: theirs) measured around the calls (median); "
+        "fp32 FMA peak (bf16 on dot products: theirs) measured around the calls (the better); "
         "decode rows: density = kept fraction of the last row's keys, dense = our dense decode "
         "over all keys, of peak = kept K/V bytes / time against the triad measured around the "
-        "calls (median). "
+        "calls (the better). "
         "sparse/(density*dense) is the target ratio (<= 1.25)\n"
     )
     rng = np.random.default_rng(0)
