@@ -30,13 +30,13 @@ sys.path.insert(0, str(HERE.parent))
 from bench_flash import (  # noqa: E402
     BandwidthAlongside,
     ComputePeakAlongside,
-    alternating_medians_between_probes,
+    bf16_prefill_on_dot_products,
     print_table,
     start_benchmark,
     to_torch,
     write_json_report,
 )
-from timing import alternating_medians  # noqa: E402
+from timing import alternating_medians, alternating_medians_between_probes  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +222,7 @@ def run_workload(w: Workload, tilelab, torch, peak, args, rng) -> dict:
     sparse_s, dense_s = medians[0], medians[1]
     peaks = alongside.peaks()
     # bf16 runs on bf16 dot products where the CPU prefers them, as the dense kernels do.
-    on_dot_products = w.dtype == "bfloat16" and peak.get("bf16_kernels_on_dot_products", False)
+    on_dot_products = bf16_prefill_on_dot_products(w.dtype, peak)
     peak_name = "bf16 dot" if on_dot_products else "FMA"
     compute_peak = peaks["bf16_dot_peak_gflop_per_s" if on_dot_products
                          else "fma_peak_fp32_gflop_per_s"]

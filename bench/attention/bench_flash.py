@@ -29,7 +29,7 @@ import numpy as np
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "bench"))
-from timing import alternating_medians  # noqa: E402
+from timing import alternating_medians, alternating_medians_between_probes  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +139,9 @@ def run_machine_peak(build_dir: pathlib.Path, threads: int, *options: str) -> di
 
 class MeasuredAlongside:
     """Short runs of tilelab_machine_peak just before and just after a workload's calls (see
-    alternating_medians_between_probes). What a shared machine gives drifts within a run (triad
-    24-56 GB/s in one hour on a Zen 4 VM, 2 threads; the FMA peak halves while another guest is
-    busy), so a rate is judged against what was measured around its calls, not at the run's
+    timing.alternating_medians_between_probes). What a shared machine gives drifts within a run
+    (triad 24-56 GB/s in one hour on a Zen 4 VM, 2 threads; the FMA peak halves while another
+    guest is busy), so a rate is judged against what was measured around its calls, not at the run's
     start: against the better of the two samples, as a peak is the best the machine gives (one
     sample can land in a moment when another guest holds the core)."""
 
@@ -203,18 +203,6 @@ class ComputePeakAlongside(MeasuredAlongside):
                 measured[key] = self.best(key)
                 measured[key.replace("_gflop", "_range_gflop")] = self.range(key)
         return measured
-
-
-def alternating_medians_between_probes(calls, probe: MeasuredAlongside, warmup: int,
-                                       repeats: int) -> list[float]:
-    """alternating_medians of `calls`, with `probe` run once before them and once after. Run
-    between the calls instead, the probe slowed the call right after it (decode 10-20%, bf16
-    prefill 5-100%, B1 H16 S512 D128 on a 2-vCPU Zen 4 VM): another process's burst leaves the
-    machine slower for a moment. The warmup calls (at least one) follow the first probe."""
-    probe()
-    medians = alternating_medians(calls, max(warmup, 1), repeats)
-    probe()
-    return medians
 
 
 def import_torch(threads: int):
@@ -346,13 +334,18 @@ def format_fraction_of_compute_peak(result: dict) -> str:
             f"{peaks['fma_peak_fp32_gflop_per_s']:.0f} FMA")
 
 
+def bf16_prefill_on_dot_products(dtype: str, peak: dict) -> bool:
+    """Whether prefill kernels of `dtype` (with P rounded to bf16) run on bf16 dot products here:
+    bf16 on a CPU that prefers them. Their rates are then judged against that peak."""
+    return (dtype == "bfloat16" and peak.get("bf16_dot_peak_gflop_per_s") is not None
+            and peak.get("bf16_kernels_on_dot_products", False))
+
+
 def uses_bf16_dot_products(workload: Workload, peak: dict) -> bool:
     """Whether the kernel runs on bf16 dot products here (bf16 prefill, rounded P, a CPU that
     prefers them): its rate is then judged against their peak."""
-    return (workload.dtype == "bfloat16" and not workload.decode
-            and not workload.fp32_probabilities
-            and peak.get("bf16_dot_peak_gflop_per_s") is not None
-            and peak.get("bf16_kernels_on_dot_products", False))
+    return (not workload.decode and not workload.fp32_probabilities
+            and bf16_prefill_on_dot_products(workload.dtype, peak))
 
 
 def format_row(result: dict) -> list[str]:

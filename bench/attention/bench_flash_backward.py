@@ -40,7 +40,6 @@ sys.path.insert(0, str(HERE.parent))
 from bench_flash import (  # noqa: E402
     ComputePeakAlongside,
     Workload,
-    alternating_medians_between_probes,
     format_fraction_of_compute_peak,
     fractions_of_compute_peak,
     make_inputs,
@@ -50,7 +49,7 @@ from bench_flash import (  # noqa: E402
     to_torch,
     write_json_report,
 )
-from timing import alternating_medians  # noqa: E402
+from timing import alternating_medians, alternating_medians_between_probes  # noqa: E402
 
 BACKWARD_FLOPS_PER_FORWARD_FLOP = 2.5
 

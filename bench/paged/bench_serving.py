@@ -46,13 +46,12 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "attention"))
 from bench_flash import (  # noqa: E402
     BandwidthAlongside,
-    alternating_medians_between_probes,
     print_ours_against_ours,
     print_table,
     start_benchmark,
     write_json_report,
 )
-from timing import alternating_medians  # noqa: E402
+from timing import alternating_medians, alternating_medians_between_probes  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 CACHE_RESIDENT_KEYS = 64
