@@ -126,8 +126,8 @@ void schedule_online_softmax_x86(FlashAttentionStages& s, const Target& target,
   // unchanged). bf16 pairs and decode tiles keep (4·VL) × 4. Tried on Zen 4, no gain: VL × 16
   // rows (one V vector, 16 FMAs on embedded P broadcasts, an 8 KiB V slice): fp32 full 1.04x faster
   // on one thread but 0.98x on two (15 alternating runs), causal 0.98x; unrolling the 8 keys of a
-  // group: fp32 probabilities 0.95x, D = 64 0.97x, causal 1.03x (and unrolled where a group is a
-  // whole block, each block-sparse kernel took over 7 minutes to generate).
+  // group, one thread: fp32 probabilities 0.95x, D = 64 0.97x, causal 1.03x (and unrolled where a
+  // group is a whole block, each block-sparse kernel took over 7 minutes to generate).
   const int pv_vectors = s.bf16_products || QT < 8 ? 4 : 2;
   const int pv_rows = std::min(QT, flash::register_tile_extent(target, pv_vectors));
   const int RV = std::min(VL, QT);  // lanes for per-row vectors (never pad rows)
